@@ -1,0 +1,61 @@
+//! Where the change stream's resume token is kept between runs.
+//!
+//! One document per outbox collection in the checkpoint collection:
+//! `{_id: "<db>.<collection>", token, updatedAt}`. The completion stage
+//! writes a token only once every message before it is acknowledged and
+//! marked, so resuming from it can repeat work but never skip any.
+
+use bson::{doc, DateTime, Document};
+use mongodb::change_stream::event::ResumeToken;
+use mongodb::{Collection, Database};
+
+use crate::error::{Error, Result};
+
+/// Reads and writes the resume token of one outbox collection.
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    collection: Collection<Document>,
+    id: String,
+}
+
+impl CheckpointStore {
+    /// The store for `outbox` in `database`, kept in `checkpoint_collection`.
+    pub fn new(database: &Database, checkpoint_collection: &str, outbox: &str) -> Self {
+        CheckpointStore {
+            collection: database.collection(checkpoint_collection),
+            id: format!("{}.{}", database.name(), outbox),
+        }
+    }
+
+    /// The stored token, if any.
+    pub async fn load(&self) -> Result<Option<ResumeToken>> {
+        let found = self
+            .collection
+            .find_one(doc! { "_id": &self.id })
+            .await
+            .map_err(|e| Error::mongo("reading the checkpoint failed", e))?;
+        let Some(token) = found.and_then(|d| d.get("token").cloned()) else {
+            return Ok(None);
+        };
+        bson::from_bson(token).map(Some).map_err(|e| {
+            Error::Config(format!(
+                "the checkpoint {:?} holds no readable resume token ({e}); delete it to start \
+                 from the pending messages",
+                self.id
+            ))
+        })
+    }
+
+    /// Stores a token.
+    pub async fn save(&self, token: &ResumeToken) -> mongodb::error::Result<()> {
+        let token = bson::to_bson(token)?;
+        self.collection
+            .update_one(
+                doc! { "_id": &self.id },
+                doc! { "$set": { "token": token, "updatedAt": DateTime::now() } },
+            )
+            .upsert(true)
+            .await?;
+        Ok(())
+    }
+}

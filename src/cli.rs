@@ -1,0 +1,178 @@
+//! Command-line flags, and how they combine with the config file.
+//!
+//! Every setting can come from a flag, its `OUTBOX_*` environment variable,
+//! or the `--config` TOML file, in that order of strength. Flags are all
+//! optional here so that an unset flag lets the file's value through.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use outbox_relay::config::{parse_duration, FileConfig};
+use outbox_relay::{Error, NatsMode, RelayConfig, Result};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox-relay",
+    version,
+    about = "Delivers MongoDB outbox messages to NATS as they commit"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// Log format: human-readable text, or JSON lines for collectors.
+    #[arg(long, global = true, env = "OUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Tail the outbox and publish each message as it commits.
+    Run(RunArgs),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ModeArg {
+    Jetstream,
+    Core,
+}
+
+/// Settings of the relay.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// TOML file with any of these settings (flag names with '_' for '-').
+    #[arg(long, env = "OUTBOX_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// MongoDB connection string (a replica set or sharded cluster).
+    #[arg(long, env = "OUTBOX_MONGODB_URI")]
+    pub mongodb_uri: Option<String>,
+    /// Database holding the outbox collection.
+    #[arg(long, env = "OUTBOX_DATABASE")]
+    pub database: Option<String>,
+    /// Outbox collection [default: outbox].
+    #[arg(long, env = "OUTBOX_COLLECTION")]
+    pub collection: Option<String>,
+    /// Collection for resume tokens [default: outbox_checkpoints].
+    #[arg(long, env = "OUTBOX_CHECKPOINT_COLLECTION")]
+    pub checkpoint_collection: Option<String>,
+    /// NATS server URL [default: nats://127.0.0.1:4222].
+    #[arg(long, env = "OUTBOX_NATS_URL")]
+    pub nats_url: Option<String>,
+    /// Subject prefix: messages go to <prefix>.<type> [default: outbox].
+    #[arg(long, env = "OUTBOX_SUBJECT_PREFIX")]
+    pub subject_prefix: Option<String>,
+    /// jetstream (acknowledged, deduplicated) or core (at most once per attempt) [default: jetstream].
+    #[arg(long, env = "OUTBOX_NATS_MODE", value_enum)]
+    pub nats_mode: Option<ModeArg>,
+    /// Create a JetStream stream of this name for <prefix>.> if none captures it (for local use).
+    #[arg(long, env = "OUTBOX_CREATE_STREAM")]
+    pub create_stream: Option<String>,
+    /// Publishes awaiting acknowledgement at once [default: 256].
+    #[arg(long, env = "OUTBOX_MAX_IN_FLIGHT")]
+    pub max_in_flight: Option<usize>,
+    /// Most messages marked with one update [default: 500].
+    #[arg(long, env = "OUTBOX_BATCH_SIZE")]
+    pub batch_size: Option<usize>,
+    /// How often the resume token is written while messages flow [default: 500ms].
+    #[arg(long, env = "OUTBOX_CHECKPOINT_INTERVAL")]
+    pub checkpoint_interval: Option<String>,
+    /// How long the server holds an empty change-stream read [default: 500ms].
+    #[arg(long, env = "OUTBOX_MAX_AWAIT_TIME")]
+    pub max_await_time: Option<String>,
+    /// How often an idle stream's position is written [default: 10s].
+    #[arg(long, env = "OUTBOX_IDLE_CHECKPOINT_INTERVAL")]
+    pub idle_checkpoint_interval: Option<String>,
+    /// How long a publish waits for its acknowledgement [default: 5s].
+    #[arg(long, env = "OUTBOX_ACK_TIMEOUT")]
+    pub ack_timeout: Option<String>,
+    /// How long a graceful stop may take [default: 10s].
+    #[arg(long, env = "OUTBOX_SHUTDOWN_TIMEOUT")]
+    pub shutdown_timeout: Option<String>,
+}
+
+impl RunArgs {
+    /// Combines flags, the config file and defaults into a checked configuration.
+    pub fn resolve(self) -> Result<RelayConfig> {
+        let file = match &self.config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
+        let mongodb_uri = self.mongodb_uri.or(file.mongodb_uri).ok_or_else(|| {
+            Error::Config(
+                "no MongoDB connection string: pass --mongodb-uri or set OUTBOX_MONGODB_URI".into(),
+            )
+        })?;
+        let database = self.database.or(file.database).ok_or_else(|| {
+            Error::Config("no database: pass --database or set OUTBOX_DATABASE".into())
+        })?;
+        let mut config = RelayConfig::new(mongodb_uri, database);
+        set(&mut config.collection, self.collection.or(file.collection));
+        set(
+            &mut config.checkpoint_collection,
+            self.checkpoint_collection.or(file.checkpoint_collection),
+        );
+        set(&mut config.nats_url, self.nats_url.or(file.nats_url));
+        set(
+            &mut config.subject_prefix,
+            self.subject_prefix.or(file.subject_prefix),
+        );
+        let mode = self.nats_mode.map(|m| match m {
+            ModeArg::Jetstream => NatsMode::Jetstream,
+            ModeArg::Core => NatsMode::Core,
+        });
+        set(&mut config.nats_mode, mode.or(file.nats_mode));
+        config.create_stream = self.create_stream.or(file.create_stream);
+        set(
+            &mut config.max_in_flight,
+            self.max_in_flight.or(file.max_in_flight),
+        );
+        set(&mut config.batch_size, self.batch_size.or(file.batch_size));
+        let durations = [
+            (
+                "checkpoint-interval",
+                &mut config.checkpoint_interval,
+                self.checkpoint_interval.or(file.checkpoint_interval),
+            ),
+            (
+                "max-await-time",
+                &mut config.max_await_time,
+                self.max_await_time.or(file.max_await_time),
+            ),
+            (
+                "idle-checkpoint-interval",
+                &mut config.idle_checkpoint_interval,
+                self.idle_checkpoint_interval
+                    .or(file.idle_checkpoint_interval),
+            ),
+            (
+                "ack-timeout",
+                &mut config.ack_timeout,
+                self.ack_timeout.or(file.ack_timeout),
+            ),
+            (
+                "shutdown-timeout",
+                &mut config.shutdown_timeout,
+                self.shutdown_timeout.or(file.shutdown_timeout),
+            ),
+        ];
+        for (name, target, value) in durations {
+            if let Some(value) = value {
+                *target = parse_duration(name, &value)?;
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+fn set<T>(target: &mut T, value: Option<T>) {
+    if let Some(value) = value {
+        *target = value;
+    }
+}

@@ -1,0 +1,330 @@
+//! Relay settings: their types, defaults, validation and the TOML file form.
+//!
+//! Settings come from three places, strongest first: command-line flags
+//! (or their `OUTBOX_*` environment variables), a `--config` TOML file, and
+//! the defaults here. [`FileConfig`] is the file's shape; [`RelayConfig`] is
+//! the checked result the relay runs with.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::contract::validate_subject;
+use crate::error::{Error, Result};
+
+/// How messages are published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NatsMode {
+    /// JetStream: each publish is acknowledged by the stream, and repeats of
+    /// a message id inside the stream's duplicate window are dropped.
+    #[default]
+    Jetstream,
+    /// Core NATS: fire and forget; at most once per attempt.
+    Core,
+}
+
+impl FromStr for NatsMode {
+    type Err = Error;
+
+    fn from_str(value: &str) -> Result<Self> {
+        match value {
+            "jetstream" => Ok(NatsMode::Jetstream),
+            "core" => Ok(NatsMode::Core),
+            other => Err(Error::Config(format!(
+                "nats-mode must be \"jetstream\" or \"core\", not {other:?}"
+            ))),
+        }
+    }
+}
+
+/// Everything the relay runs with, checked.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// MongoDB connection string; must reach a replica set or sharded cluster.
+    pub mongodb_uri: String,
+    /// Database holding the outbox collection.
+    pub database: String,
+    /// The outbox collection.
+    pub collection: String,
+    /// Collection, in the same database, where resume tokens are kept.
+    pub checkpoint_collection: String,
+    /// NATS server URL(s), comma-separated.
+    pub nats_url: String,
+    /// Subject prefix for messages without an explicit `subject`.
+    pub subject_prefix: String,
+    /// JetStream or core NATS.
+    pub nats_mode: NatsMode,
+    /// Create a JetStream stream of this name for `<prefix>.>` if no stream
+    /// captures those subjects yet.
+    pub create_stream: Option<String>,
+    /// Publishes awaiting their acknowledgement at once.
+    pub max_in_flight: usize,
+    /// Most messages marked processed with one update.
+    pub batch_size: usize,
+    /// How often the resume token is written while messages flow.
+    pub checkpoint_interval: Duration,
+    /// How long the server holds an empty change-stream read open.
+    pub max_await_time: Duration,
+    /// How often an idle stream's newest position is written as the token.
+    pub idle_checkpoint_interval: Duration,
+    /// How long a publish may wait for its acknowledgement.
+    pub ack_timeout: Duration,
+    /// How long a graceful stop may take before the relay gives up on it.
+    pub shutdown_timeout: Duration,
+    /// When a message the broker refused is tried again, and when it is given up.
+    pub retry: RetryPolicy,
+}
+
+/// Retries of messages the broker refused (not of broker outages, which
+/// never count against a message).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// Delay after the first refusal.
+    pub initial_delay: Duration,
+    /// Longest delay between attempts.
+    pub max_delay: Duration,
+    /// Attempts after which a message is marked `failed`.
+    pub max_attempts: u32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            initial_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(300),
+            max_attempts: 10,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay before attempt `attempts + 1`: the initial delay doubled for
+    /// each earlier attempt, capped, with jitter so that messages refused
+    /// together are not retried together.
+    pub fn delay_after(&self, attempts: u32) -> Duration {
+        use backoff::backoff::Backoff;
+        let doublings = attempts.saturating_sub(1).min(32);
+        let base = self
+            .initial_delay
+            .saturating_mul(1u32 << doublings.min(31))
+            .min(self.max_delay);
+        let mut jittered = backoff::ExponentialBackoff {
+            current_interval: base,
+            initial_interval: base,
+            max_interval: self.max_delay,
+            randomization_factor: 0.2,
+            max_elapsed_time: None,
+            ..backoff::ExponentialBackoff::default()
+        };
+        jittered.next_backoff().unwrap_or(base)
+    }
+
+    /// Whether a message with this many attempts has used them all.
+    pub fn exhausted(&self, attempts: u32) -> bool {
+        attempts >= self.max_attempts
+    }
+}
+
+impl RelayConfig {
+    /// A configuration with every default, for the given server and database.
+    pub fn new(mongodb_uri: impl Into<String>, database: impl Into<String>) -> Self {
+        RelayConfig {
+            mongodb_uri: mongodb_uri.into(),
+            database: database.into(),
+            collection: crate::writer::DEFAULT_COLLECTION.to_owned(),
+            checkpoint_collection: "outbox_checkpoints".to_owned(),
+            nats_url: "nats://127.0.0.1:4222".to_owned(),
+            subject_prefix: "outbox".to_owned(),
+            nats_mode: NatsMode::Jetstream,
+            create_stream: None,
+            max_in_flight: 256,
+            batch_size: 500,
+            checkpoint_interval: Duration::from_millis(500),
+            max_await_time: Duration::from_millis(500),
+            idle_checkpoint_interval: Duration::from_secs(10),
+            ack_timeout: Duration::from_secs(5),
+            shutdown_timeout: Duration::from_secs(10),
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// Checks the settings that do not need a server to check.
+    pub fn validate(&self) -> Result<()> {
+        let nonempty = [
+            ("mongodb-uri", &self.mongodb_uri),
+            ("database", &self.database),
+            ("collection", &self.collection),
+            ("checkpoint-collection", &self.checkpoint_collection),
+            ("nats-url", &self.nats_url),
+        ];
+        for (name, value) in nonempty {
+            if value.trim().is_empty() {
+                return Err(Error::Config(format!("{name} must not be empty")));
+            }
+        }
+        if self.collection == self.checkpoint_collection {
+            return Err(Error::Config(
+                "checkpoint-collection must differ from collection".into(),
+            ));
+        }
+        validate_subject(&self.subject_prefix)
+            .map_err(|e| Error::Config(format!("subject-prefix is not a valid subject: {e}")))?;
+        let positive = [
+            ("max-in-flight", self.max_in_flight),
+            ("batch-size", self.batch_size),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(Error::Config(format!("{name} must be at least 1")));
+            }
+        }
+        let durations = [
+            ("checkpoint-interval", self.checkpoint_interval),
+            ("max-await-time", self.max_await_time),
+            ("idle-checkpoint-interval", self.idle_checkpoint_interval),
+            ("ack-timeout", self.ack_timeout),
+        ];
+        for (name, value) in durations {
+            if value.is_zero() {
+                return Err(Error::Config(format!("{name} must be longer than zero")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The `--config` file: every setting optional, names as in the flags with
+/// `_` for `-`. Durations are written as "500ms", "10s", "2m".
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub mongodb_uri: Option<String>,
+    pub database: Option<String>,
+    pub collection: Option<String>,
+    pub checkpoint_collection: Option<String>,
+    pub nats_url: Option<String>,
+    pub subject_prefix: Option<String>,
+    pub nats_mode: Option<NatsMode>,
+    pub create_stream: Option<String>,
+    pub max_in_flight: Option<usize>,
+    pub batch_size: Option<usize>,
+    pub checkpoint_interval: Option<String>,
+    pub max_await_time: Option<String>,
+    pub idle_checkpoint_interval: Option<String>,
+    pub ack_timeout: Option<String>,
+    pub shutdown_timeout: Option<String>,
+}
+
+impl FileConfig {
+    /// Reads and parses a TOML file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::Config(format!("cannot read config file {}: {e}", path.display()))
+        })?;
+        toml::from_str(&text)
+            .map_err(|e| Error::Config(format!("config file {} is not valid: {e}", path.display())))
+    }
+}
+
+/// Parses a duration such as "500ms", "10s", "5m" or "7d".
+pub fn parse_duration(setting: &str, value: &str) -> Result<Duration> {
+    humantime::parse_duration(value.trim()).map_err(|e| {
+        Error::Config(format!(
+            "{setting} = {value:?} is not a duration ({e}); write it like \"500ms\", \"10s\" or \"5m\""
+        ))
+    })
+}
+
+/// Shows a connection string without its password, for logs and errors.
+pub fn redact_uri(uri: &str) -> String {
+    let Some(scheme_end) = uri.find("://") else {
+        return uri.to_owned();
+    };
+    let rest = &uri[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let user_info = &rest[..at];
+            let user = user_info.split(':').next().unwrap_or_default();
+            format!("{}{user}:***{}", &uri[..scheme_end + 3], &rest[at..])
+        }
+        None => uri.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(
+            redact_uri("mongodb://app:s3cret@db1:27017,db2/?replicaSet=rs0"),
+            "mongodb://app:***@db1:27017,db2/?replicaSet=rs0"
+        );
+        assert_eq!(redact_uri("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(
+            redact_uri("mongodb://h/?authSource=a@b"),
+            "mongodb://h/?authSource=a@b"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_settings_with_their_names() {
+        let mut config = RelayConfig::new("mongodb://h", "db");
+        config.subject_prefix = "orders.*".into();
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("subject-prefix"), "{error}");
+
+        let mut config = RelayConfig::new("mongodb://h", "db");
+        config.max_in_flight = 0;
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("max-in-flight"), "{error}");
+
+        assert!(RelayConfig::new("mongodb://h", "db").validate().is_ok());
+    }
+
+    #[test]
+    fn retry_delays_double_up_to_the_cap() {
+        let policy = RetryPolicy::default();
+        let within = |attempts, expected: u64| {
+            let delay = policy.delay_after(attempts).as_secs_f64();
+            let expected = expected as f64;
+            assert!(
+                delay >= expected * 0.8 && delay <= expected * 1.2,
+                "attempt {attempts}: {delay}s, expected about {expected}s"
+            );
+        };
+        within(1, 1);
+        within(2, 2);
+        within(4, 8);
+        within(30, 300);
+        assert!(!policy.exhausted(9) && policy.exhausted(10));
+    }
+
+    #[test]
+    fn parses_durations_and_explains_bad_ones() {
+        assert_eq!(
+            parse_duration("x", "250ms").unwrap(),
+            Duration::from_millis(250)
+        );
+        let error = parse_duration("ack-timeout", "soon")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("ack-timeout") && error.contains("10s"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn file_rejects_unknown_keys() {
+        let error = toml::from_str::<FileConfig>("nats_ulr = \"x\"")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("nats_ulr"), "{error}");
+    }
+}

@@ -1,0 +1,336 @@
+//! The outbox document contract, and its translation to a NATS message.
+//!
+//! The document is the public interface of the relay: any driver in any
+//! language may insert one. This module owns the field names, the rules a
+//! document must follow, and the mapping onto the wire (subject, headers,
+//! body). The writer and the relay both go through [`validate_subject`] and
+//! [`validate_header`], so a message the writer accepts is one the relay can
+//! deliver.
+
+use std::fmt;
+
+use bson::{oid::ObjectId, spec::BinarySubtype, Bson, Document};
+use bytes::Bytes;
+
+/// Document field names. The relay owns `status` and everything after it.
+pub mod field {
+    pub const ID: &str = "_id";
+    pub const TYPE: &str = "type";
+    pub const PAYLOAD: &str = "payload";
+    pub const CREATED_AT: &str = "createdAt";
+    pub const CORRELATION_ID: &str = "correlationId";
+    pub const KEY: &str = "key";
+    pub const HEADERS: &str = "headers";
+    pub const SUBJECT: &str = "subject";
+    pub const STATUS: &str = "status";
+    pub const ATTEMPTS: &str = "attempts";
+    pub const NEXT_ATTEMPT_AT: &str = "nextAttemptAt";
+    pub const LOCK_ID: &str = "lockId";
+    pub const LOCKED_AT: &str = "lockedAt";
+    pub const PROCESSED_AT: &str = "processedAt";
+    pub const FAILED_AT: &str = "failedAt";
+    pub const LAST_ERROR: &str = "lastError";
+}
+
+/// Values of the `status` field.
+pub mod status {
+    pub const PENDING: &str = "pending";
+    pub const PROCESSED: &str = "processed";
+    pub const FAILED: &str = "failed";
+}
+
+/// NATS header names the relay sets itself. A document's own `headers` may not
+/// set these: the message id is what JetStream deduplicates by, and the
+/// `Outbox-*` headers must describe the document they came from.
+pub mod header {
+    pub const MSG_ID: &str = "Nats-Msg-Id";
+    pub const TYPE: &str = "Outbox-Type";
+    pub const CORRELATION_ID: &str = "Outbox-Correlation-Id";
+    pub const KEY: &str = "Outbox-Key";
+    pub const CONTENT_TYPE: &str = "Content-Type";
+    pub(crate) const RESERVED_PREFIX: &str = "Outbox-";
+}
+
+const JSON: &str = "application/json";
+const BINARY: &str = "application/octet-stream";
+const TEXT: &str = "text/plain; charset=utf-8";
+
+/// Why a document cannot be delivered. No retry can fix it: the relay marks
+/// such a document `failed` with this text as `lastError`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ContractViolation(String);
+
+impl ContractViolation {
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        ContractViolation(message.into())
+    }
+}
+
+/// A message ready for the wire: what every publisher receives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxMessage {
+    /// The outbox document's `_id`.
+    pub id: ObjectId,
+    /// The `type` field.
+    pub message_type: String,
+    /// The NATS subject it goes to.
+    pub subject: String,
+    /// Headers in the order they are sent, the relay's own first.
+    pub headers: Vec<(String, String)>,
+    /// The encoded payload.
+    pub body: Bytes,
+}
+
+impl OutboxMessage {
+    /// Size on the wire as NATS counts it against `max_payload`: the body plus
+    /// the encoded header block (`NATS/1.0\r\n`, one `name: value\r\n` a
+    /// header, and a closing `\r\n`).
+    pub fn wire_size(&self) -> usize {
+        let header_block: usize = self
+            .headers
+            .iter()
+            .map(|(name, value)| name.len() + 2 + value.len() + 2)
+            .sum::<usize>()
+            + "NATS/1.0\r\n\r\n".len();
+        self.body.len() + header_block
+    }
+}
+
+/// The outcome of reading one outbox document: its `_id` (needed to mark it
+/// whatever happens) and either the message or the reason it is undeliverable.
+#[derive(Debug, Clone)]
+pub struct Decoded {
+    pub id: Bson,
+    pub message: Result<OutboxMessage, ContractViolation>,
+}
+
+/// What decoding needs to know besides the document.
+#[derive(Debug, Clone)]
+pub struct DecodeRules {
+    /// Subject prefix for documents without an explicit `subject`.
+    pub subject_prefix: String,
+    /// The broker's largest accepted message, headers included.
+    pub max_payload: usize,
+}
+
+impl DecodeRules {
+    /// Decodes one outbox document as inserted (the change event's
+    /// `fullDocument`, or a document read by a sweep).
+    pub fn decode(&self, document: &Document) -> Decoded {
+        let id = document.get(field::ID).cloned().unwrap_or(Bson::Null);
+        let message = self.to_message(&id, document);
+        Decoded { id, message }
+    }
+
+    fn to_message(&self, id: &Bson, doc: &Document) -> Result<OutboxMessage, ContractViolation> {
+        let id = match id {
+            Bson::ObjectId(oid) => *oid,
+            Bson::Null => return Err(ContractViolation::new("the document has no _id")),
+            other => {
+                return Err(ContractViolation::new(format!(
+                    "_id must be an ObjectId, found {}",
+                    type_name(other)
+                )))
+            }
+        };
+        let message_type = required_string(doc, field::TYPE)?;
+        validate_type(&message_type)?;
+        let subject = match optional_string(doc, field::SUBJECT)? {
+            Some(subject) => subject,
+            None => format!("{}.{}", self.subject_prefix, message_type),
+        };
+        validate_subject(&subject)?;
+        let (body, content_type) = encode_payload(doc.get(field::PAYLOAD))?;
+
+        let mut headers = vec![
+            (header::MSG_ID.to_owned(), id.to_hex()),
+            (header::TYPE.to_owned(), message_type.clone()),
+        ];
+        if let Some(correlation_id) = optional_string(doc, field::CORRELATION_ID)? {
+            headers.push((header::CORRELATION_ID.to_owned(), correlation_id));
+        }
+        if let Some(key) = optional_string(doc, field::KEY)? {
+            headers.push((header::KEY.to_owned(), key));
+        }
+        let own = document_headers(doc)?;
+        if !own
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case(header::CONTENT_TYPE))
+        {
+            headers.push((header::CONTENT_TYPE.to_owned(), content_type.to_owned()));
+        }
+        headers.extend(own);
+        for (name, value) in &headers {
+            validate_header(name, value)?;
+        }
+
+        let message = OutboxMessage {
+            id,
+            message_type,
+            subject,
+            headers,
+            body,
+        };
+        if message.wire_size() > self.max_payload {
+            return Err(ContractViolation::new(format!(
+                "the message is {} bytes with headers, over the NATS server's max_payload of {} \
+                 bytes",
+                message.wire_size(),
+                self.max_payload
+            )));
+        }
+        Ok(message)
+    }
+}
+
+/// Checks a message type: non-empty, and usable as the last tokens of a subject.
+pub fn validate_type(message_type: &str) -> Result<(), ContractViolation> {
+    if message_type.is_empty() {
+        return Err(ContractViolation::new("type must be a non-empty string"));
+    }
+    Ok(())
+}
+
+/// Checks a subject the relay publishes to: dot-separated tokens, none empty,
+/// no whitespace or control characters, and no wildcards (`*`, `>`), which
+/// NATS would treat as a pattern rather than an address.
+pub fn validate_subject(subject: &str) -> Result<(), ContractViolation> {
+    let bad = |why: &str| {
+        Err(ContractViolation::new(format!(
+            "invalid subject {subject:?}: {why}"
+        )))
+    };
+    if subject.is_empty() {
+        return bad("it is empty");
+    }
+    if subject.split('.').any(str::is_empty) {
+        return bad("it has an empty token (leading, trailing or doubled '.')");
+    }
+    if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return bad("it contains whitespace or a control character");
+    }
+    if subject.contains(['*', '>']) {
+        return bad("it contains a wildcard ('*' or '>')");
+    }
+    Ok(())
+}
+
+/// Checks one header as NATS carries it: a name of visible ASCII without ':',
+/// a value without line breaks, and none of the names the relay reserves.
+pub fn validate_header(name: &str, value: &str) -> Result<(), ContractViolation> {
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
+        return Err(ContractViolation::new(format!(
+            "invalid header name {name:?}: use visible ASCII characters other than ':'"
+        )));
+    }
+    if value.contains(['\r', '\n']) {
+        return Err(ContractViolation::new(format!(
+            "invalid value for header {name:?}: it contains a line break"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a header that an application asks for, as opposed to one the relay adds.
+pub(crate) fn validate_own_header(name: &str, value: &str) -> Result<(), ContractViolation> {
+    validate_header(name, value)?;
+    let reserved = name.eq_ignore_ascii_case(header::MSG_ID)
+        || name
+            .get(..header::RESERVED_PREFIX.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(header::RESERVED_PREFIX));
+    if reserved {
+        return Err(ContractViolation::new(format!(
+            "header {name:?} is set by the relay and may not be given in headers"
+        )));
+    }
+    Ok(())
+}
+
+fn document_headers(doc: &Document) -> Result<Vec<(String, String)>, ContractViolation> {
+    let headers = match doc.get(field::HEADERS) {
+        None | Some(Bson::Null) => return Ok(Vec::new()),
+        Some(Bson::Document(headers)) => headers,
+        Some(other) => {
+            return Err(ContractViolation::new(format!(
+                "headers must be a document of strings, found {}",
+                type_name(other)
+            )))
+        }
+    };
+    headers
+        .iter()
+        .map(|(name, value)| match value {
+            Bson::String(value) => {
+                validate_own_header(name, value)?;
+                Ok((name.clone(), value.clone()))
+            }
+            other => Err(ContractViolation::new(format!(
+                "header {name:?} must be a string, found {}",
+                type_name(other)
+            ))),
+        })
+        .collect()
+}
+
+fn encode_payload(payload: Option<&Bson>) -> Result<(Bytes, &'static str), ContractViolation> {
+    match payload {
+        Some(Bson::Document(document)) => {
+            let json = Bson::Document(document.clone()).into_relaxed_extjson();
+            let body = serde_json::to_vec(&json).map_err(|e| {
+                ContractViolation::new(format!("payload cannot be written as JSON: {e}"))
+            })?;
+            Ok((Bytes::from(body), JSON))
+        }
+        Some(Bson::Binary(binary)) if binary.subtype == BinarySubtype::Generic => {
+            Ok((Bytes::from(binary.bytes.clone()), BINARY))
+        }
+        Some(Bson::Binary(binary)) => Err(ContractViolation::new(format!(
+            "payload is binData of subtype {:?}; use the generic subtype 0",
+            binary.subtype
+        ))),
+        Some(Bson::String(text)) => Ok((Bytes::from(text.clone().into_bytes()), TEXT)),
+        None => Err(ContractViolation::new("the document has no payload")),
+        Some(other) => Err(ContractViolation::new(format!(
+            "payload must be a document, binData or string, found {}",
+            type_name(other)
+        ))),
+    }
+}
+
+fn required_string(doc: &Document, name: &str) -> Result<String, ContractViolation> {
+    optional_string(doc, name)?
+        .ok_or_else(|| ContractViolation::new(format!("the document has no {name}")))
+}
+
+fn optional_string(doc: &Document, name: &str) -> Result<Option<String>, ContractViolation> {
+    match doc.get(name) {
+        None | Some(Bson::Null) => Ok(None),
+        Some(Bson::String(value)) => Ok(Some(value.clone())),
+        Some(other) => Err(ContractViolation::new(format!(
+            "{name} must be a string, found {}",
+            type_name(other)
+        ))),
+    }
+}
+
+/// The BSON type name as MongoDB spells it in `$type`, for error messages.
+pub(crate) fn type_name(value: &Bson) -> impl fmt::Display {
+    match value.element_type() {
+        bson::spec::ElementType::Double => "double",
+        bson::spec::ElementType::String => "string",
+        bson::spec::ElementType::EmbeddedDocument => "object",
+        bson::spec::ElementType::Array => "array",
+        bson::spec::ElementType::Binary => "binData",
+        bson::spec::ElementType::ObjectId => "objectId",
+        bson::spec::ElementType::Boolean => "bool",
+        bson::spec::ElementType::DateTime => "date",
+        bson::spec::ElementType::Null => "null",
+        bson::spec::ElementType::Int32 => "int",
+        bson::spec::ElementType::Int64 => "long",
+        bson::spec::ElementType::Timestamp => "timestamp",
+        bson::spec::ElementType::Decimal128 => "decimal",
+        bson::spec::ElementType::RegularExpression => "regex",
+        _ => "another BSON type",
+    }
+}

@@ -1,0 +1,90 @@
+//! The error type of the library.
+//!
+//! One enum whose variants are the kinds a caller may want to tell apart: a
+//! refused writer call, a bad setting, an unreachable or failing server. Each
+//! message says what went wrong and what to do, and never carries a password.
+
+use std::time::Duration;
+
+use crate::contract::ContractViolation;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the writer, the relay or its set-up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The writer was given a session with no active transaction; nothing was written.
+    #[error(
+        "the session has no active transaction: call session.start_transaction() before adding \
+         outbox messages, so that the message commits or aborts with the business write"
+    )]
+    NoTransaction,
+
+    /// A message given to the writer breaks the document contract; nothing was written.
+    #[error("invalid outbox message: {0}")]
+    InvalidMessage(#[from] ContractViolation),
+
+    /// A payload could not be serialized to a BSON document.
+    #[error("the payload cannot be stored as a BSON document: {0}")]
+    Payload(String),
+
+    /// A setting (flag, environment variable or config file entry) is wrong.
+    #[error("configuration error: {0}")]
+    Config(String),
+
+    /// MongoDB could not be reached or refused an operation.
+    #[error("MongoDB: {context}: {}", brief(source))]
+    Mongo {
+        context: String,
+        #[source]
+        source: mongodb::error::Error,
+    },
+
+    /// NATS could not be reached or refused an operation.
+    #[error("NATS: {context}: {message}")]
+    Nats { context: String, message: String },
+
+    /// A graceful stop did not finish in time.
+    #[error("shutdown did not finish within {0:?}; undelivered messages stay pending and are delivered after restart")]
+    ShutdownTimeout(Duration),
+}
+
+impl Error {
+    pub(crate) fn mongo(context: impl Into<String>, source: mongodb::error::Error) -> Self {
+        Error::Mongo {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn nats(context: impl Into<String>, err: impl std::fmt::Display) -> Self {
+        Error::Nats {
+            context: context.into(),
+            message: err.to_string(),
+        }
+    }
+}
+
+/// A driver error in one line: the server's code and message, or the kind of
+/// failure without the driver's topology description.
+pub(crate) fn brief(error: &mongodb::error::Error) -> String {
+    use mongodb::error::ErrorKind;
+    match &*error.kind {
+        ErrorKind::Command(command) => format!(
+            "{} (code {} {})",
+            command.message, command.code, command.code_name
+        ),
+        ErrorKind::ServerSelection { .. } => {
+            "no server answered in time (is it running, and is the address right?)".to_owned()
+        }
+        _ => {
+            let text = error.kind.to_string();
+            match text.find(" Topology:") {
+                Some(end) => text[..end].to_owned(),
+                None => text,
+            }
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! outbox-relay: a transactional outbox for MongoDB, delivered to NATS.
+//!
+//! Applications write an outbox document in the same transaction as their
+//! business change ([`Outbox`]); the relay ([`Relay`]) tails a change stream
+//! on the outbox collection and publishes each message to NATS the moment it
+//! commits, then marks it processed and records how far it got.
+//!
+//! A message's path through the crate, one module per stage:
+//! - [`contract`]: the outbox document and its mapping onto a NATS message;
+//! - `source`: the change stream, and the catch-up pass over the collection;
+//! - [`publish`]: the broker interface, NATS, and the pipelined publish stage;
+//! - `complete` and [`checkpoint`]: marking messages and keeping the resume token;
+//! - [`relay`]: the stages wired together, with graceful shutdown.
+
+pub mod checkpoint;
+mod complete;
+pub mod config;
+pub mod contract;
+pub mod error;
+mod pipeline;
+pub mod publish;
+pub mod relay;
+mod retry;
+mod source;
+pub mod writer;
+
+pub use config::{NatsMode, RelayConfig, RetryPolicy};
+pub use contract::{ContractViolation, OutboxMessage};
+pub use error::{Error, Result};
+pub use relay::Relay;
+pub use writer::{MessageType, NewMessage, Outbox, Payload};

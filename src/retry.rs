@@ -1,0 +1,98 @@
+//! Waiting out a server that is down, shared by every stage.
+//!
+//! A relay's job is to outlast outages of MongoDB and NATS, so each stage
+//! retries what a server refuses for a passing reason. Two rules apply
+//! everywhere: the wait between tries grows (so a dead server is not
+//! hammered), and the log speaks once when a server goes away and once when
+//! it comes back, not once per try or per message.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::time::Duration;
+
+use backoff::backoff::Backoff;
+use backoff::ExponentialBackoff;
+use tokio_util::sync::CancellationToken;
+
+/// Backoff for reconnect-style waits: 100 ms growing to 5 s, with jitter, forever.
+pub(crate) fn reconnect_backoff() -> ExponentialBackoff {
+    ExponentialBackoff {
+        initial_interval: Duration::from_millis(100),
+        max_interval: Duration::from_secs(5),
+        multiplier: 2.0,
+        randomization_factor: 0.2,
+        max_elapsed_time: None,
+        ..ExponentialBackoff::default()
+    }
+}
+
+/// Tracks whether a dependency is failing, and logs only the changes.
+#[derive(Debug)]
+pub(crate) struct Outage {
+    what: &'static str,
+    failing: bool,
+}
+
+impl Outage {
+    pub fn new(what: &'static str) -> Self {
+        Outage {
+            what,
+            failing: false,
+        }
+    }
+
+    /// Records a failure; logs it if this starts an outage.
+    pub fn failed(&mut self, error: &dyn Display) {
+        if !self.failing {
+            tracing::warn!(error = %error, "{}: failing; retrying with backoff", self.what);
+            self.failing = true;
+        }
+    }
+
+    /// Records a success; logs it if this ends an outage.
+    pub fn recovered(&mut self) {
+        if self.failing {
+            tracing::info!("{}: working again", self.what);
+            self.failing = false;
+        }
+    }
+}
+
+/// Sleeps for the next backoff interval. Returns false if `shutdown` fires first.
+pub(crate) async fn pause(backoff: &mut ExponentialBackoff, shutdown: &CancellationToken) -> bool {
+    let wait = backoff.next_backoff().unwrap_or(Duration::from_secs(5));
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tokio::time::sleep(wait) => true,
+    }
+}
+
+/// Runs `attempt` until it succeeds, backing off between tries. Returns
+/// `None` if `shutdown` fires while waiting.
+pub(crate) async fn until_ok<T, E, F, Fut>(
+    what: &'static str,
+    shutdown: &CancellationToken,
+    mut attempt: F,
+) -> Option<T>
+where
+    E: Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut outage = Outage::new(what);
+    let mut backoff = reconnect_backoff();
+    loop {
+        match attempt().await {
+            Ok(value) => {
+                outage.recovered();
+                return Some(value);
+            }
+            Err(error) => {
+                outage.failed(&error);
+                if !pause(&mut backoff, shutdown).await {
+                    return None;
+                }
+            }
+        }
+    }
+}

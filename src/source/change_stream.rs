@@ -1,0 +1,208 @@
+//! The change-stream source: the fast path from commit to publish.
+//!
+//! It tails inserts on the outbox collection, with the document taken from
+//! the insert event itself, so a message reaches the publisher with no
+//! further database round trip. It resumes from the stored token; when the
+//! server can no longer resume from it (the history is gone, or the token is
+//! not one it accepts), it says so, opens a stream from now, and runs the
+//! catch-up pass so nothing committed in the gap is lost. On idle streams it
+//! still passes on the server's newest position now and then, so the stored
+//! token does not fall behind the oplog's history.
+
+use std::time::Duration;
+
+use bson::{doc, Document};
+use mongodb::change_stream::event::{ChangeStreamEvent, ResumeToken};
+use mongodb::change_stream::ChangeStream;
+use mongodb::error::ErrorKind;
+use mongodb::Collection;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::catch_up;
+use crate::contract::DecodeRules;
+use crate::pipeline::Work;
+use crate::retry::{pause, reconnect_backoff, until_ok, Outage};
+
+type Events = ChangeStream<ChangeStreamEvent<Document>>;
+
+/// The change-stream label servers put on errors a stream can resume after.
+const RESUMABLE_LABEL: &str = "ResumableChangeStreamError";
+/// CursorNotFound: resumable by the change streams specification.
+const CURSOR_NOT_FOUND: i32 = 43;
+
+/// Tails the outbox collection's inserts.
+pub(crate) struct ChangeStreamSource {
+    pub outbox: Collection<Document>,
+    pub rules: DecodeRules,
+    pub max_await_time: Duration,
+    /// Least time between two idle position updates.
+    pub idle_checkpoint_interval: Duration,
+}
+
+impl ChangeStreamSource {
+    /// Feeds the pipeline from the stream, starting after `token` (or from
+    /// now), until shutdown. A broken stream is reopened where it stopped.
+    pub async fn run(
+        self,
+        token: Option<ResumeToken>,
+        output: mpsc::Sender<Work>,
+        shutdown: CancellationToken,
+    ) {
+        let mut position = token;
+        while let Some(events) = self.resume(position, &output, &shutdown).await {
+            match self.tail(events, &output, &shutdown).await {
+                Tail::Stopped => return,
+                Tail::Broken(last) => position = last,
+            }
+        }
+    }
+
+    /// Opens the stream after `token` and, where the stream cannot replay
+    /// what came before, runs the catch-up pass. `None` if the relay stopped.
+    async fn resume(
+        &self,
+        token: Option<ResumeToken>,
+        output: &mpsc::Sender<Work>,
+        shutdown: &CancellationToken,
+    ) -> Option<Events> {
+        let (events, catch_up) = self.open_resuming(token, shutdown).await?;
+        if catch_up {
+            let found = until_ok("MongoDB catch-up pass", shutdown, || {
+                catch_up::run(&self.outbox, &self.rules, output, shutdown)
+            })
+            .await??;
+            tracing::info!(found, "catch-up pass queued the pending messages");
+        }
+        Some(events)
+    }
+
+    async fn open(&self, token: Option<ResumeToken>) -> mongodb::error::Result<Events> {
+        let watch = self
+            .outbox
+            .watch()
+            .pipeline([doc! { "$match": { "operationType": "insert" } }])
+            .max_await_time(self.max_await_time);
+        match token {
+            Some(token) => watch.start_after(token).await,
+            None => watch.await,
+        }
+    }
+
+    /// Opens from `token`, retrying passing errors. Returns the stream and
+    /// whether a catch-up pass is needed (no token, or its history is gone);
+    /// `None` if the relay stopped first.
+    async fn open_resuming(
+        &self,
+        token: Option<ResumeToken>,
+        shutdown: &CancellationToken,
+    ) -> Option<(Events, bool)> {
+        let Some(token) = token else {
+            tracing::info!("no resume token: opening the change stream from now");
+            return self
+                .open_from_now(shutdown)
+                .await
+                .map(|events| (events, true));
+        };
+        let mut outage = Outage::new("MongoDB change stream");
+        let mut backoff = reconnect_backoff();
+        loop {
+            match self.open(Some(token.clone())).await {
+                Ok(events) => {
+                    outage.recovered();
+                    return Some((events, false));
+                }
+                Err(error) if is_resumable(&error) => {
+                    outage.failed(&error);
+                    if !pause(&mut backoff, shutdown).await {
+                        return None;
+                    }
+                }
+                Err(error) => {
+                    tracing::error!(
+                        error = %error,
+                        "the change stream cannot resume from the stored token (its history may \
+                         be gone from the oplog); opening from now and catching up from the \
+                         collection, so no committed message is lost"
+                    );
+                    return self
+                        .open_from_now(shutdown)
+                        .await
+                        .map(|events| (events, true));
+                }
+            }
+        }
+    }
+
+    async fn open_from_now(&self, shutdown: &CancellationToken) -> Option<Events> {
+        until_ok("MongoDB change stream", shutdown, || self.open(None)).await
+    }
+
+    /// Passes each insert on, with stream positions in between, until
+    /// shutdown or until the stream breaks.
+    async fn tail(
+        &self,
+        mut events: Events,
+        output: &mpsc::Sender<Work>,
+        shutdown: &CancellationToken,
+    ) -> Tail {
+        let mut last = events.resume_token();
+        let mut last_sent = Instant::now();
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return Tail::Stopped,
+                next = events.next_if_any() => next,
+            };
+            let work = match next {
+                Ok(Some(event)) => {
+                    let token = event.id;
+                    last = Some(token.clone());
+                    match event.full_document {
+                        Some(document) => Work::from_stream(self.rules.decode(&document), token),
+                        None => Work::marker(token),
+                    }
+                }
+                Ok(None) => match events.resume_token() {
+                    Some(token)
+                        if Some(&token) != last.as_ref()
+                            && last_sent.elapsed() >= self.idle_checkpoint_interval =>
+                    {
+                        last = Some(token.clone());
+                        Work::marker(token)
+                    }
+                    _ => continue,
+                },
+                Err(error) => {
+                    tracing::warn!(error = %error, "change stream failed; reopening it");
+                    return Tail::Broken(last);
+                }
+            };
+            if output.send(work).await.is_err() {
+                return Tail::Stopped;
+            }
+            last_sent = Instant::now();
+        }
+    }
+}
+
+/// How tailing ended.
+enum Tail {
+    /// Shutdown, or the pipeline closed.
+    Stopped,
+    /// The stream failed; reopen after this position.
+    Broken(Option<ResumeToken>),
+}
+
+/// Whether a change stream may resume after this error, by the rule of the
+/// change streams specification: any error that is not a server's reply,
+/// CursorNotFound, or a reply labelled resumable.
+fn is_resumable(error: &mongodb::error::Error) -> bool {
+    match &*error.kind {
+        ErrorKind::Command(command) => {
+            command.code == CURSOR_NOT_FOUND || error.contains_label(RESUMABLE_LABEL)
+        }
+        ErrorKind::Write(_) | ErrorKind::InsertMany(_) | ErrorKind::BulkWrite(_) => false,
+        _ => true,
+    }
+}

@@ -1,0 +1,10 @@
+//! Sources: where outbox messages enter the relay.
+//!
+//! The change stream is the fast path: it hands over each message the moment
+//! its transaction commits. The catch-up pass reads the collection itself,
+//! for messages the stream cannot replay (those written before the relay's
+//! first start). Both yield [`Work`](crate::pipeline::Work) into the same
+//! pipeline, so everything downstream treats them alike.
+
+pub(crate) mod catch_up;
+pub(crate) mod change_stream;
