@@ -88,6 +88,9 @@ pub struct RunArgs {
     /// How often an idle stream's position is written [default: 10s].
     #[arg(long, env = "OUTBOX_IDLE_CHECKPOINT_INTERVAL")]
     pub idle_checkpoint_interval: Option<String>,
+    /// How long the change stream may lag a commit; passes over the collection leave younger messages to it [default: 5s].
+    #[arg(long, env = "OUTBOX_GRACE_PERIOD")]
+    pub grace_period: Option<String>,
     /// How long a publish waits for its acknowledgement [default: 5s].
     #[arg(long, env = "OUTBOX_ACK_TIMEOUT")]
     pub ack_timeout: Option<String>,

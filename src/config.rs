@@ -70,6 +70,10 @@ pub struct RelayConfig {
     pub max_await_time: Duration,
     /// How often an idle stream's newest position is written as the token.
     pub idle_checkpoint_interval: Duration,
+    /// How long the change stream may take to show a committed message. A
+    /// pass over the collection leaves younger messages to the stream, and
+    /// the stream skips messages a catch-up pass queued for this long after it.
+    pub grace_period: Duration,
     /// How long a publish may wait for its acknowledgement.
     pub ack_timeout: Duration,
     /// How long a graceful stop may take before the relay gives up on it.
@@ -145,6 +149,7 @@ impl RelayConfig {
             checkpoint_interval: Duration::from_millis(500),
             max_await_time: Duration::from_millis(500),
             idle_checkpoint_interval: Duration::from_secs(10),
+            grace_period: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(5),
             shutdown_timeout: Duration::from_secs(10),
             retry: RetryPolicy::default(),
@@ -214,6 +219,7 @@ pub struct FileConfig {
     pub checkpoint_interval: Option<String>,
     pub max_await_time: Option<String>,
     pub idle_checkpoint_interval: Option<String>,
+    pub grace_period: Option<String>,
     pub ack_timeout: Option<String>,
     pub shutdown_timeout: Option<String>,
 }

@@ -90,6 +90,7 @@ impl Relay {
             rules,
             max_await_time: config.max_await_time,
             idle_checkpoint_interval: config.idle_checkpoint_interval,
+            grace_period: config.grace_period,
         };
         let publish = PublishStage {
             publisher: self.publisher.clone(),

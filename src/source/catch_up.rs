@@ -3,11 +3,14 @@
 //! Run at start when there is no resume token, after the change stream is
 //! opened: anything committed before the stream opened is found here, and
 //! anything after arrives on the stream, so nothing falls between the two.
-//! A message found by both is published twice and deduplicated by its
-//! `Nats-Msg-Id`; marking it twice is harmless because marks match
-//! `status: "pending"`.
+//! A message committed while the pass runs can be found by both; the pass
+//! returns the ids it queued so the stream can skip those (see
+//! `change_stream`), and should one slip through anyway, JetStream drops
+//! the repeat by its `Nats-Msg-Id` and the second mark matches nothing.
 
-use bson::{doc, DateTime, Document};
+use std::collections::HashSet;
+
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::Collection;
 use tokio::sync::mpsc;
@@ -29,19 +32,19 @@ pub(crate) fn due_filter(now: DateTime) -> Document {
 }
 
 /// Feeds every due pending message, oldest first, into the pipeline.
-/// Returns how many it found, or `None` if the relay stopped first.
+/// Returns the ids it queued, or `None` if the relay stopped first.
 pub(crate) async fn run(
     outbox: &Collection<Document>,
     rules: &DecodeRules,
     output: &mpsc::Sender<Work>,
     shutdown: &CancellationToken,
-) -> Result<Option<u64>> {
+) -> Result<Option<HashSet<ObjectId>>> {
     let mut cursor = outbox
         .find(due_filter(DateTime::now()))
         .sort(doc! { field::ID: 1 })
         .await
         .map_err(|e| Error::mongo("reading pending messages failed", e))?;
-    let mut found = 0;
+    let mut queued = HashSet::new();
     loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
@@ -50,11 +53,14 @@ pub(crate) async fn run(
         let Some(document) =
             next.map_err(|e| Error::mongo("reading pending messages failed", e))?
         else {
-            return Ok(Some(found));
+            return Ok(Some(queued));
         };
-        found += 1;
+        let decoded = rules.decode(&document);
+        if let Bson::ObjectId(id) = decoded.id {
+            queued.insert(id);
+        }
         if output
-            .send(Work::from_collection(rules.decode(&document), None))
+            .send(Work::from_collection(decoded, None))
             .await
             .is_err()
         {

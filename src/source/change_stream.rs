@@ -9,9 +9,10 @@
 //! still passes on the server's newest position now and then, so the stored
 //! token does not fall behind the oplog's history.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
-use bson::{doc, Document};
+use bson::{doc, oid::ObjectId, Document};
 use mongodb::change_stream::event::{ChangeStreamEvent, ResumeToken};
 use mongodb::change_stream::ChangeStream;
 use mongodb::error::ErrorKind;
@@ -39,6 +40,8 @@ pub(crate) struct ChangeStreamSource {
     pub max_await_time: Duration,
     /// Least time between two idle position updates.
     pub idle_checkpoint_interval: Duration,
+    /// How long after a catch-up pass the stream may still repeat its messages.
+    pub grace_period: Duration,
 }
 
 impl ChangeStreamSource {
@@ -51,8 +54,8 @@ impl ChangeStreamSource {
         shutdown: CancellationToken,
     ) {
         let mut position = token;
-        while let Some(events) = self.resume(position, &output, &shutdown).await {
-            match self.tail(events, &output, &shutdown).await {
+        while let Some((events, caught_up)) = self.resume(position, &output, &shutdown).await {
+            match self.tail(events, caught_up, &output, &shutdown).await {
                 Tail::Stopped => return,
                 Tail::Broken(last) => position = last,
             }
@@ -60,22 +63,27 @@ impl ChangeStreamSource {
     }
 
     /// Opens the stream after `token` and, where the stream cannot replay
-    /// what came before, runs the catch-up pass. `None` if the relay stopped.
+    /// what came before, runs the catch-up pass. Returns the stream and the
+    /// ids the pass queued; `None` if the relay stopped.
     async fn resume(
         &self,
         token: Option<ResumeToken>,
         output: &mpsc::Sender<Work>,
         shutdown: &CancellationToken,
-    ) -> Option<Events> {
+    ) -> Option<(Events, CaughtUp)> {
         let (events, catch_up) = self.open_resuming(token, shutdown).await?;
-        if catch_up {
-            let found = until_ok("MongoDB catch-up pass", shutdown, || {
-                catch_up::run(&self.outbox, &self.rules, output, shutdown)
-            })
-            .await??;
-            tracing::info!(found, "catch-up pass queued the pending messages");
+        if !catch_up {
+            return Some((events, CaughtUp::none()));
         }
-        Some(events)
+        let queued = until_ok("MongoDB catch-up pass", shutdown, || {
+            catch_up::run(&self.outbox, &self.rules, output, shutdown)
+        })
+        .await??;
+        tracing::info!(
+            found = queued.len(),
+            "catch-up pass queued the pending messages"
+        );
+        Some((events, CaughtUp::new(queued, self.grace_period)))
     }
 
     async fn open(&self, token: Option<ResumeToken>) -> mongodb::error::Result<Events> {
@@ -141,9 +149,13 @@ impl ChangeStreamSource {
 
     /// Passes each insert on, with stream positions in between, until
     /// shutdown or until the stream breaks.
+    ///
+    /// Messages the catch-up pass already queued are passed on as bare
+    /// positions (see [`CaughtUp`]).
     async fn tail(
         &self,
         mut events: Events,
+        mut caught_up: CaughtUp,
         output: &mpsc::Sender<Work>,
         shutdown: &CancellationToken,
     ) -> Tail {
@@ -159,8 +171,10 @@ impl ChangeStreamSource {
                     let token = event.id;
                     last = Some(token.clone());
                     match event.full_document {
-                        Some(document) => Work::from_stream(self.rules.decode(&document), token),
-                        None => Work::marker(token),
+                        Some(document) if !caught_up.repeats(&document) => {
+                            Work::from_stream(self.rules.decode(&document), token)
+                        }
+                        _ => Work::marker(token),
                     }
                 }
                 Ok(None) => match events.resume_token() {
@@ -192,6 +206,48 @@ enum Tail {
     Stopped,
     /// The stream failed; reopen after this position.
     Broken(Option<ResumeToken>),
+}
+
+/// The ids a catch-up pass queued, for a grace period after it.
+///
+/// The stream is opened before the pass so that nothing falls between them,
+/// which means a message committed meanwhile can be found by both; the
+/// stream may show it some time after the pass did (a change stream only
+/// returns majority-committed events). Within the grace period such repeats
+/// are skipped; after it the set is dropped.
+struct CaughtUp {
+    ids: HashSet<ObjectId>,
+    until: Instant,
+}
+
+impl CaughtUp {
+    fn none() -> Self {
+        CaughtUp {
+            ids: HashSet::new(),
+            until: Instant::now(),
+        }
+    }
+
+    fn new(ids: HashSet<ObjectId>, grace_period: Duration) -> Self {
+        CaughtUp {
+            ids,
+            until: Instant::now() + grace_period,
+        }
+    }
+
+    /// Whether the pass already queued this document (each is matched once).
+    fn repeats(&mut self, document: &Document) -> bool {
+        if self.ids.is_empty() {
+            return false;
+        }
+        if Instant::now() > self.until {
+            self.ids = HashSet::new();
+            return false;
+        }
+        document
+            .get_object_id(crate::contract::field::ID)
+            .is_ok_and(|id| self.ids.remove(&id))
+    }
 }
 
 /// Whether a change stream may resume after this error, by the rule of the

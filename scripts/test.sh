@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs every check CI runs: services, formatting, lints, and all tests
+# against the real servers.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+scripts/services.sh start
+export MONGODB_URI="${MONGODB_URI:-mongodb://127.0.0.1:${MONGO_PORT:-27017}}"
+export NATS_URL="${NATS_URL:-nats://127.0.0.1:${NATS_PORT:-4222}}"
+
+rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt
+rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy
+
+cargo fmt --all -- --check
+cargo clippy --all-targets --locked -- -D warnings
+cargo test --all-targets --locked

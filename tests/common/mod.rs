@@ -1,0 +1,274 @@
+//! Shared set-up for tests against the real servers.
+//!
+//! Each test gets its own database, subject prefix and JetStream stream, so
+//! tests run in parallel without seeing each other's messages. Servers come
+//! from MONGODB_URI and NATS_URL (scripts/services.sh starts local ones); a
+//! missing server fails the test with a message saying so.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use bson::{doc, oid::ObjectId, Document};
+use futures::StreamExt;
+use mongodb::{Client, Collection, Database};
+use outbox_relay::{Relay, RelayConfig};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The longest any single wait in a test may take.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub fn mongodb_uri() -> String {
+    std::env::var("MONGODB_URI").unwrap_or_else(|_| "mongodb://127.0.0.1:27017".into())
+}
+
+pub fn nats_url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+/// One test's private corner of the servers.
+pub struct TestEnv {
+    pub name: String,
+    pub client: Client,
+    pub db: Database,
+    pub nats: async_nats::Client,
+    pub jetstream: jetstream::Context,
+    pub prefix: String,
+    pub stream: String,
+}
+
+impl TestEnv {
+    pub async fn new() -> Self {
+        let name = format!("t{}", ObjectId::new().to_hex());
+        let client = outbox_relay::relay::connect_mongodb(&mongodb_uri())
+            .await
+            .unwrap_or_else(|e| {
+                panic!("tests need a MongoDB replica set (scripts/services.sh start): {e}")
+            });
+        let nats = async_nats::connect(nats_url())
+            .await
+            .unwrap_or_else(|e| panic!("tests need nats-server (scripts/services.sh start): {e}"));
+        let jetstream = jetstream::new(nats.clone());
+        let prefix = name.clone();
+        let stream = name.to_uppercase();
+        jetstream
+            .create_stream(jetstream::stream::Config {
+                name: stream.clone(),
+                subjects: vec![format!("{prefix}.>")],
+                ..Default::default()
+            })
+            .await
+            .expect("create the test stream");
+        let db = client.database(&name);
+        // Create the collection up front: the first write in a transaction may not create one on every server.
+        db.create_collection("outbox")
+            .await
+            .expect("create outbox collection");
+        db.create_collection("orders")
+            .await
+            .expect("create orders collection");
+        TestEnv {
+            name,
+            client,
+            db,
+            nats,
+            jetstream,
+            prefix,
+            stream,
+        }
+    }
+
+    pub fn config(&self) -> RelayConfig {
+        let mut config = RelayConfig::new(mongodb_uri(), self.name.clone());
+        config.nats_url = nats_url();
+        config.subject_prefix = self.prefix.clone();
+        config.checkpoint_interval = Duration::from_millis(50);
+        config.max_await_time = Duration::from_millis(100);
+        config.idle_checkpoint_interval = Duration::from_millis(200);
+        config.ack_timeout = Duration::from_secs(2);
+        config
+    }
+
+    pub fn outbox(&self) -> Collection<Document> {
+        self.db.collection("outbox")
+    }
+
+    /// A core NATS subscription to every subject of this test.
+    pub async fn subscribe(&self) -> Receiver {
+        let subscriber = self
+            .nats
+            .subscribe(format!("{}.>", self.prefix))
+            .await
+            .expect("subscribe");
+        self.nats.flush().await.expect("flush subscription");
+        Receiver { subscriber }
+    }
+
+    /// How many messages the test's JetStream stream holds.
+    pub async fn stream_count(&self) -> u64 {
+        let mut stream = self
+            .jetstream
+            .get_stream(&self.stream)
+            .await
+            .expect("stream");
+        stream.info().await.expect("stream info").state.messages
+    }
+
+    /// Counts outbox documents matching `filter`.
+    pub async fn count(&self, filter: Document) -> u64 {
+        self.outbox().count_documents(filter).await.expect("count")
+    }
+
+    /// Waits until `count(filter) == expected`.
+    pub async fn wait_count(&self, filter: Document, expected: u64) {
+        let outbox = self.outbox();
+        let described = filter.to_string();
+        wait_until(
+            &format!("{expected} documents matching {described}"),
+            || {
+                let outbox = outbox.clone();
+                let filter = filter.clone();
+                async move { outbox.count_documents(filter).await.ok() == Some(expected) }
+            },
+        )
+        .await;
+    }
+
+    pub async fn drop(self) {
+        let _ = self.db.drop().await;
+        let _ = self.jetstream.delete_stream(&self.stream).await;
+    }
+}
+
+/// Messages arriving on the test's subjects.
+pub struct Receiver {
+    pub subscriber: async_nats::Subscriber,
+}
+
+impl Receiver {
+    /// The next message; fails the test if none arrives in time.
+    pub async fn next(&mut self) -> async_nats::Message {
+        tokio::time::timeout(WAIT, self.subscriber.next())
+            .await
+            .expect("timed out waiting for a NATS message")
+            .expect("subscription closed")
+    }
+
+    /// The next `n` messages.
+    pub async fn take(&mut self, n: usize) -> Vec<async_nats::Message> {
+        let mut messages = Vec::with_capacity(n);
+        for _ in 0..n {
+            messages.push(self.next().await);
+        }
+        messages
+    }
+
+    /// Collects messages until one has the given message id; returns all of them.
+    pub async fn until_id(&mut self, id: ObjectId) -> Vec<async_nats::Message> {
+        let mut messages = Vec::new();
+        loop {
+            let message = self.next().await;
+            let done = msg_id(&message) == Some(id.to_hex());
+            messages.push(message);
+            if done {
+                return messages;
+            }
+        }
+    }
+}
+
+pub fn header(message: &async_nats::Message, name: &str) -> Option<String> {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(name))
+        .map(|v| v.as_str().to_owned())
+}
+
+pub fn msg_id(message: &async_nats::Message) -> Option<String> {
+    header(message, "Nats-Msg-Id")
+}
+
+/// Counts messages per message id.
+pub fn count_by_id(messages: &[async_nats::Message]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for message in messages {
+        if let Some(id) = msg_id(message) {
+            *counts.entry(id).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// Polls `condition` every 20 ms until it holds; fails the test after [`WAIT`].
+pub async fn wait_until<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A relay running in this process.
+pub struct RunningRelay {
+    shutdown: CancellationToken,
+    handle: JoinHandle<outbox_relay::Result<()>>,
+}
+
+impl RunningRelay {
+    pub async fn start(config: RelayConfig) -> Self {
+        let relay = Relay::connect(config).await.expect("relay connects");
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(relay.run(shutdown.clone()));
+        RunningRelay { shutdown, handle }
+    }
+
+    /// Stops gracefully and returns what `run` returned.
+    pub async fn stop(self) -> outbox_relay::Result<()> {
+        self.shutdown.cancel();
+        tokio::time::timeout(WAIT, self.handle)
+            .await
+            .expect("relay did not stop in time")
+            .expect("relay task panicked")
+    }
+}
+
+/// Writes `count` orders, each with its outbox message, in one transaction per order.
+pub async fn write_orders(env: &TestEnv, count: usize) -> Vec<ObjectId> {
+    let outbox = outbox_relay::Outbox::new(&env.db);
+    let orders = env.db.collection::<Document>("orders");
+    let mut ids = Vec::with_capacity(count);
+    for n in 0..count {
+        let mut session = env.client.start_session().await.expect("session");
+        session
+            .start_transaction()
+            .await
+            .expect("start transaction");
+        orders
+            .insert_one(doc! { "n": n as i64 })
+            .session(&mut session)
+            .await
+            .expect("insert order");
+        let message = outbox_relay::NewMessage::serialized("order.placed", &doc! { "n": n as i64 })
+            .expect("payload");
+        ids.push(
+            outbox
+                .add(&mut session, message)
+                .await
+                .expect("add to outbox"),
+        );
+        session.commit_transaction().await.expect("commit");
+    }
+    ids
+}
