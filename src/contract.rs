@@ -334,3 +334,161 @@ pub(crate) fn type_name(value: &Bson) -> impl fmt::Display {
         _ => "another BSON type",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::{doc, Binary};
+
+    fn rules() -> DecodeRules {
+        DecodeRules {
+            subject_prefix: "outbox".into(),
+            max_payload: 1024,
+        }
+    }
+
+    fn decode(document: Document) -> Result<OutboxMessage, ContractViolation> {
+        rules().decode(&document).message
+    }
+
+    #[test]
+    fn minimal_document_maps_to_subject_headers_and_json_body() {
+        let id = ObjectId::new();
+        let message =
+            decode(doc! { "_id": id, "type": "order.placed", "payload": { "n": 1 } }).unwrap();
+        assert_eq!(message.subject, "outbox.order.placed");
+        assert_eq!(message.body.as_ref(), br#"{"n":1}"#);
+        assert_eq!(
+            message.headers,
+            vec![
+                ("Nats-Msg-Id".to_owned(), id.to_hex()),
+                ("Outbox-Type".to_owned(), "order.placed".to_owned()),
+                ("Content-Type".to_owned(), "application/json".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn optional_fields_become_headers_and_document_headers_follow() {
+        let message = decode(doc! {
+            "_id": ObjectId::new(), "type": "t", "payload": "x",
+            "correlationId": "c", "key": "k", "subject": "a.b",
+            "headers": { "traceparent": "00-1-2-01", "Content-Type": "text/csv" },
+        })
+        .unwrap();
+        assert_eq!(message.subject, "a.b");
+        let names: Vec<&str> = message.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "Nats-Msg-Id",
+                "Outbox-Type",
+                "Outbox-Correlation-Id",
+                "Outbox-Key",
+                "traceparent",
+                "Content-Type"
+            ]
+        );
+        let content_type = message.headers.iter().find(|(n, _)| n == "Content-Type");
+        assert_eq!(content_type.map(|(_, v)| v.as_str()), Some("text/csv"));
+    }
+
+    #[test]
+    fn binary_and_text_payloads_are_sent_as_is() {
+        let bytes = Binary {
+            subtype: BinarySubtype::Generic,
+            bytes: vec![1, 2, 3],
+        };
+        let message =
+            decode(doc! { "_id": ObjectId::new(), "type": "t", "payload": bytes }).unwrap();
+        assert_eq!(message.body.as_ref(), &[1, 2, 3]);
+        let message = decode(doc! { "_id": ObjectId::new(), "type": "t", "payload": "é" }).unwrap();
+        assert_eq!(message.body.as_ref(), "é".as_bytes());
+    }
+
+    #[test]
+    fn subjects_are_validated() {
+        for good in ["a", "a.b.c", "orders-v2.created_1"] {
+            assert!(validate_subject(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "", ".a", "a.", "a..b", "a b", "a\tb", "a.*", "a.>", "a*b", "a\u{7}",
+        ] {
+            assert!(validate_subject(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn reserved_and_malformed_headers_are_refused() {
+        assert!(validate_own_header("traceparent", "v").is_ok());
+        for name in [
+            "Nats-Msg-Id",
+            "nats-msg-id",
+            "Outbox-Type",
+            "outbox-anything",
+        ] {
+            assert!(validate_own_header(name, "v").is_err(), "{name}");
+        }
+        assert!(validate_header("bad name", "v").is_err());
+        assert!(validate_header("a:b", "v").is_err());
+        assert!(validate_header("", "v").is_err());
+        assert!(validate_header("ok", "line\r\nbreak").is_err());
+    }
+
+    #[test]
+    fn every_contract_breach_says_what_is_wrong() {
+        let cases = [
+            (doc! { "type": "t", "payload": {} }, "no _id"),
+            (
+                doc! { "_id": 1, "type": "t", "payload": {} },
+                "_id must be an ObjectId",
+            ),
+            (doc! { "_id": ObjectId::new(), "payload": {} }, "no type"),
+            (
+                doc! { "_id": ObjectId::new(), "type": 1, "payload": {} },
+                "type must be a string, found int",
+            ),
+            (
+                doc! { "_id": ObjectId::new(), "type": "", "payload": {} },
+                "non-empty",
+            ),
+            (doc! { "_id": ObjectId::new(), "type": "t" }, "no payload"),
+            (
+                doc! { "_id": ObjectId::new(), "type": "t", "payload": [1] },
+                "found array",
+            ),
+            (
+                doc! { "_id": ObjectId::new(), "type": "t", "payload": {}, "headers": "x" },
+                "headers must be a document",
+            ),
+            (
+                doc! { "_id": ObjectId::new(), "type": "t", "payload": {}, "subject": 5 },
+                "subject must be a string",
+            ),
+            (
+                doc! { "_id": ObjectId::new(), "type": "t", "payload": "x".repeat(2000) },
+                "max_payload of 1024",
+            ),
+        ];
+        for (document, expected) in cases {
+            let error = decode(document.clone()).unwrap_err().to_string();
+            assert!(
+                error.contains(expected),
+                "{document}: {error:?} lacks {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn wire_size_counts_the_header_block() {
+        let message = decode(doc! { "_id": ObjectId::new(), "type": "t", "payload": "" }).unwrap();
+        let expected = "NATS/1.0\r\n".len()
+            + message
+                .headers
+                .iter()
+                .map(|(n, v)| format!("{n}: {v}\r\n").len())
+                .sum::<usize>()
+            + 2;
+        assert_eq!(message.wire_size(), expected);
+    }
+}
