@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Starts the local services and the relay, writes orders with their outbox
+# messages for ~10 s, and prints what arrives on NATS with a latency summary.
+#
+#   scripts/demo.sh            (DEMO_RATE=300 DEMO_SECONDS=10 by default)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+scripts/services.sh start
+export MONGODB_URI="${MONGODB_URI:-mongodb://127.0.0.1:${MONGO_PORT:-27017}}"
+export NATS_URL="${NATS_URL:-nats://127.0.0.1:${NATS_PORT:-4222}}"
+export DEMO_DATABASE="${DEMO_DATABASE:-demo}" DEMO_PREFIX="${DEMO_PREFIX:-demo}"
+
+cargo build --release --locked --bin outbox-relay --example demo
+mkdir -p .services
+target/release/outbox-relay run --mongodb-uri "$MONGODB_URI" --database "$DEMO_DATABASE" \
+  --nats-url "$NATS_URL" --subject-prefix "$DEMO_PREFIX" --create-stream DEMO \
+  >.services/demo-relay.log 2>&1 &
+relay=$!
+trap 'kill -TERM $relay 2>/dev/null; wait $relay 2>/dev/null || true' EXIT
+
+# Wait for the relay to report that it is tailing (or to die trying).
+for _ in $(seq 1 100); do
+  grep -q "relay running" .services/demo-relay.log && break
+  kill -0 $relay 2>/dev/null || { cat .services/demo-relay.log; exit 1; }
+  sleep 0.1
+done
+echo "relay running (log: .services/demo-relay.log)"
+target/release/examples/demo
