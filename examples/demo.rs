@@ -30,7 +30,10 @@ impl MessageType for OrderPlaced {
 }
 
 fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 #[tokio::main]
@@ -89,8 +92,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (ticks, ticks_rx) = async_channel::bounded::<i64>(64);
     let mut producers = Vec::new();
     for _ in 0..4 {
-        let (client, db, ticks_rx, committed) =
-            (client.clone(), db.clone(), ticks_rx.clone(), committed.clone());
+        let (client, db, ticks_rx, committed) = (
+            client.clone(),
+            db.clone(),
+            ticks_rx.clone(),
+            committed.clone(),
+        );
         producers.push(tokio::spawn(async move {
             let outbox = Outbox::new(&db);
             let orders = db.collection::<Document>("orders");
@@ -121,7 +128,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     latencies.sort();
     let percentile = |p: f64| {
         let index = ((latencies.len() as f64 * p).ceil() as usize).saturating_sub(1);
-        latencies.get(index).map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+        latencies
+            .get(index)
+            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
     };
     println!();
     println!("committed {written}, received {}", latencies.len());
@@ -133,7 +142,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         percentile(1.0)
     );
     if latencies.len() < written {
-        eprintln!("{} messages did not arrive within 15 s: is the relay running?", written - latencies.len());
+        eprintln!(
+            "{} messages did not arrive within 15 s: is the relay running?",
+            written - latencies.len()
+        );
         std::process::exit(1);
     }
     Ok(())
@@ -148,10 +160,17 @@ async fn place_order(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut session = client.start_session().await?;
     session.start_transaction().await?;
-    let order = doc! { "n": n, "customer": format!("customer-{}", n % 17), "totalCents": 1999 + n % 500 };
+    let order =
+        doc! { "n": n, "customer": format!("customer-{}", n % 17), "totalCents": 1999 + n % 500 };
     orders.insert_one(order).session(&mut session).await?;
-    let event = OrderPlaced { order: n, customer: format!("customer-{}", n % 17), total_cents: 1999 + n % 500 };
-    let message = NewMessage::typed(&event)?.key(n.to_string()).correlation_id(ObjectId::new().to_hex());
+    let event = OrderPlaced {
+        order: n,
+        customer: format!("customer-{}", n % 17),
+        total_cents: 1999 + n % 500,
+    };
+    let message = NewMessage::typed(&event)?
+        .key(n.to_string())
+        .correlation_id(ObjectId::new().to_hex());
     let id = outbox.add(&mut session, message).await?;
     let started = Instant::now();
     if let Ok(mut committed) = committed.lock() {
