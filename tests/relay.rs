@@ -434,3 +434,38 @@ impl CollectAll for mongodb::Cursor<Document> {
         self.try_collect().await.unwrap()
     }
 }
+
+#[tokio::test]
+async fn an_idle_stream_keeps_its_stored_token_moving() {
+    let env = TestEnv::new().await;
+    let mut receiver = env.subscribe().await;
+    let relay = RunningRelay::start(env.config()).await;
+    let id = write_orders(&env, 1).await[0];
+    receiver.until_id(id).await;
+    let checkpoints = env.db.collection::<Document>("outbox_checkpoints");
+    let key = doc! { "_id": format!("{}.outbox", env.name) };
+    let token = || async {
+        checkpoints
+            .find_one(key.clone())
+            .await
+            .ok()
+            .flatten()
+            .and_then(|d| d.get("token").cloned())
+    };
+    common::wait_until("a first checkpoint", || async { token().await.is_some() }).await;
+    let first = token().await;
+
+    // Writes elsewhere move the oplog; the outbox stream sees no event but a newer position.
+    let other = env.db.collection::<Document>("unrelated");
+    common::wait_until(
+        "the stored token to move without outbox messages",
+        || async {
+            other.insert_one(doc! { "x": 1 }).await.unwrap();
+            token().await != first
+        },
+    )
+    .await;
+    assert_eq!(env.count(doc! {}).await, 1);
+    relay.stop().await.unwrap();
+    env.drop().await;
+}

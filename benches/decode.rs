@@ -1,0 +1,44 @@
+//! Cost of turning an outbox document into a NATS message: the relay's own
+//! CPU work per message on the hot path (everything else is waiting on the
+//! servers). `cargo bench --bench decode` runs it in full; under `cargo test`
+//! it runs a few iterations so it keeps working.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use bson::{doc, oid::ObjectId, Binary};
+use outbox_relay::contract::DecodeRules;
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let iterations = if full { 200_000 } else { 100 };
+    let rules = DecodeRules {
+        subject_prefix: "outbox".into(),
+        max_payload: 1 << 20,
+    };
+    let cases = [
+        (
+            "json payload, 5 fields",
+            doc! {
+                "_id": ObjectId::new(), "type": "order.placed", "status": "pending",
+                "correlationId": "c-1", "key": "order-1",
+                "payload": { "order": 1_i64, "customer": "c-17", "total": 42.5, "items": [1, 2, 3], "note": "x".repeat(100) },
+            },
+        ),
+        (
+            "binary payload, 1 KiB",
+            doc! {
+                "_id": ObjectId::new(), "type": "blob", "status": "pending",
+                "payload": Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![7; 1024] },
+            },
+        ),
+    ];
+    for (name, document) in &cases {
+        let started = Instant::now();
+        for _ in 0..iterations {
+            black_box(rules.decode(black_box(document)));
+        }
+        let per_message = started.elapsed() / iterations;
+        println!("decode {name}: {per_message:?} per message ({iterations} iterations)");
+    }
+}
