@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use outbox_relay::config::{parse_duration, FileConfig};
-use outbox_relay::{Error, NatsMode, RelayConfig, Result};
+use outbox_relay::{Error, NatsMode, RelayConfig, RelayMode, Result};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -35,12 +35,30 @@ pub enum LogFormat {
 pub enum Command {
     /// Tail the outbox and publish each message as it commits.
     Run(RunArgs),
+    /// Deliver what is due now with the sweep, print the counts, and exit.
+    Sweep(SweepArgs),
+}
+
+/// `outbox-relay sweep --once`.
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    /// One pass over everything due, then exit (the only way a sweep runs alone for now).
+    #[arg(long, required = true)]
+    pub once: bool,
+    #[command(flatten)]
+    pub settings: RunArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum ModeArg {
     Jetstream,
     Core,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RelayModeArg {
+    Push,
+    Poll,
 }
 
 /// Settings of the relay.
@@ -97,6 +115,33 @@ pub struct RunArgs {
     /// How long a graceful stop may take [default: 10s].
     #[arg(long, env = "OUTBOX_SHUTDOWN_TIMEOUT")]
     pub shutdown_timeout: Option<String>,
+    /// push: change stream plus a slow sweep; poll: the sweep alone [default: push].
+    #[arg(long, env = "OUTBOX_MODE", value_enum)]
+    pub mode: Option<RelayModeArg>,
+    /// Time between sweeps in push mode [default: 10s].
+    #[arg(long, env = "OUTBOX_SWEEP_INTERVAL")]
+    pub sweep_interval: Option<String>,
+    /// Time between sweeps in poll mode [default: 1s].
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL")]
+    pub poll_interval: Option<String>,
+    /// Age at which a processor's claim on a message is stale and may be taken over [default: 60s].
+    #[arg(long, env = "OUTBOX_LOCK_TIMEOUT")]
+    pub lock_timeout: Option<String>,
+    /// Keep processed and failed messages this long, e.g. 7d (TTL indexes); unset keeps them.
+    #[arg(long, env = "OUTBOX_RETENTION")]
+    pub retention: Option<String>,
+    /// Install a $jsonSchema validator enforcing the document contract on the outbox collection.
+    #[arg(long, env = "OUTBOX_INSTALL_VALIDATOR")]
+    pub install_validator: bool,
+    /// Refused attempts after which a message is marked failed [default: 10].
+    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS")]
+    pub max_attempts: Option<u32>,
+    /// Delay after the first refused attempt, doubling each time [default: 1s].
+    #[arg(long, env = "OUTBOX_RETRY_INITIAL_DELAY")]
+    pub retry_initial_delay: Option<String>,
+    /// Longest delay between refused attempts [default: 5m].
+    #[arg(long, env = "OUTBOX_RETRY_MAX_DELAY")]
+    pub retry_max_delay: Option<String>,
 }
 
 impl RunArgs {
@@ -136,6 +181,20 @@ impl RunArgs {
             self.max_in_flight.or(file.max_in_flight),
         );
         set(&mut config.batch_size, self.batch_size.or(file.batch_size));
+        let mode = self.mode.map(|m| match m {
+            RelayModeArg::Push => RelayMode::Push,
+            RelayModeArg::Poll => RelayMode::Poll,
+        });
+        set(&mut config.mode, mode.or(file.mode));
+        config.install_validator =
+            self.install_validator || file.install_validator.unwrap_or(false);
+        set(
+            &mut config.retry.max_attempts,
+            self.max_attempts.or(file.max_attempts),
+        );
+        if let Some(retention) = self.retention.or(file.retention) {
+            config.retention = Some(parse_duration("retention", &retention)?);
+        }
         let durations = [
             (
                 "checkpoint-interval",

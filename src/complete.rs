@@ -24,13 +24,14 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::CheckpointStore;
 use crate::config::RetryPolicy;
 use crate::contract::{field, status};
-use crate::pipeline::{Finished, Verdict};
+use crate::pipeline::{Finished, Tally, Verdict};
 use crate::retry::until_ok;
 
 /// Records verdicts and checkpoints.
 pub(crate) struct CompletionStage {
     pub outbox: Collection<Document>,
-    pub checkpoints: CheckpointStore,
+    /// Where resume tokens go; `None` for work that carries none (sweeps).
+    pub checkpoints: Option<CheckpointStore>,
     pub batch_size: usize,
     pub checkpoint_interval: Duration,
     pub retry: RetryPolicy,
@@ -39,8 +40,18 @@ pub(crate) struct CompletionStage {
     pub abandon: CancellationToken,
 }
 
+/// What became of a refused message.
+enum Retry {
+    Scheduled,
+    GaveUp,
+    /// Completed or reclaimed by another processor meanwhile.
+    NotOurs,
+}
+
 impl CompletionStage {
-    pub async fn run(self, mut input: mpsc::Receiver<Finished>) {
+    /// Records verdicts until the input closes; returns what it recorded.
+    pub async fn run(self, mut input: mpsc::Receiver<Finished>) -> Tally {
+        let mut tally = Tally::default();
         let mut unsaved: Option<ResumeToken> = None;
         let mut saved_at = Instant::now();
         loop {
@@ -48,8 +59,8 @@ impl CompletionStage {
             let first = tokio::select! {
                 finished = input.recv() => finished,
                 _ = tokio::time::sleep_until(next_save), if unsaved.is_some() => {
-                    if !self.save(&mut unsaved).await {
-                        return;
+                    if self.save(&mut unsaved).await.is_none() {
+                        return tally;
                     }
                     saved_at = Instant::now();
                     continue;
@@ -63,80 +74,83 @@ impl CompletionStage {
                     Err(_) => break,
                 }
             }
-            if !self.record(&batch).await {
-                return;
+            match self.record(&batch).await {
+                Some(recorded) => tally += recorded,
+                None => return tally,
             }
             if let Some(token) = batch.iter().rev().find_map(|f| f.work.token.clone()) {
                 unsaved = Some(token);
             }
             if saved_at.elapsed() >= self.checkpoint_interval {
-                if !self.save(&mut unsaved).await {
-                    return;
+                if self.save(&mut unsaved).await.is_none() {
+                    return tally;
                 }
                 saved_at = Instant::now();
             }
         }
         self.save(&mut unsaved).await;
+        tally
     }
 
-    /// Writes the newest recorded token, if there is one not yet written.
-    async fn save(&self, unsaved: &mut Option<ResumeToken>) -> bool {
-        let Some(token) = unsaved.take() else {
-            return true;
+    /// Writes the newest recorded token, if one is not yet written.
+    /// `None` if the relay gave up waiting for MongoDB.
+    async fn save(&self, unsaved: &mut Option<ResumeToken>) -> Option<()> {
+        let (Some(token), Some(checkpoints)) = (unsaved.take(), &self.checkpoints) else {
+            return Some(());
         };
-        let saved = until_ok("MongoDB checkpoint write", &self.abandon, || {
-            self.checkpoints.save(&token)
+        until_ok("MongoDB checkpoint write", &self.abandon, || {
+            checkpoints.save(&token)
         })
-        .await;
-        saved.is_some()
+        .await
     }
 
-    /// Records a batch of verdicts. Returns false if the relay gave up.
-    async fn record(&self, batch: &[Finished]) -> bool {
+    /// Records a batch of verdicts. `None` if the relay gave up.
+    async fn record(&self, batch: &[Finished]) -> Option<Tally> {
         let now = DateTime::now();
+        let mut tally = Tally::default();
         let mut delivered: HashMap<Option<ObjectId>, Vec<Bson>> = HashMap::new();
         for finished in batch {
             let Some(id) = finished.work.id() else {
                 continue;
             };
             let claim = finished.work.claim;
-            let recorded = match &finished.verdict {
-                Verdict::Delivered => {
-                    delivered.entry(claim).or_default().push(id.clone());
-                    true
-                }
+            match &finished.verdict {
+                Verdict::Delivered => delivered.entry(claim).or_default().push(id.clone()),
                 Verdict::Rejected(violation) => {
                     self.mark_failed(id, claim, &violation.to_string(), now)
-                        .await
+                        .await?;
+                    tally.failed += 1;
                 }
-                Verdict::Refused(reason) => self.schedule_retry(id, claim, reason, now).await,
-                Verdict::Passed => true,
-            };
-            if !recorded {
-                return false;
+                Verdict::Refused(reason) => {
+                    match self.schedule_retry(id, claim, reason, now).await? {
+                        Retry::Scheduled => tally.retried += 1,
+                        Retry::GaveUp => tally.failed += 1,
+                        Retry::NotOurs => {}
+                    }
+                }
+                Verdict::Passed => {}
             }
         }
         for (claim, ids) in delivered {
-            if !self.mark_processed(ids, claim, now).await {
-                return false;
-            }
+            tally.delivered += ids.len() as u64;
+            self.mark_processed(ids, claim, now).await?;
         }
-        true
+        Some(tally)
     }
 
-    async fn mark_processed(&self, ids: Vec<Bson>, claim: Option<ObjectId>, now: DateTime) -> bool {
+    async fn mark_processed(
+        &self,
+        ids: Vec<Bson>,
+        claim: Option<ObjectId>,
+        now: DateTime,
+    ) -> Option<()> {
         let filter = still_ours(doc! { "$in": ids }, claim);
         let update = doc! {
             "$set": { field::STATUS: status::PROCESSED, field::PROCESSED_AT: now },
             "$unset": unlock(),
         };
-        until_ok("MongoDB marking processed", &self.abandon, || {
-            self.outbox
-                .update_many(filter.clone(), update.clone())
-                .into_future()
-        })
-        .await
-        .is_some()
+        self.write("MongoDB marking processed", filter, update)
+            .await
     }
 
     async fn mark_failed(
@@ -145,7 +159,7 @@ impl CompletionStage {
         claim: Option<ObjectId>,
         reason: &str,
         now: DateTime,
-    ) -> bool {
+    ) -> Option<()> {
         tracing::warn!(id = %id, reason, "outbox message failed");
         let filter = still_ours(id.clone(), claim);
         let update = doc! {
@@ -156,13 +170,7 @@ impl CompletionStage {
             },
             "$unset": unlock(),
         };
-        until_ok("MongoDB marking failed", &self.abandon, || {
-            self.outbox
-                .update_one(filter.clone(), update.clone())
-                .into_future()
-        })
-        .await
-        .is_some()
+        self.write("MongoDB marking failed", filter, update).await
     }
 
     /// Counts an attempt against a refused message and either schedules the
@@ -173,7 +181,7 @@ impl CompletionStage {
         claim: Option<ObjectId>,
         reason: &str,
         now: DateTime,
-    ) -> bool {
+    ) -> Option<Retry> {
         let filter = still_ours(id.clone(), claim);
         let update = doc! {
             "$inc": { field::ATTEMPTS: 1 },
@@ -186,41 +194,54 @@ impl CompletionStage {
                 .return_document(ReturnDocument::After)
                 .into_future()
         })
-        .await;
-        let Some(counted) = counted else { return false };
+        .await?;
         let Some(document) = counted else {
-            return true; // completed or reclaimed meanwhile: not ours to schedule
+            return Some(Retry::NotOurs);
         };
-        let attempts = document
-            .get(field::ATTEMPTS)
-            .and_then(|a| a.as_i32().map(i64::from).or_else(|| a.as_i64()))
-            .map_or(1, |a| u32::try_from(a).unwrap_or(u32::MAX));
+        let attempts = attempts_of(&document);
         if self.retry.exhausted(attempts) {
             let reason = format!("{reason} (gave up after {attempts} attempts)");
-            return self.mark_failed(id, None, &reason, now).await;
+            self.mark_failed(id, None, &reason, now).await?;
+            return Some(Retry::GaveUp);
         }
         let delay = self.retry.delay_after(attempts);
         tracing::debug!(id = %id, attempts, ?delay, reason, "outbox message refused; will retry");
         let next = DateTime::from_millis(
             now.timestamp_millis()
-                .saturating_add(delay.as_millis() as i64),
+                .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
         );
         let filter = doc! { field::ID: id.clone(), field::STATUS: status::PENDING };
         let update = doc! { "$set": { field::NEXT_ATTEMPT_AT: next } };
-        until_ok("MongoDB scheduling a retry", &self.abandon, || {
+        self.write("MongoDB scheduling a retry", filter, update)
+            .await?;
+        Some(Retry::Scheduled)
+    }
+
+    /// Applies an update to every match, retrying until MongoDB takes it.
+    async fn write(&self, what: &'static str, filter: Document, update: Document) -> Option<()> {
+        until_ok(what, &self.abandon, || {
             self.outbox
-                .update_one(filter.clone(), update.clone())
+                .update_many(filter.clone(), update.clone())
                 .into_future()
         })
         .await
-        .is_some()
+        .map(drop)
     }
+}
+
+fn attempts_of(document: &Document) -> u32 {
+    let attempts = match document.get(field::ATTEMPTS) {
+        Some(Bson::Int32(n)) => i64::from(*n),
+        Some(Bson::Int64(n)) => *n,
+        _ => 1,
+    };
+    u32::try_from(attempts).unwrap_or(u32::MAX)
 }
 
 /// Matches messages still pending and, if a sweep claimed them, still held
 /// by that claim: the fence that stops a processor which lost a message from
 /// writing over its state.
-fn still_ours(id: impl Into<Bson>, claim: Option<ObjectId>) -> Document {
+pub(crate) fn still_ours(id: impl Into<Bson>, claim: Option<ObjectId>) -> Document {
     let mut filter = doc! { field::ID: id.into(), field::STATUS: status::PENDING };
     if let Some(claim) = claim {
         filter.insert(field::LOCK_ID, claim);

@@ -40,6 +40,18 @@ impl FromStr for NatsMode {
     }
 }
 
+/// Where messages come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RelayMode {
+    /// The change stream delivers at once; a slow sweep catches what it misses.
+    #[default]
+    Push,
+    /// The sweep alone, every poll interval: for deployments without change
+    /// streams, and as the baseline push is measured against.
+    Poll,
+}
+
 /// Everything the relay runs with, checked.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
@@ -80,6 +92,18 @@ pub struct RelayConfig {
     pub shutdown_timeout: Duration,
     /// When a message the broker refused is tried again, and when it is given up.
     pub retry: RetryPolicy,
+    /// Push (change stream and sweep) or poll (sweep alone).
+    pub mode: RelayMode,
+    /// Time between sweeps in push mode.
+    pub sweep_interval: Duration,
+    /// Time between sweeps in poll mode.
+    pub poll_interval: Duration,
+    /// Age at which another processor's claim on a message is stale.
+    pub lock_timeout: Duration,
+    /// Keep processed and failed messages this long (TTL indexes); `None` keeps them.
+    pub retention: Option<Duration>,
+    /// Install a `$jsonSchema` validator enforcing the document contract.
+    pub install_validator: bool,
 }
 
 /// Retries of messages the broker refused (not of broker outages, which
@@ -153,6 +177,12 @@ impl RelayConfig {
             ack_timeout: Duration::from_secs(5),
             shutdown_timeout: Duration::from_secs(10),
             retry: RetryPolicy::default(),
+            mode: RelayMode::Push,
+            sweep_interval: Duration::from_secs(10),
+            poll_interval: Duration::from_secs(1),
+            lock_timeout: Duration::from_secs(60),
+            retention: None,
+            install_validator: false,
         }
     }
 
@@ -191,11 +221,26 @@ impl RelayConfig {
             ("max-await-time", self.max_await_time),
             ("idle-checkpoint-interval", self.idle_checkpoint_interval),
             ("ack-timeout", self.ack_timeout),
+            ("sweep-interval", self.sweep_interval),
+            ("poll-interval", self.poll_interval),
+            ("lock-timeout", self.lock_timeout),
+            ("retry-initial-delay", self.retry.initial_delay),
         ];
         for (name, value) in durations {
             if value.is_zero() {
                 return Err(Error::Config(format!("{name} must be longer than zero")));
             }
+        }
+        if self.retention.is_some_and(|r| r < Duration::from_secs(1)) {
+            return Err(Error::Config("retention must be at least 1s".into()));
+        }
+        if self.retry.max_attempts == 0 {
+            return Err(Error::Config("max-attempts must be at least 1".into()));
+        }
+        if self.retry.initial_delay > self.retry.max_delay {
+            return Err(Error::Config(
+                "retry-initial-delay must not exceed retry-max-delay".into(),
+            ));
         }
         Ok(())
     }
@@ -222,6 +267,15 @@ pub struct FileConfig {
     pub grace_period: Option<String>,
     pub ack_timeout: Option<String>,
     pub shutdown_timeout: Option<String>,
+    pub mode: Option<RelayMode>,
+    pub sweep_interval: Option<String>,
+    pub poll_interval: Option<String>,
+    pub lock_timeout: Option<String>,
+    pub retention: Option<String>,
+    pub install_validator: Option<bool>,
+    pub max_attempts: Option<u32>,
+    pub retry_initial_delay: Option<String>,
+    pub retry_max_delay: Option<String>,
 }
 
 impl FileConfig {

@@ -7,9 +7,10 @@
 //!
 //! A message's path through the crate, one module per stage:
 //! - [`contract`]: the outbox document and its mapping onto a NATS message;
-//! - `source`: the change stream, and the catch-up pass over the collection;
+//! - [`source`]: the change stream with its catch-up pass, and the sweep;
 //! - [`publish`]: the broker interface, NATS, and the pipelined publish stage;
 //! - `complete` and [`checkpoint`]: marking messages and keeping the resume token;
+//! - [`setup`]: indexes, retention and the validator of the outbox collection;
 //! - [`relay`]: the stages wired together, with graceful shutdown.
 
 pub mod checkpoint;
@@ -21,11 +22,13 @@ mod pipeline;
 pub mod publish;
 pub mod relay;
 mod retry;
-mod source;
+pub mod setup;
+pub mod source;
 pub mod writer;
 
-pub use config::{NatsMode, RelayConfig, RetryPolicy};
+pub use config::{NatsMode, RelayConfig, RelayMode, RetryPolicy};
 pub use contract::{ContractViolation, OutboxMessage};
 pub use error::{Error, Result};
+pub use pipeline::Tally;
 pub use relay::Relay;
 pub use writer::{MessageType, NewMessage, Outbox, Payload};

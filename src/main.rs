@@ -38,6 +38,15 @@ async fn execute(command: Command) -> outbox_relay::Result<()> {
             let relay = Relay::connect(config).await?;
             relay.run(stop_on_signal()).await
         }
+        Command::Sweep(args) => {
+            let relay = Relay::connect(args.settings.resolve()?).await?;
+            let tally = relay.sweep_once().await?;
+            println!(
+                "delivered {}, retried {}, failed {}",
+                tally.delivered, tally.retried, tally.failed
+            );
+            Ok(())
+        }
     }
 }
 

@@ -6,10 +6,22 @@
 //! source to completion, which is what lets the checkpoint advance to a
 //! token only once everything before it is done.
 
-use bson::{oid::ObjectId, Bson};
-use mongodb::change_stream::event::ResumeToken;
+use std::sync::Arc;
+use std::time::Duration;
 
+use bson::{oid::ObjectId, Bson, Document};
+use mongodb::change_stream::event::ResumeToken;
+use mongodb::Collection;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::checkpoint::CheckpointStore;
+use crate::complete::CompletionStage;
+use crate::config::RetryPolicy;
 use crate::contract::{ContractViolation, Decoded};
+use crate::publish::stage::PublishStage;
+use crate::publish::Publisher;
 
 /// One unit of work: a message to deliver, a resume token to record once all
 /// earlier work is done, or both.
@@ -75,4 +87,82 @@ pub(crate) enum Verdict {
 pub(crate) struct Finished {
     pub work: Work,
     pub verdict: Verdict,
+}
+
+/// What became of the messages of a pipeline run, by kind.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    /// Published and marked `processed`.
+    pub delivered: u64,
+    /// Refused by the broker and scheduled for another attempt.
+    pub retried: u64,
+    /// Marked `failed`: broken, or out of attempts.
+    pub failed: u64,
+}
+
+impl Tally {
+    pub fn total(&self) -> u64 {
+        self.delivered + self.retried + self.failed
+    }
+}
+
+impl std::ops::AddAssign for Tally {
+    fn add_assign(&mut self, other: Tally) {
+        self.delivered += other.delivered;
+        self.retried += other.retried;
+        self.failed += other.failed;
+    }
+}
+
+/// Everything a publish stage and a completion stage need: one recipe for
+/// the change stream's long-lived pipeline and for each sweep pass.
+#[derive(Clone)]
+pub(crate) struct Pipeline {
+    pub publisher: Arc<dyn Publisher>,
+    pub outbox: Collection<Document>,
+    pub max_in_flight: usize,
+    pub batch_size: usize,
+    pub checkpoint_interval: Duration,
+    pub retry: RetryPolicy,
+    /// Graceful stop: ends waits for the broker.
+    pub shutdown: CancellationToken,
+    /// End of the grace time: ends waits for MongoDB.
+    pub abandon: CancellationToken,
+}
+
+/// A started pipeline: feed it work, drop the sender, await the tally.
+pub(crate) struct Running {
+    pub input: mpsc::Sender<Work>,
+    pub done: JoinHandle<Tally>,
+}
+
+impl Pipeline {
+    /// Starts the two stages. Resume tokens in the work are stored in
+    /// `checkpoints` (the change stream's pipeline has one; sweeps do not).
+    pub fn start(&self, checkpoints: Option<CheckpointStore>) -> Running {
+        let (input, work) = mpsc::channel(self.batch_size);
+        let (finished_tx, finished) = mpsc::channel(self.batch_size);
+        let publish = PublishStage {
+            publisher: self.publisher.clone(),
+            max_in_flight: self.max_in_flight,
+            shutdown: self.shutdown.clone(),
+        };
+        let complete = CompletionStage {
+            outbox: self.outbox.clone(),
+            checkpoints,
+            batch_size: self.batch_size,
+            checkpoint_interval: self.checkpoint_interval,
+            retry: self.retry.clone(),
+            abandon: self.abandon.clone(),
+        };
+        let publishing = tokio::spawn(publish.run(work, finished_tx));
+        let done = tokio::spawn(async move {
+            let tally = complete.run(finished).await;
+            if let Err(error) = publishing.await {
+                tracing::error!(%error, "the publish stage stopped unexpectedly");
+            }
+            tally
+        });
+        Running { input, done }
+    }
 }

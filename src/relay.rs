@@ -4,12 +4,14 @@
 //! change stream ──▶ publish stage ──▶ completion stage
 //! (+ catch-up)      (NATS, ordered,    (marks in MongoDB,
 //!                    acks pipelined)    then checkpoint)
+//! sweep, every interval ──▶ its own publish and completion stages
 //! ```
 //!
 //! Each stage is a task joined by bounded channels, so a slow stage holds
 //! back the ones before it rather than piling up memory. Shutdown runs front
-//! to back: the source stops reading, the publish stage finishes what is in
-//! flight, and the completion stage records it and writes the final token.
+//! to back: the sources stop reading, the publish stages finish what is in
+//! flight, and the completion stages record it and write the final token.
+//! In poll mode the sweep runs alone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,18 +19,18 @@ use std::time::Duration;
 use bson::doc;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Database};
-use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::CheckpointStore;
-use crate::complete::CompletionStage;
-use crate::config::{redact_uri, RelayConfig};
+use crate::config::{redact_uri, RelayConfig, RelayMode};
 use crate::contract::DecodeRules;
 use crate::error::{Error, Result};
-use crate::publish::stage::PublishStage;
+use crate::pipeline::{Pipeline, Tally};
 use crate::publish::{NatsPublisher, Publisher, StreamSetup};
+use crate::setup;
 use crate::source::change_stream::ChangeStreamSource;
+use crate::source::sweep::Sweeper;
 
 /// A connected relay, ready to run.
 pub struct Relay {
@@ -38,7 +40,8 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Checks the configuration and connects to MongoDB and NATS.
+    /// Checks the configuration, connects to MongoDB and NATS, and prepares
+    /// the outbox collection (indexes, retention, validator if asked).
     pub async fn connect(config: RelayConfig) -> Result<Self> {
         config.validate()?;
         let client = connect_mongodb(&config.mongodb_uri).await?;
@@ -49,10 +52,13 @@ impl Relay {
                 .ensure(nats.client())
                 .await?;
         }
-        Ok(Self::with_publisher(config, database, Arc::new(nats)))
+        let relay = Self::with_publisher(config, database, Arc::new(nats));
+        relay.prepare().await?;
+        Ok(relay)
     }
 
-    /// A relay over an existing database handle and any publisher.
+    /// A relay over an existing database handle and any publisher. Call
+    /// [`Relay::prepare`] before the first run if the collection is new.
     pub fn with_publisher(
         config: RelayConfig,
         database: Database,
@@ -65,63 +71,64 @@ impl Relay {
         }
     }
 
+    /// Ensures the outbox collection's indexes, retention and validator.
+    pub async fn prepare(&self) -> Result<()> {
+        let outbox = self.database.collection(&self.config.collection);
+        setup::ensure_indexes(&outbox, self.config.retention).await?;
+        if self.config.install_validator {
+            setup::install_validator(&self.database, &self.config.collection).await?;
+            tracing::info!(collection = %self.config.collection, "installed the outbox validator");
+        }
+        Ok(())
+    }
+
     /// Runs until `shutdown` fires, then stops gracefully: in-flight messages
     /// are finished and recorded and the resume token is written, within the
     /// configured shutdown timeout.
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
         let config = &self.config;
-        let outbox = self.database.collection(&config.collection);
-        let checkpoints = CheckpointStore::new(
-            &self.database,
-            &config.checkpoint_collection,
-            &config.collection,
-        );
-        let token = checkpoints.load().await?;
-        let rules = DecodeRules {
-            subject_prefix: config.subject_prefix.clone(),
-            max_payload: self.publisher.max_payload(),
-        };
         let abandon = abandon_after(&shutdown, config.shutdown_timeout);
-        let (work_tx, work_rx) = mpsc::channel(config.batch_size);
-        let (done_tx, done_rx) = mpsc::channel(config.batch_size);
-
-        let source = ChangeStreamSource {
-            outbox: outbox.clone(),
-            rules,
-            max_await_time: config.max_await_time,
-            idle_checkpoint_interval: config.idle_checkpoint_interval,
-            grace_period: config.grace_period,
-        };
-        let publish = PublishStage {
-            publisher: self.publisher.clone(),
-            max_in_flight: config.max_in_flight,
-            shutdown: shutdown.clone(),
-        };
-        let complete = CompletionStage {
-            outbox,
-            checkpoints,
-            batch_size: config.batch_size,
-            checkpoint_interval: config.checkpoint_interval,
-            retry: config.retry.clone(),
-            abandon: abandon.clone(),
-        };
-
+        let pipeline = self.pipeline(shutdown.clone(), abandon.clone());
         tracing::info!(
             database = %config.database,
             collection = %config.collection,
             subject_prefix = %config.subject_prefix,
-            mode = ?config.nats_mode,
+            mode = ?config.mode,
+            nats_mode = ?config.nats_mode,
             "relay running"
         );
-        let mut stages = JoinSet::new();
-        stages.spawn(source.run(token, work_tx, shutdown.clone()));
-        stages.spawn(publish.run(work_rx, done_tx));
-        stages.spawn(complete.run(done_rx));
-        while let Some(joined) = stages.join_next().await {
+        let mut tasks = JoinSet::new();
+        match config.mode {
+            RelayMode::Push => {
+                let checkpoints = CheckpointStore::new(
+                    &self.database,
+                    &config.checkpoint_collection,
+                    &config.collection,
+                );
+                let token = checkpoints.load().await?;
+                let stream = pipeline.start(Some(checkpoints));
+                let source = ChangeStreamSource {
+                    outbox: pipeline.outbox.clone(),
+                    rules: self.rules(),
+                    max_await_time: config.max_await_time,
+                    idle_checkpoint_interval: config.idle_checkpoint_interval,
+                    grace_period: config.grace_period,
+                };
+                tasks.spawn(source.run(token, stream.input, shutdown.clone()));
+                tasks.spawn(async move { drop(stream.done.await) });
+                let sweeper = self.sweeper(pipeline, config.grace_period);
+                tasks.spawn(sweeper.run(config.sweep_interval, shutdown.clone()));
+            }
+            RelayMode::Poll => {
+                let sweeper = self.sweeper(pipeline, Duration::ZERO);
+                tasks.spawn(sweeper.run(config.poll_interval, shutdown.clone()));
+            }
+        }
+        while let Some(joined) = tasks.join_next().await {
             if let Err(error) = joined {
                 shutdown.cancel();
                 return Err(Error::Config(format!(
-                    "a relay stage stopped unexpectedly: {error}"
+                    "a relay task stopped unexpectedly: {error}"
                 )));
             }
         }
@@ -130,6 +137,50 @@ impl Relay {
         }
         tracing::info!("relay stopped");
         Ok(())
+    }
+
+    /// Sweeps until nothing due is left, once (`outbox-relay sweep --once`).
+    pub async fn sweep_once(&self) -> Result<Tally> {
+        let never = CancellationToken::new();
+        let grace = match self.config.mode {
+            RelayMode::Push => self.config.grace_period,
+            RelayMode::Poll => Duration::ZERO,
+        };
+        self.sweeper(self.pipeline(never.clone(), never), grace)
+            .drain()
+            .await
+    }
+
+    fn rules(&self) -> DecodeRules {
+        DecodeRules {
+            subject_prefix: self.config.subject_prefix.clone(),
+            max_payload: self.publisher.max_payload(),
+        }
+    }
+
+    fn pipeline(&self, shutdown: CancellationToken, abandon: CancellationToken) -> Pipeline {
+        let config = &self.config;
+        Pipeline {
+            publisher: self.publisher.clone(),
+            outbox: self.database.collection(&config.collection),
+            max_in_flight: config.max_in_flight,
+            batch_size: config.batch_size,
+            checkpoint_interval: config.checkpoint_interval,
+            retry: config.retry.clone(),
+            shutdown,
+            abandon,
+        }
+    }
+
+    fn sweeper(&self, pipeline: Pipeline, grace_period: Duration) -> Sweeper {
+        Sweeper {
+            outbox: pipeline.outbox.clone(),
+            rules: self.rules(),
+            batch_size: self.config.batch_size,
+            lock_timeout: self.config.lock_timeout,
+            grace_period,
+            pipeline,
+        }
     }
 }
 

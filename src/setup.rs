@@ -1,0 +1,180 @@
+//! Preparing the outbox collection: indexes, retention and the validator.
+//!
+//! Every relay does this on start, so it must be idempotent and safe when
+//! several relays start at once: creating an index that exists is a no-op,
+//! a changed TTL is applied with `collMod`, and dropping an index that
+//! another relay already dropped is not an error.
+
+use std::time::Duration;
+
+use bson::{doc, Document};
+use mongodb::error::ErrorKind;
+use mongodb::options::IndexOptions;
+use mongodb::{Collection, Database, IndexModel};
+
+use crate::contract::{field, status};
+use crate::error::{Error, Result};
+
+/// The index the sweep's claims scan: equality on status, then the retry
+/// time, then `_id` for order.
+pub const SWEEP_INDEX: &str = "outbox_sweep";
+/// TTL index removing processed messages after the retention period.
+pub const PROCESSED_TTL_INDEX: &str = "outbox_processed_ttl";
+/// TTL index removing failed messages after the retention period.
+pub const FAILED_TTL_INDEX: &str = "outbox_failed_ttl";
+
+const NAMESPACE_NOT_FOUND: i32 = 26;
+const INDEX_NOT_FOUND: i32 = 27;
+const NAMESPACE_EXISTS: i32 = 48;
+const INDEX_OPTIONS_CONFLICT: i32 = 85;
+const INDEX_KEY_SPECS_CONFLICT: i32 = 86;
+
+/// Ensures the sweep index and the retention TTL indexes (or their absence).
+pub async fn ensure_indexes(
+    outbox: &Collection<Document>,
+    retention: Option<Duration>,
+) -> Result<()> {
+    let sweep = IndexModel::builder()
+        .keys(doc! { field::STATUS: 1, field::NEXT_ATTEMPT_AT: 1, field::ID: 1 })
+        .options(IndexOptions::builder().name(SWEEP_INDEX.to_owned()).build())
+        .build();
+    outbox
+        .create_index(sweep)
+        .await
+        .map_err(|e| Error::mongo(format!("creating index {SWEEP_INDEX} failed"), e))?;
+    for (name, key) in [
+        (PROCESSED_TTL_INDEX, field::PROCESSED_AT),
+        (FAILED_TTL_INDEX, field::FAILED_AT),
+    ] {
+        match retention {
+            Some(retention) => ensure_ttl(outbox, name, key, retention).await?,
+            None => drop_index(outbox, name).await?,
+        }
+    }
+    Ok(())
+}
+
+async fn ensure_ttl(
+    outbox: &Collection<Document>,
+    name: &str,
+    key: &str,
+    retention: Duration,
+) -> Result<()> {
+    let model = IndexModel::builder()
+        .keys(doc! { key: 1 })
+        .options(
+            IndexOptions::builder()
+                .name(name.to_owned())
+                .expire_after(retention)
+                .build(),
+        )
+        .build();
+    match outbox.create_index(model).await {
+        Ok(_) => Ok(()),
+        Err(e)
+            if matches!(
+                code(&e),
+                Some(INDEX_OPTIONS_CONFLICT | INDEX_KEY_SPECS_CONFLICT)
+            ) =>
+        {
+            let seconds = i64::try_from(retention.as_secs()).unwrap_or(i64::MAX);
+            outbox
+                .client()
+                .database(&outbox.namespace().db)
+                .run_command(doc! {
+                    "collMod": outbox.name(),
+                    "index": { "name": name, "expireAfterSeconds": seconds },
+                })
+                .await
+                .map_err(|e| Error::mongo(format!("changing the retention of {name} failed"), e))?;
+            Ok(())
+        }
+        Err(e) => Err(Error::mongo(format!("creating index {name} failed"), e)),
+    }
+}
+
+async fn drop_index(outbox: &Collection<Document>, name: &str) -> Result<()> {
+    match outbox.drop_index(name).await {
+        Ok(()) => {
+            tracing::info!(index = name, "retention is off: dropped the TTL index");
+            Ok(())
+        }
+        Err(e) if matches!(code(&e), Some(INDEX_NOT_FOUND | NAMESPACE_NOT_FOUND)) => Ok(()),
+        Err(e) => Err(Error::mongo(format!("dropping index {name} failed"), e)),
+    }
+}
+
+/// Installs (or replaces) a `$jsonSchema` validator that enforces the
+/// document contract, so a malformed insert fails in the writer's own
+/// transaction instead of reaching the relay.
+pub async fn install_validator(database: &Database, collection: &str) -> Result<()> {
+    let validator = doc! { "$jsonSchema": contract_schema() };
+    let modify = doc! {
+        "collMod": collection,
+        "validator": validator.clone(),
+        "validationLevel": "strict",
+        "validationAction": "error",
+    };
+    let failed = |e| {
+        Error::mongo(
+            format!("installing the validator on {collection} failed"),
+            e,
+        )
+    };
+    match database.run_command(modify.clone()).await {
+        Ok(_) => Ok(()),
+        Err(e) if code(&e) == Some(NAMESPACE_NOT_FOUND) => {
+            let created = database
+                .create_collection(collection)
+                .validator(validator)
+                .validation_level(mongodb::options::ValidationLevel::Strict)
+                .validation_action(mongodb::options::ValidationAction::Error)
+                .await;
+            match created {
+                Ok(()) => Ok(()),
+                Err(e) if code(&e) == Some(NAMESPACE_EXISTS) => {
+                    database.run_command(modify).await.map(drop).map_err(failed)
+                }
+                Err(e) => Err(failed(e)),
+            }
+        }
+        Err(e) => Err(failed(e)),
+    }
+}
+
+/// The document contract as a `$jsonSchema`.
+pub fn contract_schema() -> Document {
+    // Subject tokens: no empty tokens, no whitespace, no wildcards.
+    let subject = r"^[^.\s*>]+(\.[^.\s*>]+)*$";
+    let string = doc! { "bsonType": "string" };
+    let date = doc! { "bsonType": "date" };
+    doc! {
+        "bsonType": "object",
+        "required": [field::ID, field::TYPE, field::PAYLOAD, field::STATUS],
+        "properties": {
+            field::ID: { "bsonType": "objectId" },
+            field::TYPE: { "bsonType": "string", "minLength": 1, "pattern": subject },
+            field::PAYLOAD: { "bsonType": ["object", "binData", "string"] },
+            field::STATUS: { "enum": [status::PENDING, status::PROCESSED, status::FAILED] },
+            field::CREATED_AT: date.clone(),
+            field::CORRELATION_ID: string.clone(),
+            field::KEY: string.clone(),
+            field::HEADERS: { "bsonType": "object", "additionalProperties": string.clone() },
+            field::SUBJECT: { "bsonType": "string", "pattern": subject },
+            field::ATTEMPTS: { "bsonType": ["int", "long"] },
+            field::NEXT_ATTEMPT_AT: date.clone(),
+            field::LOCK_ID: { "bsonType": "objectId" },
+            field::LOCKED_AT: date.clone(),
+            field::PROCESSED_AT: date.clone(),
+            field::FAILED_AT: date,
+            field::LAST_ERROR: string,
+        },
+    }
+}
+
+fn code(error: &mongodb::error::Error) -> Option<i32> {
+    match &*error.kind {
+        ErrorKind::Command(command) => Some(command.code),
+        _ => None,
+    }
+}
