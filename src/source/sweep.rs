@@ -11,9 +11,13 @@
 //! waiting for the interval.
 //!
 //! A pass looks in two places, each an index range on
-//! `{status, nextAttemptAt, _id}`: messages never tried (`nextAttemptAt`
-//! missing) that are older than the grace period, which leaves the
-//! change stream time to deliver them first; and messages whose retry is due.
+//! `{status, nextAttemptAt, _id}` read in the index's order: messages never
+//! tried (`nextAttemptAt` missing) that are older than the grace period,
+//! which leaves the change stream time to deliver them first; and messages
+//! whose retry is due. The read names only indexed fields, so any planner
+//! serves it from the index; whether a candidate is free (unclaimed, or
+//! claimed longer ago than the lock timeout) is decided by the claim's
+//! conditional update, which is the authority anyway.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -96,12 +100,11 @@ impl Sweeper {
     pub async fn pass(&self) -> Result<Pass> {
         let claim = ObjectId::new();
         let now = DateTime::now();
-        let mut documents = self
-            .claim(self.never_tried(now), claim, now, self.batch_size)
-            .await?;
+        let [never_tried, retry_due] = candidate_queries(now, self.grace_period);
+        let mut documents = self.claim(never_tried, claim, now, self.batch_size).await?;
         let room = self.batch_size - documents.len();
         if room > 0 {
-            documents.extend(self.claim(self.retry_due(now), claim, now, room).await?);
+            documents.extend(self.claim(retry_due, claim, now, room).await?);
         }
         let claimed = documents.len() as u64;
         if claimed == 0 {
@@ -129,25 +132,6 @@ impl Sweeper {
         })
     }
 
-    /// Pending, never tried, older than the grace period.
-    fn never_tried(&self, now: DateTime) -> (Document, Document) {
-        let filter = doc! {
-            field::STATUS: status::PENDING,
-            field::NEXT_ATTEMPT_AT: Bson::Null,
-            field::ID: { "$lt": object_id_at(before(now, self.grace_period)) },
-        };
-        (filter, doc! { field::ID: 1 })
-    }
-
-    /// Pending, refused before, next attempt due.
-    fn retry_due(&self, now: DateTime) -> (Document, Document) {
-        let filter = doc! {
-            field::STATUS: status::PENDING,
-            field::NEXT_ATTEMPT_AT: { "$lte": now },
-        };
-        (filter, doc! { field::NEXT_ATTEMPT_AT: 1, field::ID: 1 })
-    }
-
     /// Claims up to `limit` documents matching `filter` that no live claim
     /// holds, and returns those this claim got.
     async fn claim(
@@ -157,10 +141,6 @@ impl Sweeper {
         now: DateTime,
         limit: usize,
     ) -> Result<Vec<Document>> {
-        filter.insert(
-            field::LOCKED_AT,
-            doc! { "$not": { "$gte": before(now, self.lock_timeout) } },
-        );
         let candidates: Vec<Document> = self
             .outbox
             .find(filter.clone())
@@ -179,6 +159,10 @@ impl Sweeper {
             .filter_map(|d| d.get(field::ID).cloned())
             .collect();
         filter.insert(field::ID, doc! { "$in": &ids });
+        filter.insert(
+            field::LOCKED_AT,
+            doc! { "$not": { "$gte": before(now, self.lock_timeout) } },
+        );
         let claimed = self
             .outbox
             .update_many(
@@ -233,6 +217,30 @@ impl Sweeper {
             .map_err(|e| Error::mongo("sweep: releasing claims failed", e))?;
         Ok(())
     }
+}
+
+/// The sweep's two candidate reads, as `(filter, sort)`: never-tried
+/// messages older than `grace_period`, then retries due at `now`. Each is a
+/// range of the sweep index, sorted in its order.
+pub fn candidate_queries(now: DateTime, grace_period: Duration) -> [(Document, Document); 2] {
+    let mut never_tried = doc! {
+        field::STATUS: status::PENDING,
+        field::NEXT_ATTEMPT_AT: Bson::Null,
+    };
+    // ObjectIds count whole seconds, so a bound would hold back the current
+    // second's messages even with no grace period at all.
+    if !grace_period.is_zero() {
+        never_tried.insert(
+            field::ID,
+            doc! { "$lt": object_id_at(before(now, grace_period)) },
+        );
+    }
+    let retry_due = doc! {
+        field::STATUS: status::PENDING,
+        field::NEXT_ATTEMPT_AT: { "$lte": now },
+    };
+    let order = doc! { field::STATUS: 1, field::NEXT_ATTEMPT_AT: 1, field::ID: 1 };
+    [(never_tried, order.clone()), (retry_due, order)]
 }
 
 fn before(now: DateTime, age: Duration) -> DateTime {

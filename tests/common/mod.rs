@@ -138,6 +138,19 @@ impl TestEnv {
         .await;
     }
 
+    /// A second handle on the same servers and names, for another task.
+    pub fn clone_handles(&self) -> TestEnv {
+        TestEnv {
+            name: self.name.clone(),
+            client: self.client.clone(),
+            db: self.db.clone(),
+            nats: self.nats.clone(),
+            jetstream: self.jetstream.clone(),
+            prefix: self.prefix.clone(),
+            stream: self.stream.clone(),
+        }
+    }
+
     pub async fn drop(self) {
         let _ = self.db.drop().await;
         let _ = self.jetstream.delete_stream(&self.stream).await;
@@ -271,4 +284,85 @@ pub async fn write_orders(env: &TestEnv, count: usize) -> Vec<ObjectId> {
         session.commit_transaction().await.expect("commit");
     }
     ids
+}
+
+/// A nats-server of one test's own, which the test may stop and restart.
+pub struct NatsProcess {
+    child: Option<std::process::Child>,
+    pub port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl NatsProcess {
+    pub async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("pick a free port")
+            .port();
+        let dir =
+            std::env::temp_dir().join(format!("outbox-relay-nats-{port}-{}", ObjectId::new()));
+        let mut nats = NatsProcess {
+            child: None,
+            port,
+            dir,
+        };
+        nats.restart().await;
+        nats
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server again on the same port and store.
+    pub async fn restart(&mut self) {
+        let child = std::process::Command::new("nats-server")
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&self.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start nats-server (scripts/services.sh installs it)");
+        self.child = Some(child);
+        let url = self.url();
+        wait_until("nats-server to accept connections", || {
+            let url = url.clone();
+            async move { async_nats::connect(url).await.is_ok() }
+        })
+        .await;
+    }
+
+    /// Kills the server (SIGKILL: no goodbye to clients).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for NatsProcess {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Whether a query plan (explain output) scans the named index.
+pub fn plan_uses_index(plan: &bson::Bson, index: &str) -> bool {
+    match plan {
+        bson::Bson::Document(document) => {
+            document.get_str("indexName") == Ok(index)
+                || document.values().any(|v| plan_uses_index(v, index))
+        }
+        bson::Bson::Array(items) => items.iter().any(|v| plan_uses_index(v, index)),
+        _ => false,
+    }
 }

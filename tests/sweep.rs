@@ -1,0 +1,456 @@
+//! The sweep, retries, failures, outages, lost history, indexes and the
+//! validator, against the real servers.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use common::{plan_uses_index, write_orders, NatsProcess, RunningRelay, TestEnv};
+use futures::TryStreamExt;
+use outbox_relay::{NatsMode, Relay, RelayConfig, RelayMode};
+
+fn poll_config(env: &TestEnv) -> RelayConfig {
+    let mut config = env.config();
+    config.mode = RelayMode::Poll;
+    config.poll_interval = Duration::from_millis(50);
+    config
+}
+
+#[tokio::test]
+async fn a_backlog_drains_pass_after_pass_without_waiting_for_the_interval() {
+    let env = TestEnv::new().await;
+    let ids = write_orders(&env, 120).await; // written while no relay runs
+    let mut config = poll_config(&env);
+    config.batch_size = 25;
+    config.poll_interval = Duration::from_secs(3600); // only full passes can chain
+    let relay = RunningRelay::start(config).await;
+    env.wait_count(doc! { "status": "processed" }, 120).await;
+    relay.stop().await.unwrap();
+    assert_eq!(env.stream_count().await, ids.len() as u64);
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn sweep_once_delivers_everything_due_and_prints_the_counts() {
+    let env = TestEnv::new().await;
+    write_orders(&env, 30).await;
+    env.outbox()
+        .insert_one(doc! { "type": "", "payload": {}, "status": "pending" })
+        .await
+        .unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["sweep", "--once", "--mode", "poll"])
+        .env("OUTBOX_MONGODB_URI", common::mongodb_uri())
+        .env("OUTBOX_DATABASE", &env.name)
+        .env("OUTBOX_NATS_URL", common::nats_url())
+        .env("OUTBOX_SUBJECT_PREFIX", &env.prefix)
+        .env("OUTBOX_BATCH_SIZE", "7")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(stdout.trim(), "delivered 30, retried 0, failed 1");
+    assert_eq!(env.count(doc! { "status": "processed" }).await, 30);
+    assert_eq!(env.stream_count().await, 30);
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_refused_message_is_retried_with_backoff_then_fails_with_its_last_error() {
+    let env = TestEnv::new().await;
+    let mut stream = env.jetstream.get_stream(&env.stream).await.unwrap();
+    let mut stream_config = stream.info().await.unwrap().config.clone();
+    stream_config.max_message_size = 300;
+    env.jetstream.update_stream(stream_config).await.unwrap();
+
+    let mut config = env.config();
+    config.install_validator = true; // the relay's own writes must pass it
+    config.sweep_interval = Duration::from_millis(50);
+    config.grace_period = Duration::from_millis(100);
+    config.retry.initial_delay = Duration::from_millis(20);
+    config.retry.max_delay = Duration::from_millis(40);
+    config.retry.max_attempts = 3;
+    let mut receiver = env.subscribe().await;
+    let relay = RunningRelay::start(config).await;
+
+    let too_big = env
+        .outbox()
+        .insert_one(doc! { "_id": ObjectId::new(), "type": "big", "payload": "x".repeat(1000), "status": "pending" })
+        .await
+        .unwrap()
+        .inserted_id;
+    let small = write_orders(&env, 1).await[0];
+    receiver.until_id(small).await;
+    env.wait_count(doc! { "status": "failed" }, 1).await;
+    let failed = env
+        .outbox()
+        .find_one(doc! { "_id": too_big })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(failed.get_i32("attempts").unwrap(), 3, "{failed}");
+    let last_error = failed.get_str("lastError").unwrap();
+    assert!(last_error.contains("refused by the broker"), "{last_error}");
+    assert!(
+        last_error.contains("gave up after 3 attempts"),
+        "{last_error}"
+    );
+    assert!(failed.get_datetime("failedAt").is_ok());
+    assert_eq!(env.count(doc! { "status": "processed" }).await, 1);
+    relay.stop().await.unwrap();
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_nats_outage_under_load_ends_with_everything_delivered_and_nothing_failed() {
+    let env = TestEnv::new().await;
+    let mut nats = NatsProcess::start().await;
+    let private = async_nats::connect(nats.url()).await.unwrap();
+    async_nats::jetstream::new(private)
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: env.stream.clone(),
+            subjects: vec![format!("{}.>", env.prefix)],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut config = env.config();
+    config.nats_url = nats.url();
+    config.ack_timeout = Duration::from_millis(500);
+    let relay = RunningRelay::start(config).await;
+
+    let writer = {
+        let env = Arc::new(env.clone_handles());
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for _ in 0..60 {
+                ids.extend(write_orders(&env, 1).await);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            ids
+        })
+    };
+    env.wait_count(doc! { "status": "processed" }, 10).await;
+    nats.stop();
+    // The outage lasts while the writer goes on committing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    nats.restart().await;
+    let ids = writer.await.unwrap();
+    env.wait_count(doc! { "status": "processed" }, 60).await;
+    relay.stop().await.unwrap();
+
+    assert_eq!(
+        env.count(doc! { "status": { "$ne": "processed" } }).await,
+        0
+    );
+    assert_eq!(
+        env.count(doc! { "attempts": { "$exists": true } }).await,
+        0,
+        "an outage must not cost attempts"
+    );
+    let private = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let mut stream = private.get_stream(&env.stream).await.unwrap();
+    assert_eq!(
+        stream.info().await.unwrap().state.messages,
+        ids.len() as u64,
+        "exactly the committed messages"
+    );
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_stale_claim_is_taken_over_and_a_live_one_is_not() {
+    let env = TestEnv::new().await;
+    let old = DateTime::from_millis(DateTime::now().timestamp_millis() - 600_000);
+    let stale = ObjectId::new();
+    let live = ObjectId::new();
+    env.outbox()
+        .insert_many([
+            doc! { "_id": stale, "type": "t", "payload": {}, "status": "pending", "lockId": ObjectId::new(), "lockedAt": old },
+            doc! { "_id": live, "type": "t", "payload": {}, "status": "pending", "lockId": ObjectId::new(), "lockedAt": DateTime::now() },
+        ])
+        .await
+        .unwrap();
+    let mut config = poll_config(&env);
+    config.lock_timeout = Duration::from_secs(60);
+    let relay = Relay::connect(config).await.unwrap();
+    let tally = relay.sweep_once().await.unwrap();
+    assert_eq!(tally.delivered, 1);
+    let stale_doc = env
+        .outbox()
+        .find_one(doc! { "_id": stale })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stale_doc.get_str("status").unwrap(), "processed");
+    assert!(stale_doc.get("lockId").is_none());
+    let live_doc = env
+        .outbox()
+        .find_one(doc! { "_id": live })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        live_doc.get_str("status").unwrap(),
+        "pending",
+        "a live claim is left alone"
+    );
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_processor_that_lost_its_claim_cannot_mark_the_message() {
+    let env = TestEnv::new().await;
+    // Processor A publishes through a NATS of its own that goes away after it claims.
+    let mut private = NatsProcess::start().await;
+    let mut config_a = poll_config(&env);
+    config_a.nats_url = private.url();
+    config_a.nats_mode = NatsMode::Core;
+    config_a.ack_timeout = Duration::from_millis(200);
+    let a = Relay::connect(config_a).await.unwrap();
+    private.stop();
+    let id = write_orders(&env, 1).await[0];
+    let a_sweeps = tokio::spawn(async move { a.sweep_once().await });
+
+    let outbox = env.outbox();
+    common::wait_until("A to claim the message", || {
+        let outbox = outbox.clone();
+        async move {
+            outbox
+                .count_documents(doc! { "_id": id, "lockId": { "$exists": true } })
+                .await
+                .ok()
+                == Some(1)
+        }
+    })
+    .await;
+    let claim_a = env
+        .outbox()
+        .find_one(doc! { "_id": id })
+        .await
+        .unwrap()
+        .unwrap()
+        .get_object_id("lockId")
+        .unwrap();
+
+    // B takes A's claim over the way a sweep takes a stale one, and is still
+    // publishing: the message is pending under B's claim.
+    let claim_b = ObjectId::new();
+    let taken = env
+        .outbox()
+        .update_one(
+            doc! { "_id": id, "status": "pending", "lockId": claim_a },
+            doc! { "$set": { "lockId": claim_b, "lockedAt": DateTime::now() } },
+        )
+        .await
+        .unwrap();
+    assert_eq!(taken.modified_count, 1);
+    let held_by_b = env
+        .outbox()
+        .find_one(doc! { "_id": id })
+        .await
+        .unwrap()
+        .unwrap();
+
+    // A's broker comes back: A publishes, and its pass ends only once it has
+    // recorded the outcome under its old claim.
+    private.restart().await;
+    let tally = tokio::time::timeout(common::WAIT, a_sweeps)
+        .await
+        .expect("A's pass ends once its broker is back")
+        .unwrap()
+        .unwrap();
+    assert_eq!(tally.delivered, 1, "A did publish");
+    let after = env
+        .outbox()
+        .find_one(doc! { "_id": id })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        after, held_by_b,
+        "A's completion under {claim_a} must not touch B's claim {claim_b}"
+    );
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_corrupted_resume_token_loses_nothing() {
+    let env = TestEnv::new().await;
+    env.db
+        .collection::<Document>("outbox_checkpoints")
+        .insert_one(
+            doc! { "_id": format!("{}.outbox", env.name), "token": { "_data": "00DEADBEEF" } },
+        )
+        .await
+        .unwrap();
+    let before = write_orders(&env, 5).await;
+    let mut receiver = env.subscribe().await;
+    let relay = RunningRelay::start(env.config()).await;
+    let after = write_orders(&env, 5).await;
+    let seen = receiver.take(10).await;
+    let seen: HashSet<String> = seen.iter().filter_map(common::msg_id).collect();
+    let expected: HashSet<String> = before.iter().chain(&after).map(|id| id.to_hex()).collect();
+    assert_eq!(seen, expected);
+    env.wait_count(doc! { "status": "processed" }, 10).await;
+    relay.stop().await.unwrap();
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn retention_indexes_follow_the_setting_and_tolerate_concurrent_starts() {
+    let env = TestEnv::new().await;
+    let ttl = |documents: Vec<Document>| {
+        documents
+            .into_iter()
+            .filter_map(|index| {
+                let name = index.get_str("name").ok()?.to_owned();
+                let seconds = match index.get("expireAfterSeconds")? {
+                    Bson::Int32(n) => i64::from(*n),
+                    Bson::Int64(n) => *n,
+                    Bson::Double(n) => *n as i64,
+                    _ => return None,
+                };
+                Some((name, seconds))
+            })
+            .collect::<Vec<_>>()
+    };
+    let indexes = || async {
+        env.outbox()
+            .list_indexes()
+            .await
+            .unwrap()
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+    };
+    let prepare = |retention: Option<Duration>| {
+        let mut config = env.config();
+        config.retention = retention;
+        async move { Relay::connect(config).await.map(drop) }
+    };
+
+    let week = Some(Duration::from_secs(7 * 86_400));
+    let (first, second) = tokio::join!(prepare(week), prepare(week));
+    first.unwrap();
+    second.unwrap();
+    let mut found = ttl(indexes()
+        .await
+        .into_iter()
+        .map(|i| bson::to_document(&i).unwrap())
+        .collect());
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            ("outbox_failed_ttl".into(), 604_800),
+            ("outbox_processed_ttl".into(), 604_800)
+        ]
+    );
+
+    prepare(Some(Duration::from_secs(86_400))).await.unwrap();
+    let mut found = ttl(indexes()
+        .await
+        .into_iter()
+        .map(|i| bson::to_document(&i).unwrap())
+        .collect());
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            ("outbox_failed_ttl".into(), 86_400),
+            ("outbox_processed_ttl".into(), 86_400)
+        ]
+    );
+
+    let (first, second) = tokio::join!(prepare(None), prepare(None));
+    first.unwrap();
+    second.unwrap();
+    assert!(ttl(indexes()
+        .await
+        .into_iter()
+        .map(|i| bson::to_document(&i).unwrap())
+        .collect())
+    .is_empty());
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn the_sweep_reads_are_served_by_the_sweep_index() {
+    let env = TestEnv::new().await;
+    write_orders(&env, 3).await;
+    Relay::connect(env.config()).await.unwrap();
+    let queries =
+        outbox_relay::source::sweep::candidate_queries(DateTime::now(), Duration::from_secs(5));
+    for (filter, sort) in queries {
+        let explained = env
+            .db
+            .run_command(doc! {
+                "explain": { "find": "outbox", "filter": filter.clone(), "sort": sort, "limit": 500 },
+                "verbosity": "queryPlanner",
+            })
+            .await
+            .unwrap();
+        let winning = explained
+            .get_document("queryPlanner")
+            .unwrap()
+            .get("winningPlan")
+            .unwrap();
+        assert!(
+            plan_uses_index(winning, outbox_relay::setup::SWEEP_INDEX),
+            "{filter}: {winning}"
+        );
+    }
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn the_validator_rejects_a_malformed_insert_inside_the_writers_transaction() {
+    let env = TestEnv::new().await;
+    let mut config = env.config();
+    config.install_validator = true;
+    let relay = RunningRelay::start(config).await;
+
+    let mut session = env.client.start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    env.db
+        .collection::<Document>("orders")
+        .insert_one(doc! { "n": 1 })
+        .session(&mut session)
+        .await
+        .unwrap();
+    let rejected = env
+        .outbox()
+        .insert_one(doc! { "type": "order placed", "payload": 5, "status": "pending" })
+        .session(&mut session)
+        .await
+        .expect_err("the validator refuses the document");
+    let code = match *rejected.kind {
+        mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(ref e)) => e.code,
+        ref other => panic!("unexpected error {other:?}"),
+    };
+    assert_eq!(code, 121, "DocumentValidationFailure");
+    session.abort_transaction().await.unwrap();
+    assert_eq!(
+        env.db
+            .collection::<Document>("orders")
+            .count_documents(doc! {})
+            .await
+            .unwrap(),
+        0
+    );
+
+    // Valid messages still go through, and the relay's own updates pass the validator.
+    let id = write_orders(&env, 1).await[0];
+    env.wait_count(doc! { "_id": id, "status": "processed" }, 1)
+        .await;
+    relay.stop().await.unwrap();
+    env.drop().await;
+}
