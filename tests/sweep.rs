@@ -166,6 +166,64 @@ async fn a_nats_outage_under_load_ends_with_everything_delivered_and_nothing_fai
 }
 
 #[tokio::test]
+async fn a_subject_the_relay_may_not_publish_to_is_refused_not_an_outage() {
+    let env = TestEnv::new().await;
+    let denied = format!("{}.secret", env.prefix);
+    let nats = NatsProcess::start_with(
+        &format!(
+            "authorization {{ users: [ {{ user: relay, password: secret, permissions: \
+             {{ publish: {{ allow: [\">\"], deny: [\"{denied}.>\"] }} }} }} ] }}"
+        ),
+        Some("relay"),
+    )
+    .await;
+    async_nats::jetstream::new(common::connect_nats(&nats.url()).await.unwrap())
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: env.stream.clone(),
+            subjects: vec![format!("{}.>", env.prefix)],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut config = env.config();
+    config.nats_url = nats.url();
+    config.ack_timeout = Duration::from_millis(300);
+    config.sweep_interval = Duration::from_millis(50);
+    config.grace_period = Duration::from_millis(100);
+    config.retry.initial_delay = Duration::from_millis(20);
+    config.retry.max_delay = Duration::from_millis(40);
+    config.retry.max_attempts = 2;
+    let relay = RunningRelay::start(config).await;
+
+    let secret = ObjectId::new();
+    env.outbox()
+        .insert_one(doc! { "_id": secret, "type": "t", "subject": format!("{denied}.x"), "payload": {}, "status": "pending" })
+        .await
+        .unwrap();
+    let allowed = write_orders(&env, 1).await[0];
+    env.wait_count(doc! { "_id": allowed, "status": "processed" }, 1)
+        .await;
+    env.wait_count(doc! { "_id": secret, "status": "failed" }, 1)
+        .await;
+    let failed = env
+        .outbox()
+        .find_one(doc! { "_id": secret })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(failed.get_i32("attempts").unwrap(), 2);
+    assert!(
+        failed
+            .get_str("lastError")
+            .unwrap()
+            .contains("permission denied"),
+        "{failed}"
+    );
+    relay.stop().await.unwrap();
+    env.drop().await;
+}
+
+#[tokio::test]
 async fn a_stale_claim_is_taken_over_and_a_live_one_is_not() {
     let env = TestEnv::new().await;
     let old = DateTime::from_millis(DateTime::now().timestamp_millis() - 600_000);

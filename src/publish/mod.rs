@@ -11,7 +11,7 @@
 mod nats;
 pub(crate) mod stage;
 
-pub use nats::{NatsPublisher, StreamSetup};
+pub use nats::{connect_nats, NatsPublisher, StreamSetup};
 
 use futures::future::BoxFuture;
 

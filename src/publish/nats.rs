@@ -1,7 +1,9 @@
 //! The NATS publisher: JetStream with acknowledgements, or core NATS.
 
+use std::collections::HashMap;
 use std::error::Error as _;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, context::PublishErrorKind, ErrorCode};
 use async_nats::{ConnectOptions, Event, HeaderMap};
@@ -18,6 +20,45 @@ pub struct NatsPublisher {
     client: async_nats::Client,
     jetstream: Option<jetstream::Context>,
     ack_timeout: Duration,
+    denials: Denials,
+}
+
+/// Subjects the server recently refused publishes to.
+///
+/// NATS reports a publish permission violation on the connection (an
+/// `-ERR`), not as a reply, so a JetStream publish to a denied subject just
+/// goes unacknowledged. Remembering the denials lets an acknowledgement
+/// timeout on such a subject count as a refusal of that message rather than
+/// an outage of the broker.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Denials(Arc<Mutex<HashMap<String, Instant>>>);
+
+impl Denials {
+    const PREFIX: &'static str = "permissions violation for publish to ";
+
+    /// Records the subject of a server error if it is a publish denial.
+    fn note(&self, server_error: &str) {
+        let lower = server_error.to_ascii_lowercase();
+        let Some(start) = lower.find(Self::PREFIX) else {
+            return;
+        };
+        let subject = server_error[start + Self::PREFIX.len()..]
+            .trim()
+            .trim_matches(|c| c == '"' || c == '\'' || c == '`');
+        if let Ok(mut denials) = self.0.lock() {
+            if denials.insert(subject.to_owned(), Instant::now()).is_none() {
+                tracing::warn!(%subject, "NATS denies this relay publishing to the subject");
+            }
+        }
+    }
+
+    /// Whether publishing to `subject` was denied within `window`.
+    fn denied(&self, subject: &str, window: Duration) -> bool {
+        self.0.lock().is_ok_and(|mut denials| {
+            denials.retain(|_, at| at.elapsed() <= window);
+            denials.contains_key(subject)
+        })
+    }
 }
 
 impl NatsPublisher {
@@ -25,15 +66,15 @@ impl NatsPublisher {
     /// by itself for as long as the relay runs; only the first connection
     /// must succeed.
     pub async fn connect(config: &RelayConfig) -> Result<Self> {
-        let client = connect(&config.nats_url, config.ack_timeout).await?;
-        Ok(Self::from_client(
-            client,
-            config.nats_mode,
-            config.ack_timeout,
-        ))
+        let denials = Denials::default();
+        let client = connect(&config.nats_url, config.ack_timeout, denials.clone()).await?;
+        let mut publisher = Self::from_client(client, config.nats_mode, config.ack_timeout);
+        publisher.denials = denials;
+        Ok(publisher)
     }
 
-    /// Wraps a connected client.
+    /// Wraps a connected client. (Publish permission denials are recognised
+    /// only on a connection made by [`NatsPublisher::connect`].)
     pub fn from_client(client: async_nats::Client, mode: NatsMode, ack_timeout: Duration) -> Self {
         let jetstream = match mode {
             NatsMode::Jetstream => Some(
@@ -49,6 +90,7 @@ impl NatsPublisher {
             client,
             jetstream,
             ack_timeout,
+            denials: Denials::default(),
         }
     }
 
@@ -70,11 +112,20 @@ impl NatsPublisher {
             )
             .await
             .map_err(classify_jetstream)?;
+        let (denials, subject) = (self.denials.clone(), message.subject.clone());
+        let window = self.ack_timeout * 2;
         Ok(async move {
-            let ack = pending.await.map_err(classify_jetstream)?;
-            Ok(Ack {
-                duplicate: ack.duplicate,
-            })
+            match pending.await.map_err(classify_jetstream) {
+                Ok(ack) => Ok(Ack {
+                    duplicate: ack.duplicate,
+                }),
+                Err(PublishError::Unavailable(_)) if denials.denied(&subject, window) => {
+                    Err(PublishError::Refused(format!(
+                        "permission denied: NATS does not let this relay publish to {subject:?}"
+                    )))
+                }
+                Err(error) => Err(error),
+            }
         }
         .boxed())
     }
@@ -124,17 +175,35 @@ impl Publisher for NatsPublisher {
     }
 }
 
-/// Connects to NATS, logging connection changes once each.
-pub(crate) async fn connect(url: &str, timeout: Duration) -> Result<async_nats::Client> {
-    ConnectOptions::new()
+/// Connects to NATS the way the relay does: credentials in the URL are
+/// used, connection changes are logged, and the client reconnects forever.
+pub async fn connect_nats(url: &str, timeout: Duration) -> Result<async_nats::Client> {
+    connect(url, timeout, Denials::default()).await
+}
+
+/// Connects to NATS, logging connection changes once each and noting
+/// publish permission denials.
+pub(crate) async fn connect(
+    url: &str,
+    timeout: Duration,
+    denials: Denials,
+) -> Result<async_nats::Client> {
+    with_url_credentials(ConnectOptions::new(), url)
         .name("outbox-relay")
         .connection_timeout(timeout)
         .max_reconnects(None)
-        .event_callback(|event| async move {
-            match event {
-                Event::Disconnected => tracing::warn!("disconnected from NATS; reconnecting"),
-                Event::Connected => tracing::info!("connected to NATS"),
-                other => tracing::debug!(event = %other, "NATS connection event"),
+        .event_callback(move |event| {
+            let denials = denials.clone();
+            async move {
+                match event {
+                    Event::Disconnected => tracing::warn!("disconnected from NATS; reconnecting"),
+                    Event::Connected => tracing::info!("connected to NATS"),
+                    Event::ServerError(async_nats::ServerError::Other(error)) => {
+                        denials.note(&error);
+                        tracing::debug!(%error, "NATS server error");
+                    }
+                    other => tracing::debug!(event = %other, "NATS connection event"),
+                }
             }
         })
         .connect(url)
@@ -148,6 +217,29 @@ pub(crate) async fn connect(url: &str, timeout: Duration) -> Result<async_nats::
                 e,
             )
         })
+}
+
+/// Applies credentials written in the server URL (`nats://user:pass@host`,
+/// or `nats://token@host`), which async-nats parses but does not send
+/// (nats-io/nats.rs#1623). The first URL that carries any is used.
+fn with_url_credentials(options: ConnectOptions, urls: &str) -> ConnectOptions {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let credentials = urls
+        .split(',')
+        .filter_map(|url| url.trim().parse::<async_nats::ServerAddr>().ok())
+        .find_map(|addr| {
+            addr.username()
+                .map(|user| (decode(user), addr.password().map(decode)))
+        });
+    match credentials {
+        Some((user, Some(password))) => options.user_and_password(user, password),
+        Some((token, None)) => options.token(token),
+        None => options,
+    }
 }
 
 fn headers(message: &OutboxMessage) -> HeaderMap {
@@ -247,5 +339,22 @@ impl StreamSetup {
             })?;
         tracing::info!(stream = %self.name, %subject, "created JetStream stream");
         Ok(self.name.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publish_denials_are_recognised_by_subject() {
+        let denials = Denials::default();
+        denials.note("Permissions Violation for Publish to \"orders.secret\"");
+        denials.note("Permissions Violation for Subscription to \"other\"");
+        let window = Duration::from_secs(1);
+        assert!(denials.denied("orders.secret", window));
+        assert!(!denials.denied("other", window));
+        assert!(!denials.denied("orders.public", window));
+        assert!(!denials.denied("orders.secret", Duration::ZERO));
     }
 }

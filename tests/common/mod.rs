@@ -291,41 +291,51 @@ pub struct NatsProcess {
     child: Option<std::process::Child>,
     pub port: u16,
     dir: std::path::PathBuf,
+    /// The user clients put in the URL (password `secret`), if the server requires one.
+    user: Option<&'static str>,
 }
 
 impl NatsProcess {
     pub async fn start() -> Self {
+        Self::start_with("", None).await
+    }
+
+    /// Starts a server with extra configuration (for example `authorization`).
+    pub async fn start_with(extra_config: &str, user: Option<&'static str>) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("pick a free port")
             .port();
         let dir =
             std::env::temp_dir().join(format!("outbox-relay-nats-{port}-{}", ObjectId::new()));
+        std::fs::create_dir_all(&dir).expect("nats-server directory");
+        let config = format!(
+            "listen: \"127.0.0.1:{port}\"\njetstream {{ store_dir: {:?} }}\n{extra_config}\n",
+            dir.join("store")
+        );
+        std::fs::write(dir.join("nats.conf"), config).expect("nats-server config");
         let mut nats = NatsProcess {
             child: None,
             port,
             dir,
+            user,
         };
         nats.restart().await;
         nats
     }
 
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        match self.user {
+            Some(user) => format!("nats://{user}:secret@127.0.0.1:{}", self.port),
+            None => format!("nats://127.0.0.1:{}", self.port),
+        }
     }
 
     /// Starts the server again on the same port and store.
     pub async fn restart(&mut self) {
         let child = std::process::Command::new("nats-server")
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(&self.dir)
+            .arg("-c")
+            .arg(self.dir.join("nats.conf"))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -334,7 +344,7 @@ impl NatsProcess {
         let url = self.url();
         wait_until("nats-server to accept connections", || {
             let url = url.clone();
-            async move { async_nats::connect(url).await.is_ok() }
+            async move { connect_nats(&url).await.is_ok() }
         })
         .await;
     }
@@ -351,8 +361,15 @@ impl NatsProcess {
 impl Drop for NatsProcess {
     fn drop(&mut self) {
         self.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::env::var_os("KEEP_NATS_DIR").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
+}
+
+/// Connects as the relay does (credentials in the URL are used).
+pub async fn connect_nats(url: &str) -> outbox_relay::Result<async_nats::Client> {
+    outbox_relay::publish::connect_nats(url, Duration::from_secs(2)).await
 }
 
 /// Whether a query plan (explain output) scans the named index.
