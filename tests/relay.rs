@@ -413,14 +413,10 @@ async fn a_graceful_stop_records_in_flight_work_and_the_token() {
     relay.stop().await.unwrap();
     // Every published message is marked: nothing was left between publish and completion.
     assert_eq!(env.count(doc! { "status": "processed" }).await, 20);
-    let checkpoint = env
-        .db
-        .collection::<Document>("outbox_checkpoints")
-        .find_one(doc! { "_id": format!("{}.outbox", env.name) })
-        .await
-        .unwrap()
-        .expect("a checkpoint is written");
-    assert!(matches!(checkpoint.get("token"), Some(Bson::Document(_))));
+    assert!(matches!(
+        env.checkpoint_token().await,
+        Some(Bson::Document(_))
+    ));
     env.drop().await;
 }
 
@@ -442,18 +438,11 @@ async fn an_idle_stream_keeps_its_stored_token_moving() {
     let relay = RunningRelay::start(env.config()).await;
     let id = write_orders(&env, 1).await[0];
     receiver.until_id(id).await;
-    let checkpoints = env.db.collection::<Document>("outbox_checkpoints");
-    let key = doc! { "_id": format!("{}.outbox", env.name) };
-    let token = || async {
-        checkpoints
-            .find_one(key.clone())
-            .await
-            .ok()
-            .flatten()
-            .and_then(|d| d.get("token").cloned())
-    };
-    common::wait_until("a first checkpoint", || async { token().await.is_some() }).await;
-    let first = token().await;
+    common::wait_until("a first checkpoint", || async {
+        env.checkpoint_token().await.is_some()
+    })
+    .await;
+    let first = env.checkpoint_token().await;
 
     // Writes elsewhere move the oplog; the outbox stream sees no event but a newer position.
     let other = env.db.collection::<Document>("unrelated");
@@ -461,7 +450,7 @@ async fn an_idle_stream_keeps_its_stored_token_moving() {
         "the stored token to move without outbox messages",
         || async {
             other.insert_one(doc! { "x": 1 }).await.unwrap();
-            token().await != first
+            env.checkpoint_token().await != first
         },
     )
     .await;

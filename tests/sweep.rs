@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use common::{plan_uses_index, write_orders, NatsProcess, RunningRelay, TestEnv};
-use futures::TryStreamExt;
 use outbox_relay::{NatsMode, Relay, RelayConfig, RelayMode};
 
 fn poll_config(env: &TestEnv) -> RelayConfig {
@@ -362,81 +361,64 @@ async fn a_corrupted_resume_token_loses_nothing() {
     env.drop().await;
 }
 
+/// The TTL indexes of the outbox, as (name, seconds), sorted by name.
+async fn ttl_indexes(env: &TestEnv) -> Vec<(String, i64)> {
+    let indexes: Vec<Document> = env
+        .db
+        .run_command(doc! { "listIndexes": "outbox" })
+        .await
+        .unwrap()
+        .get_document("cursor")
+        .unwrap()
+        .get_array("firstBatch")
+        .unwrap()
+        .iter()
+        .filter_map(|index| index.as_document().cloned())
+        .collect();
+    let mut found: Vec<(String, i64)> = indexes
+        .iter()
+        .filter_map(|index| {
+            let seconds = match index.get("expireAfterSeconds")? {
+                Bson::Int32(n) => i64::from(*n),
+                Bson::Int64(n) => *n,
+                Bson::Double(n) => *n as i64,
+                _ => return None,
+            };
+            Some((index.get_str("name").ok()?.to_owned(), seconds))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
 #[tokio::test]
 async fn retention_indexes_follow_the_setting_and_tolerate_concurrent_starts() {
     let env = TestEnv::new().await;
-    let ttl = |documents: Vec<Document>| {
-        documents
-            .into_iter()
-            .filter_map(|index| {
-                let name = index.get_str("name").ok()?.to_owned();
-                let seconds = match index.get("expireAfterSeconds")? {
-                    Bson::Int32(n) => i64::from(*n),
-                    Bson::Int64(n) => *n,
-                    Bson::Double(n) => *n as i64,
-                    _ => return None,
-                };
-                Some((name, seconds))
-            })
-            .collect::<Vec<_>>()
-    };
-    let indexes = || async {
-        env.outbox()
-            .list_indexes()
-            .await
-            .unwrap()
-            .try_collect::<Vec<_>>()
-            .await
-            .unwrap()
-    };
     let prepare = |retention: Option<Duration>| {
         let mut config = env.config();
         config.retention = retention;
         async move { Relay::connect(config).await.map(drop) }
+    };
+    let both = |seconds: i64| {
+        vec![
+            ("outbox_failed_ttl".to_owned(), seconds),
+            ("outbox_processed_ttl".to_owned(), seconds),
+        ]
     };
 
     let week = Some(Duration::from_secs(7 * 86_400));
     let (first, second) = tokio::join!(prepare(week), prepare(week));
     first.unwrap();
     second.unwrap();
-    let mut found = ttl(indexes()
-        .await
-        .into_iter()
-        .map(|i| bson::to_document(&i).unwrap())
-        .collect());
-    found.sort();
-    assert_eq!(
-        found,
-        [
-            ("outbox_failed_ttl".into(), 604_800),
-            ("outbox_processed_ttl".into(), 604_800)
-        ]
-    );
+    assert_eq!(ttl_indexes(&env).await, both(604_800));
 
     prepare(Some(Duration::from_secs(86_400))).await.unwrap();
-    let mut found = ttl(indexes()
-        .await
-        .into_iter()
-        .map(|i| bson::to_document(&i).unwrap())
-        .collect());
-    found.sort();
-    assert_eq!(
-        found,
-        [
-            ("outbox_failed_ttl".into(), 86_400),
-            ("outbox_processed_ttl".into(), 86_400)
-        ]
-    );
+    assert_eq!(ttl_indexes(&env).await, both(86_400));
 
     let (first, second) = tokio::join!(prepare(None), prepare(None));
     first.unwrap();
     second.unwrap();
-    assert!(ttl(indexes()
-        .await
-        .into_iter()
-        .map(|i| bson::to_document(&i).unwrap())
-        .collect())
-    .is_empty());
+    assert!(ttl_indexes(&env).await.is_empty());
     env.drop().await;
 }
 

@@ -118,6 +118,16 @@ impl TestEnv {
         stream.info().await.expect("stream info").state.messages
     }
 
+    /// The stored resume token of this test's outbox, if any.
+    pub async fn checkpoint_token(&self) -> Option<bson::Bson> {
+        self.db
+            .collection::<Document>("outbox_checkpoints")
+            .find_one(doc! { "_id": format!("{}.outbox", self.name) })
+            .await
+            .expect("read the checkpoint")
+            .and_then(|checkpoint| checkpoint.get("token").cloned())
+    }
+
     /// Counts outbox documents matching `filter`.
     pub async fn count(&self, filter: Document) -> u64 {
         self.outbox().count_documents(filter).await.expect("count")
