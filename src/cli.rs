@@ -142,6 +142,15 @@ pub struct RunArgs {
     /// Longest delay between refused attempts [default: 5m].
     #[arg(long, env = "OUTBOX_RETRY_MAX_DELAY")]
     pub retry_max_delay: Option<String>,
+    /// How long the leader's lease lasts without renewal [default: 10s].
+    #[arg(long, env = "OUTBOX_LEASE_DURATION")]
+    pub lease_duration: Option<String>,
+    /// How often the leader renews its lease [default: 3s].
+    #[arg(long, env = "OUTBOX_LEASE_RENEW_INTERVAL")]
+    pub lease_renew_interval: Option<String>,
+    /// How often a standby checks whether the lease is free [default: 500ms].
+    #[arg(long, env = "OUTBOX_STANDBY_POLL_INTERVAL")]
+    pub standby_poll_interval: Option<String>,
 }
 
 impl RunArgs {
@@ -213,6 +222,11 @@ impl RunArgs {
                     .or(file.idle_checkpoint_interval),
             ),
             (
+                "grace-period",
+                &mut config.grace_period,
+                self.grace_period.or(file.grace_period),
+            ),
+            (
                 "ack-timeout",
                 &mut config.ack_timeout,
                 self.ack_timeout.or(file.ack_timeout),
@@ -221,6 +235,46 @@ impl RunArgs {
                 "shutdown-timeout",
                 &mut config.shutdown_timeout,
                 self.shutdown_timeout.or(file.shutdown_timeout),
+            ),
+            (
+                "sweep-interval",
+                &mut config.sweep_interval,
+                self.sweep_interval.or(file.sweep_interval),
+            ),
+            (
+                "poll-interval",
+                &mut config.poll_interval,
+                self.poll_interval.or(file.poll_interval),
+            ),
+            (
+                "lock-timeout",
+                &mut config.lock_timeout,
+                self.lock_timeout.or(file.lock_timeout),
+            ),
+            (
+                "retry-initial-delay",
+                &mut config.retry.initial_delay,
+                self.retry_initial_delay.or(file.retry_initial_delay),
+            ),
+            (
+                "retry-max-delay",
+                &mut config.retry.max_delay,
+                self.retry_max_delay.or(file.retry_max_delay),
+            ),
+            (
+                "lease-duration",
+                &mut config.lease.duration,
+                self.lease_duration.or(file.lease_duration),
+            ),
+            (
+                "lease-renew-interval",
+                &mut config.lease.renew_interval,
+                self.lease_renew_interval.or(file.lease_renew_interval),
+            ),
+            (
+                "standby-poll-interval",
+                &mut config.lease.standby_poll_interval,
+                self.standby_poll_interval.or(file.standby_poll_interval),
             ),
         ];
         for (name, target, value) in durations {

@@ -124,3 +124,63 @@ fn config_file_problems_name_the_file_and_key() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn every_duration_flag_is_read_and_checked() {
+    let flags = [
+        "--checkpoint-interval",
+        "--max-await-time",
+        "--idle-checkpoint-interval",
+        "--grace-period",
+        "--ack-timeout",
+        "--shutdown-timeout",
+        "--sweep-interval",
+        "--poll-interval",
+        "--lock-timeout",
+        "--retry-initial-delay",
+        "--retry-max-delay",
+        "--lease-duration",
+        "--lease-renew-interval",
+        "--standby-poll-interval",
+        "--retention",
+    ];
+    for flag in flags {
+        let name = flag.trim_start_matches("--");
+        assert_fails_saying(
+            &[
+                "run",
+                "--mongodb-uri",
+                "mongodb://h",
+                "--database",
+                "d",
+                flag,
+                "soon",
+            ],
+            &[name, "\"soon\""],
+        );
+    }
+    assert_fails_saying(
+        &[
+            "run",
+            "--mongodb-uri",
+            "mongodb://h",
+            "--database",
+            "d",
+            "--max-attempts",
+            "0",
+        ],
+        &["max-attempts"],
+    );
+    assert_fails_saying(
+        &[
+            "run",
+            "--mongodb-uri",
+            "mongodb://h",
+            "--database",
+            "d",
+            "--lease-renew-interval",
+            "8s",
+        ],
+        &["lease-renew-interval", "half"],
+    );
+}
