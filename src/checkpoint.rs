@@ -1,21 +1,25 @@
 //! Where the change stream's resume token is kept between runs.
 //!
 //! One document per outbox collection in the checkpoint collection:
-//! `{_id: "<db>.<collection>", token, updatedAt}`. The completion stage
-//! writes a token only once every message before it is acknowledged and
-//! marked, so resuming from it can repeat work but never skip any.
+//! `{_id: "<db>.<collection>", token, updatedAt}`, which also holds the
+//! leader's lease (see `lease`). The completion stage writes a token only
+//! once every message before it is acknowledged and marked, so resuming from
+//! it can repeat work but never skip any. Writes are fenced by the lease
+//! term: a leader that has been replaced cannot move the token backwards.
 
 use bson::{doc, DateTime, Document};
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::{Collection, Database};
 
 use crate::error::{Error, Result};
+use crate::lease::Term;
 
 /// Reads and writes the resume token of one outbox collection.
 #[derive(Debug, Clone)]
 pub struct CheckpointStore {
     collection: Collection<Document>,
     id: String,
+    term: Option<Term>,
 }
 
 impl CheckpointStore {
@@ -24,7 +28,14 @@ impl CheckpointStore {
         CheckpointStore {
             collection: database.collection(checkpoint_collection),
             id: format!("{}.{}", database.name(), outbox),
+            term: None,
         }
+    }
+
+    /// The same store, writing only while the lease is at `term`.
+    pub fn fenced(mut self, term: Term) -> Self {
+        self.term = Some(term);
+        self
     }
 
     /// The stored token, if any.
@@ -46,16 +57,24 @@ impl CheckpointStore {
         })
     }
 
-    /// Stores a token.
-    pub async fn save(&self, token: &ResumeToken) -> mongodb::error::Result<()> {
+    /// Stores a token. Returns false, writing nothing, if the store is
+    /// fenced and the lease has moved to another term.
+    pub async fn save(&self, token: &ResumeToken) -> mongodb::error::Result<bool> {
         let token = bson::to_bson(token)?;
-        self.collection
-            .update_one(
-                doc! { "_id": &self.id },
-                doc! { "$set": { "token": token, "updatedAt": DateTime::now() } },
-            )
-            .upsert(true)
-            .await?;
-        Ok(())
+        let update = doc! { "$set": { "token": token, "updatedAt": DateTime::now() } };
+        let saved = match self.term {
+            Some(term) => {
+                self.collection
+                    .update_one(doc! { "_id": &self.id, "term": term.0 }, update)
+                    .await?
+            }
+            None => {
+                self.collection
+                    .update_one(doc! { "_id": &self.id }, update)
+                    .upsert(true)
+                    .await?
+            }
+        };
+        Ok(saved.matched_count > 0 || saved.upserted_id.is_some())
     }
 }

@@ -98,14 +98,23 @@ impl CompletionStage {
         let (Some(token), Some(checkpoints)) = (unsaved.take(), &self.checkpoints) else {
             return Some(());
         };
-        until_ok("MongoDB checkpoint write", &self.abandon, || {
+        let saved = until_ok("MongoDB checkpoint write", &self.abandon, || {
             checkpoints.save(&token)
         })
-        .await
+        .await?;
+        if !saved {
+            tracing::warn!("the checkpoint belongs to a newer leader now: not writing it");
+            return None;
+        }
+        Some(())
     }
 
-    /// Records a batch of verdicts. `None` if the relay gave up.
+    /// Records a batch of verdicts. `None` if the relay gave up (its grace
+    /// time ran out, or it lost the lease and must not write).
     async fn record(&self, batch: &[Finished]) -> Option<Tally> {
+        if self.abandon.is_cancelled() {
+            return None;
+        }
         let now = DateTime::now();
         let mut tally = Tally::default();
         let mut delivered: HashMap<Option<ObjectId>, Vec<Bson>> = HashMap::new();

@@ -104,6 +104,8 @@ pub struct RelayConfig {
     pub retention: Option<Duration>,
     /// Install a `$jsonSchema` validator enforcing the document contract.
     pub install_validator: bool,
+    /// Leadership among several relays (push mode).
+    pub lease: crate::lease::LeaseTiming,
 }
 
 /// Retries of messages the broker refused (not of broker outages, which
@@ -183,6 +185,7 @@ impl RelayConfig {
             lock_timeout: Duration::from_secs(60),
             retention: None,
             install_validator: false,
+            lease: crate::lease::LeaseTiming::default(),
         }
     }
 
@@ -225,6 +228,9 @@ impl RelayConfig {
             ("poll-interval", self.poll_interval),
             ("lock-timeout", self.lock_timeout),
             ("retry-initial-delay", self.retry.initial_delay),
+            ("lease-duration", self.lease.duration),
+            ("lease-renew-interval", self.lease.renew_interval),
+            ("standby-poll-interval", self.lease.standby_poll_interval),
         ];
         for (name, value) in durations {
             if value.is_zero() {
@@ -233,6 +239,13 @@ impl RelayConfig {
         }
         if self.retention.is_some_and(|r| r < Duration::from_secs(1)) {
             return Err(Error::Config("retention must be at least 1s".into()));
+        }
+        if self.lease.renew_interval * 2 > self.lease.duration {
+            return Err(Error::Config(
+                "lease-renew-interval must be at most half of lease-duration, so a renewal \
+                 can fail once and still land in time"
+                    .into(),
+            ));
         }
         if self.retry.max_attempts == 0 {
             return Err(Error::Config("max-attempts must be at least 1".into()));
@@ -276,6 +289,9 @@ pub struct FileConfig {
     pub max_attempts: Option<u32>,
     pub retry_initial_delay: Option<String>,
     pub retry_max_delay: Option<String>,
+    pub lease_duration: Option<String>,
+    pub lease_renew_interval: Option<String>,
+    pub standby_poll_interval: Option<String>,
 }
 
 impl FileConfig {

@@ -11,6 +11,7 @@
 //! - [`publish`]: the broker interface, NATS, and the pipelined publish stage;
 //! - `complete` and [`checkpoint`]: marking messages and keeping the resume token;
 //! - [`setup`]: indexes, retention and the validator of the outbox collection;
+//! - [`lease`]: which of several relays leads, fenced by a term;
 //! - [`relay`]: the stages wired together, with graceful shutdown.
 
 pub mod checkpoint;
@@ -18,6 +19,7 @@ mod complete;
 pub mod config;
 pub mod contract;
 pub mod error;
+pub mod lease;
 mod pipeline;
 pub mod publish;
 pub mod relay;

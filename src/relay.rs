@@ -26,8 +26,10 @@ use crate::checkpoint::CheckpointStore;
 use crate::config::{redact_uri, RelayConfig, RelayMode};
 use crate::contract::DecodeRules;
 use crate::error::{Error, Result};
+use crate::lease::{Held, Lease, Term};
 use crate::pipeline::{Pipeline, Tally};
 use crate::publish::{NatsPublisher, Publisher, StreamSetup};
+use crate::retry::until_ok;
 use crate::setup;
 use crate::source::change_stream::ChangeStreamSource;
 use crate::source::sweep::Sweeper;
@@ -100,24 +102,10 @@ impl Relay {
         let mut tasks = JoinSet::new();
         match config.mode {
             RelayMode::Push => {
-                let checkpoints = CheckpointStore::new(
-                    &self.database,
-                    &config.checkpoint_collection,
-                    &config.collection,
-                );
-                let token = checkpoints.load().await?;
-                let stream = pipeline.start(Some(checkpoints));
-                let source = ChangeStreamSource {
-                    outbox: pipeline.outbox.clone(),
-                    rules: self.rules(),
-                    max_await_time: config.max_await_time,
-                    idle_checkpoint_interval: config.idle_checkpoint_interval,
-                    grace_period: config.grace_period,
-                };
-                tasks.spawn(source.run(token, stream.input, shutdown.clone()));
-                tasks.spawn(async move { drop(stream.done.await) });
-                let sweeper = self.sweeper(pipeline, config.grace_period);
+                let sweeper = self.sweeper(pipeline.clone(), config.grace_period);
                 tasks.spawn(sweeper.run(config.sweep_interval, shutdown.clone()));
+                self.lead_while_elected(&pipeline, &shutdown, &abandon)
+                    .await;
             }
             RelayMode::Poll => {
                 let sweeper = self.sweeper(pipeline, Duration::ZERO);
@@ -137,6 +125,88 @@ impl Relay {
         }
         tracing::info!("relay stopped");
         Ok(())
+    }
+
+    /// Stands by until this relay holds the lease, then tails the change
+    /// stream until it loses the lease (and stands by again) or `shutdown`
+    /// fires (and it releases the lease).
+    async fn lead_while_elected(
+        &self,
+        pipeline: &Pipeline,
+        shutdown: &CancellationToken,
+        abandon: &CancellationToken,
+    ) {
+        let config = &self.config;
+        let lease = Lease::new(
+            &self.database,
+            &config.checkpoint_collection,
+            &config.collection,
+            config.lease,
+        );
+        while let Some(held) = lease.acquire(shutdown).await {
+            // Leadership ends with shutdown or with the lease; `lost` also
+            // stops the completion stage writing anything more.
+            let lost = abandon.child_token();
+            let term_over = shutdown.child_token();
+            tokio::spawn(cancel_when(lost.clone(), term_over.clone()));
+            let keeper_stop = CancellationToken::new();
+            let keeper = tokio::spawn({
+                let lease = lease.clone();
+                lease_keeper(lease, held, lost.clone(), keeper_stop.clone())
+            });
+            self.tail_as_leader(pipeline, held.term, &term_over, &lost)
+                .await;
+            keeper_stop.cancel();
+            let held = keeper.await.unwrap_or(held);
+            if shutdown.is_cancelled() {
+                if let Err(error) = lease.release(&held).await {
+                    tracing::warn!(%error, "could not release the lease; it ends when it expires");
+                }
+                return;
+            }
+            tracing::warn!(term = held.term.0, "no longer leading: standing by");
+        }
+    }
+
+    /// Runs the change-stream pipeline for one term, until `term_over` fires.
+    async fn tail_as_leader(
+        &self,
+        pipeline: &Pipeline,
+        term: Term,
+        term_over: &CancellationToken,
+        lost: &CancellationToken,
+    ) {
+        let config = &self.config;
+        let checkpoints = CheckpointStore::new(
+            &self.database,
+            &config.checkpoint_collection,
+            &config.collection,
+        )
+        .fenced(term);
+        let Some(token) = until_ok("MongoDB reading the checkpoint", term_over, || {
+            checkpoints.load()
+        })
+        .await
+        else {
+            return;
+        };
+        let term_pipeline = Pipeline {
+            shutdown: term_over.clone(),
+            abandon: lost.clone(),
+            ..pipeline.clone()
+        };
+        let stream = term_pipeline.start(Some(checkpoints));
+        let source = ChangeStreamSource {
+            outbox: pipeline.outbox.clone(),
+            rules: self.rules(),
+            max_await_time: config.max_await_time,
+            idle_checkpoint_interval: config.idle_checkpoint_interval,
+            grace_period: config.grace_period,
+        };
+        source.run(token, stream.input, term_over.clone()).await;
+        if let Err(error) = stream.done.await {
+            tracing::error!(%error, "the stream's pipeline stopped unexpectedly");
+        }
     }
 
     /// Sweeps until nothing due is left, once (`outbox-relay sweep --once`).
@@ -181,6 +251,24 @@ impl Relay {
             grace_period,
             pipeline,
         }
+    }
+}
+
+/// Renews the lease until `stop`; returns the lease as last renewed.
+async fn lease_keeper(
+    lease: Lease,
+    held: Held,
+    lost: CancellationToken,
+    stop: CancellationToken,
+) -> Held {
+    lease.keep(held, lost, stop).await
+}
+
+/// Cancels `then` when `first` is cancelled; ends early if `then` is.
+async fn cancel_when(first: CancellationToken, then: CancellationToken) {
+    tokio::select! {
+        _ = first.cancelled() => then.cancel(),
+        _ = then.cancelled() => {}
     }
 }
 

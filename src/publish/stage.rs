@@ -53,7 +53,9 @@ type InFlight = FuturesOrdered<BoxFuture<'static, Attempt>>;
 pub(crate) struct PublishStage {
     pub publisher: Arc<dyn Publisher>,
     pub max_in_flight: usize,
-    /// Fires on shutdown; only used to stop waiting out a broker outage.
+    /// Fires to stop: no new work is taken (what is queued stays pending and
+    /// is delivered later), what is in flight is finished, and waiting out a
+    /// broker outage ends.
     pub shutdown: CancellationToken,
 }
 
@@ -65,6 +67,7 @@ impl PublishStage {
         while input_open || !in_flight.is_empty() {
             tokio::select! {
                 biased;
+                _ = self.shutdown.cancelled(), if input_open => input_open = false,
                 Some(attempt) = in_flight.next(), if !in_flight.is_empty() => {
                     let forwarded = if attempt.broker_down() {
                         self.recover(attempt, &mut in_flight, &mut outage, &output).await

@@ -1,0 +1,303 @@
+//! Leadership: one relay at a time tails the change stream and publishes.
+//!
+//! Several copies of the relay may run against one outbox (rolling deploys,
+//! one per app host). Each would publish every message, so they elect a
+//! leader with a lease kept in the checkpoint document itself:
+//! `{_id: "<db>.<collection>", owner, term, expiresAt, token, ...}`.
+//!
+//! - Expiry is judged on the database server's clock, never a relay host's:
+//!   `expiresAt` is assigned from `$$NOW + lease` by the server, and a
+//!   candidate compares it with the server's `hello.localTime`. Clock skew
+//!   between relay hosts therefore cannot make two leaders.
+//! - `term` grows by one with every new owner. The checkpoint is written
+//!   only under the writer's term, so a deposed leader cannot move the token
+//!   backwards.
+//! - A holder stops on its own before the server could let anyone else in:
+//!   its deadline is the local (monotonic) time just before the request that
+//!   set the expiry, plus the lease, minus a margin. The server set the
+//!   expiry after that request left, so the deadline always comes first.
+//! - A graceful stop releases the lease, so a standby takes over at once.
+
+use std::time::Duration;
+
+use bson::{doc, oid::ObjectId, DateTime, Document};
+use mongodb::error::{ErrorKind, WriteFailure};
+use mongodb::options::ReturnDocument;
+use mongodb::{Collection, Database};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+
+const DUPLICATE_KEY: i32 = 11000;
+
+/// Timing of the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTiming {
+    /// How long a lease lasts without renewal.
+    pub duration: Duration,
+    /// How often the holder renews it.
+    pub renew_interval: Duration,
+    /// How often a standby looks whether the lease is free.
+    pub standby_poll_interval: Duration,
+}
+
+impl Default for LeaseTiming {
+    fn default() -> Self {
+        LeaseTiming {
+            duration: Duration::from_secs(10),
+            renew_interval: Duration::from_secs(3),
+            standby_poll_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+impl LeaseTiming {
+    /// The holder's safety margin: it stops this long before its lease ends.
+    fn margin(&self) -> Duration {
+        (self.duration / 10).max(Duration::from_millis(100))
+    }
+}
+
+/// A lease held with a term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Term(pub i64);
+
+/// One relay's view of the lease on one outbox.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    database: Database,
+    documents: Collection<Document>,
+    id: String,
+    owner: String,
+    timing: LeaseTiming,
+}
+
+impl Lease {
+    /// The lease of `outbox`, kept in `checkpoint_collection`, for this process.
+    pub fn new(
+        database: &Database,
+        checkpoint_collection: &str,
+        outbox: &str,
+        timing: LeaseTiming,
+    ) -> Self {
+        Lease {
+            database: database.clone(),
+            documents: database.collection(checkpoint_collection),
+            id: format!("{}.{}", database.name(), outbox),
+            owner: owner_name(),
+            timing,
+        }
+    }
+
+    /// This relay's name in the lease's `owner` field.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Waits until this relay holds the lease, trying whenever the current
+    /// holder's lease should have ended. `None` if `shutdown` fires first.
+    pub async fn acquire(&self, shutdown: &CancellationToken) -> Option<Held> {
+        let mut announced = false;
+        loop {
+            let wait = match self.try_acquire().await {
+                Ok(Ok(held)) => return Some(held),
+                Ok(Err(remaining)) => {
+                    if !announced {
+                        tracing::info!("standing by: another relay holds the lease");
+                        announced = true;
+                    }
+                    remaining.min(self.timing.standby_poll_interval)
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "could not read or take the lease; trying again");
+                    self.timing.standby_poll_interval
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Takes the lease if it is free or expired. `Ok(Err(remaining))` if
+    /// another relay holds it, with the time its lease has left.
+    pub async fn try_acquire(&self) -> Result<std::result::Result<Held, Duration>> {
+        let now = self.server_time().await?;
+        let sent = Instant::now();
+        let taken = self
+            .documents
+            .find_one_and_update(
+                doc! {
+                    "_id": &self.id,
+                    "$or": [
+                        { "expiresAt": { "$lt": now } },
+                        { "expiresAt": { "$exists": false } },
+                    ],
+                },
+                vec![doc! { "$set": {
+                    "owner": &self.owner,
+                    "term": { "$add": [{ "$ifNull": ["$term", 0] }, 1] },
+                    "expiresAt": { "$add": ["$$NOW", millis(self.timing.duration)] },
+                } }],
+            )
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .await;
+        match taken {
+            Ok(Some(document)) if document.get_str("owner") == Ok(&self.owner) => {
+                let term = Term(
+                    document
+                        .get_i64("term")
+                        .or_else(|_| document.get_i32("term").map(i64::from))
+                        .unwrap_or(1),
+                );
+                tracing::info!(term = term.0, owner = %self.owner, "took the lease: leading");
+                Ok(Ok(Held {
+                    term,
+                    deadline: sent + self.timing.duration - self.timing.margin(),
+                }))
+            }
+            Ok(_) => Ok(Err(self.timing.standby_poll_interval)),
+            Err(error) if is_duplicate_key(&error) => Ok(Err(self.remaining(now).await?)),
+            Err(error) => Err(Error::mongo("taking the lease failed", error)),
+        }
+    }
+
+    /// Extends a held lease. `Ok(false)` if another relay has taken it.
+    pub async fn renew(&self, held: &mut Held) -> Result<bool> {
+        let sent = Instant::now();
+        let renewed = self
+            .documents
+            .update_one(
+                doc! { "_id": &self.id, "owner": &self.owner, "term": held.term.0 },
+                vec![doc! { "$set": {
+                    "expiresAt": { "$add": ["$$NOW", millis(self.timing.duration)] },
+                } }],
+            )
+            .await
+            .map_err(|e| Error::mongo("renewing the lease failed", e))?;
+        if renewed.matched_count == 0 {
+            return Ok(false);
+        }
+        held.deadline = sent + self.timing.duration - self.timing.margin();
+        Ok(true)
+    }
+
+    /// Gives the lease up at once, so a standby need not wait for it to expire.
+    pub async fn release(&self, held: &Held) -> Result<()> {
+        self.documents
+            .update_one(
+                doc! { "_id": &self.id, "owner": &self.owner, "term": held.term.0 },
+                doc! { "$set": { "expiresAt": DateTime::from_millis(0) } },
+            )
+            .await
+            .map_err(|e| Error::mongo("releasing the lease failed", e))?;
+        tracing::info!(term = held.term.0, "released the lease");
+        Ok(())
+    }
+
+    /// Keeps a held lease renewed until `stop` fires. Fires `lost` and returns
+    /// if the lease is taken or cannot be renewed before its deadline.
+    pub async fn keep(
+        &self,
+        mut held: Held,
+        lost: CancellationToken,
+        stop: CancellationToken,
+    ) -> Held {
+        loop {
+            let next = (Instant::now() + self.timing.renew_interval).min(held.deadline);
+            tokio::select! {
+                _ = stop.cancelled() => return held,
+                _ = tokio::time::sleep_until(next) => {}
+            }
+            if Instant::now() >= held.deadline {
+                tracing::error!(
+                    term = held.term.0,
+                    "could not renew the lease in time: stopping delivery"
+                );
+                lost.cancel();
+                return held;
+            }
+            let attempt = tokio::time::timeout_at(held.deadline, self.renew(&mut held)).await;
+            match attempt {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => {
+                    tracing::warn!(
+                        term = held.term.0,
+                        "another relay took the lease: stopping delivery"
+                    );
+                    lost.cancel();
+                    return held;
+                }
+                Ok(Err(error)) => tracing::warn!(%error, "renewing the lease failed; trying again"),
+                Err(_) => {} // the deadline check above ends it
+            }
+        }
+    }
+
+    /// The database server's clock.
+    async fn server_time(&self) -> Result<DateTime> {
+        let hello = self
+            .database
+            .client()
+            .database("admin")
+            .run_command(doc! { "hello": 1 })
+            .await
+            .map_err(|e| Error::mongo("reading the server's clock failed", e))?;
+        hello
+            .get_datetime("localTime")
+            .copied()
+            .map_err(|_| Error::Config("the server's hello reply has no localTime".into()))
+    }
+
+    /// How long the current holder's lease has left, by the server's clock.
+    async fn remaining(&self, now: DateTime) -> Result<Duration> {
+        let lease = self
+            .documents
+            .find_one(doc! { "_id": &self.id })
+            .await
+            .map_err(|e| Error::mongo("reading the lease failed", e))?;
+        let expires = lease
+            .and_then(|d| d.get_datetime("expiresAt").ok().copied())
+            .unwrap_or(now);
+        let left = expires
+            .timestamp_millis()
+            .saturating_sub(now.timestamp_millis());
+        Ok(Duration::from_millis(u64::try_from(left).unwrap_or(0)))
+    }
+}
+
+/// A lease this relay holds.
+#[derive(Debug, Clone, Copy)]
+pub struct Held {
+    /// The fencing number of this tenure.
+    pub term: Term,
+    /// When this relay must stop acting as leader unless it renews.
+    pub deadline: Instant,
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn is_duplicate_key(error: &mongodb::error::Error) -> bool {
+    match &*error.kind {
+        ErrorKind::Command(command) => command.code == DUPLICATE_KEY,
+        ErrorKind::Write(WriteFailure::WriteError(write)) => write.code == DUPLICATE_KEY,
+        _ => false,
+    }
+}
+
+/// A name for this process that is unique among relays: host, pid and a
+/// random part (so a restarted process with a recycled pid is someone new).
+fn owner_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "relay".to_owned());
+    format!("{host}/{}/{}", std::process::id(), ObjectId::new().to_hex())
+}
