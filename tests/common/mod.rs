@@ -93,6 +93,19 @@ impl TestEnv {
         config
     }
 
+    /// A configuration for one of several relays: short lease timings, and
+    /// no sweep of fresh messages, so only a leader's stream delivers them.
+    pub fn replica_config(&self) -> RelayConfig {
+        let mut config = self.config();
+        config.grace_period = Duration::from_secs(3600);
+        config.lease = outbox_relay::lease::LeaseTiming {
+            duration: Duration::from_millis(1500),
+            renew_interval: Duration::from_millis(300),
+            standby_poll_interval: Duration::from_millis(100),
+        };
+        config
+    }
+
     pub fn outbox(&self) -> Collection<Document> {
         self.db.collection("outbox")
     }
