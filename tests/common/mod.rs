@@ -32,6 +32,8 @@ pub fn nats_url() -> String {
 
 /// One test's private corner of the servers.
 pub struct TestEnv {
+    pub mongodb_uri: String,
+    pub nats_url: String,
     pub name: String,
     pub client: Client,
     pub db: Database,
@@ -43,13 +45,18 @@ pub struct TestEnv {
 
 impl TestEnv {
     pub async fn new() -> Self {
+        Self::on(&mongodb_uri(), &nats_url()).await
+    }
+
+    /// A test's corner of the given servers.
+    pub async fn on(mongodb_uri: &str, nats_url: &str) -> Self {
         let name = format!("t{}", ObjectId::new().to_hex());
-        let client = outbox_relay::relay::connect_mongodb(&mongodb_uri())
+        let client = outbox_relay::relay::connect_mongodb(mongodb_uri)
             .await
             .unwrap_or_else(|e| {
                 panic!("tests need a MongoDB replica set (scripts/services.sh start): {e}")
             });
-        let nats = async_nats::connect(nats_url())
+        let nats = connect_nats(nats_url)
             .await
             .unwrap_or_else(|e| panic!("tests need nats-server (scripts/services.sh start): {e}"));
         let jetstream = jetstream::new(nats.clone());
@@ -64,14 +71,9 @@ impl TestEnv {
             .await
             .expect("create the test stream");
         let db = client.database(&name);
-        // Create the collection up front: the first write in a transaction may not create one on every server.
-        db.create_collection("outbox")
-            .await
-            .expect("create outbox collection");
-        db.create_collection("orders")
-            .await
-            .expect("create orders collection");
         TestEnv {
+            mongodb_uri: mongodb_uri.to_owned(),
+            nats_url: nats_url.to_owned(),
             name,
             client,
             db,
@@ -83,8 +85,8 @@ impl TestEnv {
     }
 
     pub fn config(&self) -> RelayConfig {
-        let mut config = RelayConfig::new(mongodb_uri(), self.name.clone());
-        config.nats_url = nats_url();
+        let mut config = RelayConfig::new(self.mongodb_uri.clone(), self.name.clone());
+        config.nats_url = self.nats_url.clone();
         config.subject_prefix = self.prefix.clone();
         config.checkpoint_interval = Duration::from_millis(50);
         config.max_await_time = Duration::from_millis(100);
@@ -164,6 +166,8 @@ impl TestEnv {
     /// A second handle on the same servers and names, for another task.
     pub fn clone_handles(&self) -> TestEnv {
         TestEnv {
+            mongodb_uri: self.mongodb_uri.clone(),
+            nats_url: self.nats_url.clone(),
             name: self.name.clone(),
             client: self.client.clone(),
             db: self.db.clone(),
