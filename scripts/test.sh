@@ -13,4 +13,9 @@ rustup component list --installed 2>/dev/null | grep -q clippy || rustup compone
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
+rm -f target/fault-report.jsonl
 cargo test --all-targets --locked
+if [ -f target/fault-report.jsonl ]; then
+  echo "fault-injection figures (tests/faults.rs):"
+  cat target/fault-report.jsonl
+fi

@@ -1,0 +1,636 @@
+//! Fault injection: messages are written in transactions by a real client
+//! while relays are killed, servers stop and tokens are lost. Afterwards the
+//! JetStream stream must hold exactly the committed outbox messages: none
+//! missing, none extra, none from an aborted transaction. Each scenario
+//! reports the raw publishes (a core subscriber counts every one) and, for
+//! leader changes, how long delivery paused, to `target/fault-report.jsonl`.
+//!
+//! The scenarios run one at a time: they start and kill processes and
+//! servers, and their figures mean more without each other's load.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bson::{doc, oid::ObjectId, Document};
+use common::{NatsProcess, TestEnv, WAIT};
+use futures::{StreamExt, TryStreamExt};
+use outbox_relay::{NewMessage, Outbox};
+use tokio_util::sync::CancellationToken;
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The longest a scenario waits for everything to be delivered at the end.
+const DRAIN: Duration = Duration::from_secs(90);
+
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn logs_dir() -> PathBuf {
+    let dir = manifest_dir().join("target").join("fault-logs");
+    std::fs::create_dir_all(&dir).expect("log directory");
+    dir
+}
+
+/// A relay process with short lease timings.
+struct RelayProcess {
+    child: Child,
+    log: PathBuf,
+}
+
+impl RelayProcess {
+    fn start(env: &TestEnv, label: &str) -> Self {
+        let log = logs_dir().join(format!("{}-{label}.log", env.name));
+        let file = std::fs::File::create(&log).expect("relay log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .arg("run")
+            .env("OUTBOX_MONGODB_URI", &env.mongodb_uri)
+            .env("OUTBOX_DATABASE", &env.name)
+            .env("OUTBOX_NATS_URL", &env.nats_url)
+            .env("OUTBOX_SUBJECT_PREFIX", &env.prefix)
+            .env("OUTBOX_CHECKPOINT_INTERVAL", "100ms")
+            .env("OUTBOX_MAX_AWAIT_TIME", "200ms")
+            .env("OUTBOX_ACK_TIMEOUT", "1s")
+            .env("OUTBOX_LEASE_DURATION", "2s")
+            .env("OUTBOX_LEASE_RENEW_INTERVAL", "500ms")
+            .env("OUTBOX_STANDBY_POLL_INTERVAL", "100ms")
+            .env("OUTBOX_SWEEP_INTERVAL", "1s")
+            .env("OUTBOX_GRACE_PERIOD", "3s")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .spawn()
+            .expect("start outbox-relay");
+        RelayProcess { child, log }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits for the exit; fails the test if it does not exit cleanly.
+    async fn terminate(&mut self) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status();
+        assert!(sent.is_ok_and(|s| s.success()), "send SIGTERM");
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the relay") {
+                assert!(
+                    status.success(),
+                    "relay exited with {status}; log {}",
+                    self.log.display()
+                );
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "relay ignored SIGTERM; log {}",
+                self.log.display()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A private SecantusDB that a scenario may stop and start (data kept).
+struct MongoProcess {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl MongoProcess {
+    async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("pick a free port")
+            .port();
+        let dir =
+            std::env::temp_dir().join(format!("outbox-relay-mongo-{port}-{}", ObjectId::new()));
+        let mut mongo = MongoProcess {
+            child: None,
+            port,
+            dir,
+        };
+        mongo.restart().await;
+        mongo
+    }
+
+    fn uri(&self) -> String {
+        format!(
+            "mongodb://127.0.0.1:{}/?serverSelectionTimeoutMS=2000",
+            self.port
+        )
+    }
+
+    async fn restart(&mut self) {
+        let server = std::env::var_os("SECANTUSD")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| manifest_dir().join(".services/venv/bin/secantusd-py"));
+        let child = Command::new(&server)
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &self.port.to_string(),
+                "--storage-path",
+            ])
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "start {} (scripts/services.sh installs it): {e}",
+                    server.display()
+                )
+            });
+        self.child = Some(child);
+        let uri = self.uri();
+        common::wait_until("SecantusDB to answer", || {
+            let uri = uri.clone();
+            async move { outbox_relay::relay::connect_mongodb(&uri).await.is_ok() }
+        })
+        .await;
+    }
+
+    /// A clean stop (SIGTERM), as an operator's restart would do.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + WAIT;
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for MongoProcess {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Every publish seen on the scenario's subjects, with when it arrived.
+#[derive(Clone, Default)]
+struct Publishes(Arc<Mutex<Vec<(String, Instant)>>>);
+
+impl Publishes {
+    async fn watch(env: &TestEnv) -> Self {
+        let publishes = Publishes::default();
+        let mut subscriber = env
+            .nats
+            .subscribe(format!("{}.>", env.prefix))
+            .await
+            .unwrap();
+        env.nats.flush().await.unwrap();
+        let sink = publishes.clone();
+        tokio::spawn(async move {
+            while let Some(message) = subscriber.next().await {
+                if let Some(id) = common::msg_id(&message) {
+                    if let Ok(mut all) = sink.0.lock() {
+                        all.push((id, Instant::now()));
+                    }
+                }
+            }
+        });
+        publishes
+    }
+
+    fn count(&self) -> usize {
+        self.0.lock().map(|all| all.len()).unwrap_or(0)
+    }
+
+    /// The first publish arriving after `since`.
+    fn first_after(&self, since: Instant) -> Option<Instant> {
+        let all = self.0.lock().ok()?;
+        all.iter().map(|(_, at)| *at).filter(|at| *at > since).min()
+    }
+
+    async fn wait_first_after(&self, since: Instant) -> Duration {
+        common::wait_until("a publish after the fault", || async {
+            self.first_after(since).is_some()
+        })
+        .await;
+        self.first_after(since)
+            .map(|at| at - since)
+            .unwrap_or_default()
+    }
+}
+
+/// Writes orders with their outbox messages in transactions, one every
+/// 20 ms, until stopped; every tenth transaction is aborted on purpose.
+/// Failed writes (a server is down) are retried. Returns the aborted ids.
+struct Writer {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Vec<ObjectId>>,
+}
+
+impl Writer {
+    fn start(env: &TestEnv) -> Self {
+        let stop = CancellationToken::new();
+        let (client, db, until) = (env.client.clone(), env.db.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let outbox = Outbox::new(&db);
+            let orders = db.collection::<Document>("orders");
+            let mut aborted = Vec::new();
+            let mut n = 0_i64;
+            while !until.is_cancelled() {
+                n += 1;
+                let abort = n % 10 == 0;
+                match write_one(&client, &outbox, &orders, n, abort).await {
+                    Ok(id) if abort => aborted.push(id),
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            aborted
+        });
+        Writer { stop, task }
+    }
+
+    async fn finish(self) -> Vec<ObjectId> {
+        self.stop.cancel();
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("writer stops")
+            .expect("writer task")
+    }
+}
+
+async fn write_one(
+    client: &mongodb::Client,
+    outbox: &Outbox,
+    orders: &mongodb::Collection<Document>,
+    n: i64,
+    abort: bool,
+) -> outbox_relay::Result<ObjectId> {
+    let failed = |e| outbox_relay::Error::Config(format!("write failed: {e}"));
+    let mut session = client.start_session().await.map_err(failed)?;
+    session.start_transaction().await.map_err(failed)?;
+    orders
+        .insert_one(doc! { "n": n })
+        .session(&mut session)
+        .await
+        .map_err(failed)?;
+    let message = NewMessage::serialized("order.placed", &doc! { "n": n })?;
+    let id = outbox.add(&mut session, message).await?;
+    if abort {
+        session.abort_transaction().await.map_err(failed)?;
+    } else {
+        session.commit_transaction().await.map_err(failed)?;
+    }
+    Ok(id)
+}
+
+/// Waits until nothing is pending, then checks the stream against the
+/// collection, and writes the scenario's figures to the report.
+async fn verify(
+    env: &TestEnv,
+    scenario: &str,
+    publishes: &Publishes,
+    aborted: &[ObjectId],
+    extra: serde_json::Value,
+) {
+    let outbox = env.outbox();
+    let deadline = Instant::now() + DRAIN;
+    loop {
+        let pending = outbox
+            .count_documents(doc! { "status": "pending" })
+            .await
+            .unwrap_or(u64::MAX);
+        if pending == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{scenario}: {pending} messages still pending"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let documents: Vec<Document> = outbox
+        .find(doc! {})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let failed: Vec<&Document> = documents
+        .iter()
+        .filter(|d| d.get_str("status") != Ok("processed"))
+        .collect();
+    assert!(failed.is_empty(), "{scenario}: not processed: {failed:?}");
+    let committed: HashSet<String> = documents
+        .iter()
+        .filter_map(|d| d.get_object_id("_id").ok())
+        .map(|id| id.to_hex())
+        .collect();
+
+    let mut stream = env.jetstream.get_stream(&env.stream).await.unwrap();
+    let last = stream.info().await.unwrap().state.last_sequence;
+    let mut in_stream: HashMap<String, usize> = HashMap::new();
+    for sequence in 1..=last {
+        let message = stream.get_raw_message(sequence).await.unwrap();
+        let id = message
+            .headers
+            .get("Nats-Msg-Id")
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_default();
+        *in_stream.entry(id).or_default() += 1;
+    }
+    let stream_ids: HashSet<String> = in_stream.keys().cloned().collect();
+    let missing: Vec<&String> = committed.difference(&stream_ids).collect();
+    let phantom: Vec<&String> = stream_ids.difference(&committed).collect();
+    assert!(
+        missing.is_empty(),
+        "{scenario}: {} committed messages never reached the stream: {missing:?}",
+        missing.len()
+    );
+    assert!(
+        phantom.is_empty(),
+        "{scenario}: {} messages in the stream were never committed: {phantom:?}",
+        phantom.len()
+    );
+    assert!(
+        in_stream.values().all(|&n| n == 1),
+        "{scenario}: the stream holds a message twice"
+    );
+    let aborted_seen: Vec<String> = aborted
+        .iter()
+        .map(|id| id.to_hex())
+        .filter(|id| stream_ids.contains(id))
+        .collect();
+    assert!(
+        aborted_seen.is_empty(),
+        "{scenario}: aborted transactions published: {aborted_seen:?}"
+    );
+    assert!(
+        committed.len() >= 20,
+        "{scenario}: too few messages written to mean anything"
+    );
+
+    // Let late duplicates land before counting them.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let raw = publishes.count();
+    let mut report = serde_json::json!({
+        "scenario": scenario,
+        "committed": committed.len(),
+        "aborted": aborted.len(),
+        "raw_publishes": raw,
+        "duplicate_publishes": raw.saturating_sub(committed.len()),
+    });
+    if let (Some(report), Some(extra)) = (report.as_object_mut(), extra.as_object()) {
+        report.extend(extra.clone());
+    }
+    let line = format!("{report}\n");
+    let path = manifest_dir().join("target").join("fault-report.jsonl");
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut file| std::io::Write::write_all(&mut file, line.as_bytes()));
+    assert!(appended.is_ok(), "write the fault report");
+}
+
+/// A scenario's own servers, so its faults cannot touch other tests.
+struct Servers {
+    mongo: MongoProcess,
+    nats: NatsProcess,
+}
+
+impl Servers {
+    async fn start() -> Self {
+        Servers {
+            mongo: MongoProcess::start().await,
+            nats: NatsProcess::start().await,
+        }
+    }
+
+    async fn env(&self) -> TestEnv {
+        TestEnv::on(&self.mongo.uri(), &self.nats.url()).await
+    }
+}
+
+#[tokio::test]
+async fn relay_killed_repeatedly_under_load() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let servers = Servers::start().await;
+    let env = servers.env().await;
+    let publishes = Publishes::watch(&env).await;
+    let writer = Writer::start(&env);
+    for round in 0..4 {
+        let mut relay = RelayProcess::start(&env, &format!("kill-{round}"));
+        tokio::time::sleep(Duration::from_millis(rand::random_range(400..1500))).await;
+        relay.kill9();
+    }
+    let mut relay = RelayProcess::start(&env, "final");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let aborted = writer.finish().await;
+    verify(
+        &env,
+        "relay kill -9 x4",
+        &publishes,
+        &aborted,
+        serde_json::json!({}),
+    )
+    .await;
+    relay.terminate().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn nats_restarted_under_load() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut servers = Servers::start().await;
+    let env = servers.env().await;
+    let nats = &mut servers.nats;
+    let publishes = Publishes::watch(&env).await;
+    let mut relay = RelayProcess::start(&env, "nats");
+    let writer = Writer::start(&env);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    nats.stop();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    nats.restart().await;
+    let resumed = publishes.wait_first_after(Instant::now()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let aborted = writer.finish().await;
+    // The subscriber reconnects with the server; its count covers what it saw.
+    verify(
+        &env,
+        "nats-server stopped 3 s",
+        &publishes,
+        &aborted,
+        serde_json::json!({ "resumed_after_restart_ms": resumed.as_millis() as u64 }),
+    )
+    .await;
+    relay.terminate().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn mongodb_restarted_under_load() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut servers = Servers::start().await;
+    let env = servers.env().await;
+    let mongo = &mut servers.mongo;
+    let publishes = Publishes::watch(&env).await;
+    let mut relay = RelayProcess::start(&env, "mongo");
+    let writer = Writer::start(&env);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    mongo.stop();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    mongo.restart().await;
+    let resumed = publishes.wait_first_after(Instant::now()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let aborted = writer.finish().await;
+    verify(
+        &env,
+        "mongodb stopped 2 s",
+        &publishes,
+        &aborted,
+        serde_json::json!({ "resumed_after_restart_ms": resumed.as_millis() as u64 }),
+    )
+    .await;
+    relay.terminate().await;
+    env.drop().await;
+}
+
+/// The relay process that holds the lease, by the pid in its owner name.
+async fn leader_of<'a>(env: &TestEnv, relays: &'a mut [RelayProcess]) -> &'a mut RelayProcess {
+    let checkpoints = env.db.collection::<Document>("outbox_checkpoints");
+    let key = doc! { "_id": format!("{}.outbox", env.name) };
+    let deadline = Instant::now() + WAIT;
+    let owner = loop {
+        let lease = checkpoints.find_one(key.clone()).await.ok().flatten();
+        if let Some(owner) = lease.and_then(|l| l.get_str("owner").ok().map(str::to_owned)) {
+            break owner;
+        }
+        assert!(Instant::now() < deadline, "no relay took the lease");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let pid = owner
+        .split('/')
+        .nth(1)
+        .and_then(|p| p.parse::<u32>().ok())
+        .expect("pid in the owner name");
+    relays
+        .iter_mut()
+        .find(|r| r.pid() == pid)
+        .expect("the leader is one of ours")
+}
+
+#[tokio::test]
+async fn three_relays_lose_their_leader_to_kill_and_to_a_graceful_stop() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let servers = Servers::start().await;
+    let env = servers.env().await;
+    let publishes = Publishes::watch(&env).await;
+    let mut relays: Vec<RelayProcess> = (0..3)
+        .map(|n| RelayProcess::start(&env, &format!("r{n}")))
+        .collect();
+    let writer = Writer::start(&env);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    leader_of(&env, &mut relays).await.kill9();
+    let killed = Instant::now();
+    let after_kill = publishes.wait_first_after(killed).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let mut alive: Vec<RelayProcess> = relays
+        .into_iter()
+        .filter_map(|mut r| r.running().then_some(r))
+        .collect();
+    assert_eq!(alive.len(), 2);
+    let leader = leader_of(&env, &mut alive).await;
+    leader.terminate().await;
+    // From the old leader's exit: until then it finishes its own in-flight work.
+    let after_stop = publishes.wait_first_after(Instant::now()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let aborted = writer.finish().await;
+    verify(
+        &env,
+        "3 relays, leader killed, then leader stopped",
+        &publishes,
+        &aborted,
+        serde_json::json!({
+            "delivery_paused_after_kill_ms": after_kill.as_millis() as u64,
+            "delivery_paused_after_graceful_exit_ms": after_stop.as_millis() as u64,
+            "lease_ms": 2000,
+        }),
+    )
+    .await;
+    for relay in &mut alive {
+        if relay.running() {
+            relay.terminate().await;
+        }
+    }
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn resume_token_lost_or_corrupted_while_the_relay_is_down() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    for (label, damage) in [
+        ("lost", doc! { "$unset": { "token": "" } }),
+        (
+            "corrupted",
+            doc! { "$set": { "token": { "_data": "00DEADBEEF" } } },
+        ),
+    ] {
+        let servers = Servers::start().await;
+        let env = servers.env().await;
+        let publishes = Publishes::watch(&env).await;
+        let writer = Writer::start(&env);
+        let mut relay = RelayProcess::start(&env, label);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        relay.kill9();
+        env.db
+            .collection::<Document>("outbox_checkpoints")
+            .update_one(doc! { "_id": format!("{}.outbox", env.name) }, damage)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await; // written while down, behind the damaged token
+        let mut relay = RelayProcess::start(&env, &format!("{label}-after"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let aborted = writer.finish().await;
+        verify(
+            &env,
+            &format!("resume token {label}"),
+            &publishes,
+            &aborted,
+            serde_json::json!({}),
+        )
+        .await;
+        relay.terminate().await;
+        env.drop().await;
+    }
+}
