@@ -34,6 +34,9 @@ use crate::setup;
 use crate::source::change_stream::ChangeStreamSource;
 use crate::source::sweep::Sweeper;
 
+/// The longest the relay waits for the outbox collection's set-up on start.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A connected relay, ready to run.
 pub struct Relay {
     config: RelayConfig,
@@ -74,14 +77,25 @@ impl Relay {
     }
 
     /// Ensures the outbox collection's indexes, retention and validator.
+    /// A server that does not finish this within [`SETUP_TIMEOUT`] is
+    /// reported rather than waited on forever.
     pub async fn prepare(&self) -> Result<()> {
         let outbox = self.database.collection(&self.config.collection);
-        setup::ensure_indexes(&outbox, self.config.retention).await?;
-        if self.config.install_validator {
-            setup::install_validator(&self.database, &self.config.collection).await?;
-            tracing::info!(collection = %self.config.collection, "installed the outbox validator");
-        }
-        Ok(())
+        let steps = async {
+            setup::ensure_indexes(&outbox, self.config.retention).await?;
+            if self.config.install_validator {
+                setup::install_validator(&self.database, &self.config.collection).await?;
+                tracing::info!(collection = %self.config.collection, "installed the outbox validator");
+            }
+            Ok(())
+        };
+        tokio::time::timeout(SETUP_TIMEOUT, steps).await.map_err(|_| {
+            Error::Config(format!(
+                "MongoDB did not finish preparing {}.{} (indexes, validator) within {SETUP_TIMEOUT:?}; \
+                 check the server's health and locks, then start the relay again",
+                self.config.database, self.config.collection
+            ))
+        })?
     }
 
     /// Runs until `shutdown` fires, then stops gracefully: in-flight messages

@@ -435,8 +435,17 @@ impl Servers {
         }
     }
 
+    /// A test environment on these servers, with its collections created
+    /// before relays and writers start (see README, SecantusDB).
     async fn env(&self) -> TestEnv {
-        TestEnv::on(&self.mongo.uri(), &self.nats.url()).await
+        let env = TestEnv::on(&self.mongo.uri(), &self.nats.url()).await;
+        for collection in ["outbox", "orders"] {
+            env.db
+                .create_collection(collection)
+                .await
+                .expect("create a collection");
+        }
+        env
     }
 }
 
