@@ -201,7 +201,7 @@ impl Lease {
     /// Keeps a held lease renewed until `stop` fires. Fires `lost` and returns
     /// if the lease is taken or cannot be renewed before its deadline.
     pub async fn keep(
-        &self,
+        self,
         mut held: Held,
         lost: CancellationToken,
         stop: CancellationToken,

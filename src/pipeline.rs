@@ -126,7 +126,9 @@ pub(crate) struct Pipeline {
     pub retry: RetryPolicy,
     /// Graceful stop: ends waits for the broker.
     pub shutdown: CancellationToken,
-    /// End of the grace time: ends waits for MongoDB.
+    /// Publish nothing more, at once (the lease is lost).
+    pub halt: CancellationToken,
+    /// End of the grace time, or the lease lost: write nothing more.
     pub abandon: CancellationToken,
 }
 
@@ -146,6 +148,7 @@ impl Pipeline {
             publisher: self.publisher.clone(),
             max_in_flight: self.max_in_flight,
             shutdown: self.shutdown.clone(),
+            halt: self.halt.clone(),
         };
         let complete = CompletionStage {
             outbox: self.outbox.clone(),

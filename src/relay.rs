@@ -26,7 +26,7 @@ use crate::checkpoint::CheckpointStore;
 use crate::config::{redact_uri, RelayConfig, RelayMode};
 use crate::contract::DecodeRules;
 use crate::error::{Error, Result};
-use crate::lease::{Held, Lease, Term};
+use crate::lease::{Lease, Term};
 use crate::pipeline::{Pipeline, Tally};
 use crate::publish::{NatsPublisher, Publisher, StreamSetup};
 use crate::retry::until_ok;
@@ -164,10 +164,7 @@ impl Relay {
             let term_over = shutdown.child_token();
             tokio::spawn(cancel_when(lost.clone(), term_over.clone()));
             let keeper_stop = CancellationToken::new();
-            let keeper = tokio::spawn({
-                let lease = lease.clone();
-                lease_keeper(lease, held, lost.clone(), keeper_stop.clone())
-            });
+            let keeper = tokio::spawn(lease.clone().keep(held, lost.clone(), keeper_stop.clone()));
             self.tail_as_leader(pipeline, held.term, &term_over, &lost)
                 .await;
             keeper_stop.cancel();
@@ -206,6 +203,7 @@ impl Relay {
         };
         let term_pipeline = Pipeline {
             shutdown: term_over.clone(),
+            halt: lost.clone(),
             abandon: lost.clone(),
             ..pipeline.clone()
         };
@@ -252,6 +250,7 @@ impl Relay {
             checkpoint_interval: config.checkpoint_interval,
             retry: config.retry.clone(),
             shutdown,
+            halt: abandon.clone(),
             abandon,
         }
     }
@@ -266,16 +265,6 @@ impl Relay {
             pipeline,
         }
     }
-}
-
-/// Renews the lease until `stop`; returns the lease as last renewed.
-async fn lease_keeper(
-    lease: Lease,
-    held: Held,
-    lost: CancellationToken,
-    stop: CancellationToken,
-) -> Held {
-    lease.keep(held, lost, stop).await
 }
 
 /// Cancels `then` when `first` is cancelled; ends early if `then` is.

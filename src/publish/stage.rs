@@ -53,10 +53,13 @@ type InFlight = FuturesOrdered<BoxFuture<'static, Attempt>>;
 pub(crate) struct PublishStage {
     pub publisher: Arc<dyn Publisher>,
     pub max_in_flight: usize,
-    /// Fires to stop: no new work is taken (what is queued stays pending and
-    /// is delivered later), what is in flight is finished, and waiting out a
-    /// broker outage ends.
+    /// Graceful stop: the source closes the input, and what was read is
+    /// published; only waiting out a broker outage ends at once.
     pub shutdown: CancellationToken,
+    /// Fires when this relay must publish nothing more (it lost the lease):
+    /// no queued work is taken, only acknowledgements already due are
+    /// collected. What was queued stays pending for the next leader.
+    pub halt: CancellationToken,
 }
 
 impl PublishStage {
@@ -67,7 +70,7 @@ impl PublishStage {
         while input_open || !in_flight.is_empty() {
             tokio::select! {
                 biased;
-                _ = self.shutdown.cancelled(), if input_open => input_open = false,
+                _ = self.halt.cancelled(), if input_open => input_open = false,
                 Some(attempt) = in_flight.next(), if !in_flight.is_empty() => {
                     let forwarded = if attempt.broker_down() {
                         self.recover(attempt, &mut in_flight, &mut outage, &output).await
@@ -129,7 +132,7 @@ impl PublishStage {
         let mut backoff = reconnect_backoff();
         while let Some(mut attempt) = held.pop_front() {
             while attempt.broker_down() {
-                if !pause(&mut backoff, &self.shutdown).await {
+                if self.halt.is_cancelled() || !pause(&mut backoff, &self.shutdown).await {
                     return false;
                 }
                 attempt = self.start(attempt.work).await.await;

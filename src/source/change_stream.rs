@@ -83,6 +83,11 @@ impl ChangeStreamSource {
             found = queued.len(),
             "catch-up pass queued the pending messages"
         );
+        // Once the pass's messages are done, the stream's starting position
+        // is a safe checkpoint: everything before it was in the pass.
+        if let Some(start) = events.resume_token() {
+            output.send(Work::marker(start)).await.ok()?;
+        }
         Some((events, CaughtUp::new(queued, self.grace_period)))
     }
 
@@ -163,7 +168,14 @@ impl ChangeStreamSource {
         let mut last_sent = Instant::now();
         loop {
             let next = tokio::select! {
-                _ = shutdown.cancelled() => return Tail::Stopped,
+                _ = shutdown.cancelled() => {
+                    // The newest position the stream reported: every event
+                    // before it has been passed on, so it may be recorded.
+                    if let Some(token) = events.resume_token().filter(|t| Some(t) != last.as_ref()) {
+                        let _ = output.send(Work::marker(token)).await;
+                    }
+                    return Tail::Stopped;
+                }
                 next = events.next_if_any() => next,
             };
             let work = match next {
