@@ -14,6 +14,7 @@
 //! - [`lease`]: which of several relays leads, fenced by a term;
 //! - [`relay`]: the stages wired together, with graceful shutdown.
 
+pub mod bench;
 pub mod checkpoint;
 mod complete;
 pub mod config;

@@ -1,0 +1,211 @@
+//! Load and measurement: a producer that commits outbox messages at an
+//! offered rate, and receivers that note when each one shows up.
+//!
+//! Producer and receivers share one process and one monotonic clock, so a
+//! latency is a difference of two readings of the same clock: no skew.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::{doc, oid::ObjectId, Document};
+use futures::StreamExt;
+use mongodb::{Client, Collection, Database};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+use crate::writer::{NewMessage, Outbox};
+
+/// When things happened, by message id.
+#[derive(Debug, Clone, Default)]
+pub struct Clock(Arc<Mutex<HashMap<ObjectId, Instant>>>);
+
+impl Clock {
+    fn note(&self, id: ObjectId, at: Instant) {
+        if let Ok(mut times) = self.0.lock() {
+            times.entry(id).or_insert(at);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().map(|t| t.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn snapshot(&self) -> HashMap<ObjectId, Instant> {
+        self.0.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+}
+
+/// Latencies from `started` to `arrived`, for ids in both, sorted.
+pub fn latencies(started: &Clock, arrived: &Clock) -> Vec<Duration> {
+    let arrived = arrived.snapshot();
+    let mut out: Vec<Duration> = started
+        .snapshot()
+        .into_iter()
+        .filter_map(|(id, t0)| arrived.get(&id).map(|t1| t1.saturating_duration_since(t0)))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Writes one order and its outbox message per transaction, paced at
+/// `rate` per second (`None`: as fast as `workers` writers go), until
+/// `count` are committed. Notes each commit's start in `started`.
+pub async fn produce(
+    client: &Client,
+    database: &Database,
+    collection: &str,
+    count: usize,
+    rate: Option<u32>,
+    started: &Clock,
+    progress: &indicatif::ProgressBar,
+) -> Result<Duration> {
+    let workers = 8;
+    let (tickets, queue) = async_channel::bounded::<usize>(workers * 4);
+    let began = Instant::now();
+    let mut writers = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        let (client, queue, started, progress) = (
+            client.clone(),
+            queue.clone(),
+            started.clone(),
+            progress.clone(),
+        );
+        let outbox = Outbox::with_collection(database, collection);
+        let orders = database.collection::<Document>("orders");
+        writers.push(tokio::spawn(async move {
+            while let Ok(n) = queue.recv().await {
+                write_order(&client, &outbox, &orders, n, &started).await?;
+                progress.inc(1);
+            }
+            Ok::<(), Error>(())
+        }));
+    }
+    let mut pace = rate.map(|r| tokio::time::interval(Duration::from_secs(1) / r.max(1)));
+    for n in 0..count {
+        if let Some(pace) = pace.as_mut() {
+            pace.tick().await;
+        }
+        if tickets.send(n).await.is_err() {
+            break;
+        }
+    }
+    drop(tickets);
+    for writer in writers {
+        writer
+            .await
+            .map_err(|e| Error::Config(format!("a benchmark writer stopped: {e}")))??;
+    }
+    Ok(began.elapsed())
+}
+
+async fn write_order(
+    client: &Client,
+    outbox: &Outbox,
+    orders: &Collection<Document>,
+    n: usize,
+    started: &Clock,
+) -> Result<()> {
+    let failed = |e| Error::mongo("benchmark write failed", e);
+    let mut session = client.start_session().await.map_err(failed)?;
+    session.start_transaction().await.map_err(failed)?;
+    orders
+        .insert_one(doc! { "n": n as i64, "total": 4200 })
+        .session(&mut session)
+        .await
+        .map_err(failed)?;
+    let message = NewMessage::serialized("order.placed", &doc! { "n": n as i64 })?;
+    let id = outbox.add(&mut session, message).await?;
+    started.note(id, Instant::now());
+    session.commit_transaction().await.map_err(failed)?;
+    Ok(())
+}
+
+/// Notes when each message arrives on NATS under `prefix`.
+pub async fn subscribe(
+    nats: &async_nats::Client,
+    prefix: &str,
+    arrived: Clock,
+    stop: CancellationToken,
+) -> Result<()> {
+    let mut subscriber = nats
+        .subscribe(format!("{prefix}.>"))
+        .await
+        .map_err(|e| Error::nats("benchmark subscription failed", e))?;
+    nats.flush()
+        .await
+        .map_err(|e| Error::nats("benchmark subscription failed", e))?;
+    tokio::spawn(async move {
+        loop {
+            let message = tokio::select! {
+                _ = stop.cancelled() => return,
+                message = subscriber.next() => message,
+            };
+            let Some(message) = message else { return };
+            let at = Instant::now();
+            let id = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Nats-Msg-Id"))
+                .and_then(|v| ObjectId::parse_str(v.as_str()).ok());
+            if let Some(id) = id {
+                arrived.note(id, at);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The floor: a bare change stream on the collection, noting when each
+/// insert event arrives. No NATS, no marking: what the database itself takes.
+pub async fn watch_inserts(
+    outbox: Collection<Document>,
+    arrived: Clock,
+    stop: CancellationToken,
+) -> Result<()> {
+    let mut stream = outbox
+        .watch()
+        .pipeline([doc! { "$match": { "operationType": "insert" } }])
+        .max_await_time(Duration::from_millis(100))
+        .await
+        .map_err(|e| Error::mongo("benchmark change stream failed", e))?;
+    tokio::spawn(async move {
+        loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => return,
+                event = stream.next() => event,
+            };
+            let at = Instant::now();
+            match event {
+                Some(Ok(event)) => {
+                    if let Some(id) = event
+                        .document_key
+                        .as_ref()
+                        .and_then(|k| k.get_object_id("_id").ok())
+                    {
+                        arrived.note(id, at);
+                    }
+                }
+                _ => return,
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Waits until `arrived` holds `expected` ids, or `limit` passes.
+pub async fn wait_for(arrived: &Clock, expected: usize, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while arrived.len() < expected {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}

@@ -1,0 +1,452 @@
+//! The delivery-latency benchmark (`outbox-relay bench`, `cargo bench`,
+//! `scripts/bench.sh`).
+//!
+//! It measures, on one server under one load, how long a committed outbox
+//! message takes to reach a NATS subscriber with the relay in push mode,
+//! with the relay polling (the way polling outboxes work), and the floor:
+//! a bare change stream that sees the same inserts with no NATS and no
+//! marking. It also times the drain of a backlog written while the relay
+//! was stopped, against the rate at which the same server bulk-updates the
+//! same documents, the physical limit when each message needs one write.
+//!
+//! Everything runs in a database of its own, which is dropped afterwards.
+
+pub mod load;
+mod process;
+mod report;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bson::{doc, oid::ObjectId, DateTime, Document};
+use mongodb::Database;
+use serde::Serialize;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::redact_uri;
+use crate::error::{Error, Result};
+use crate::publish::{connect_nats, StreamSetup};
+use load::Clock;
+use process::{RelayProcess, Usage};
+
+pub use report::{print_table, write_json, write_plot};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    pub mongodb_uri: String,
+    pub nats_url: String,
+    /// The `outbox-relay` binary to run as the relay under test.
+    pub relay_binary: PathBuf,
+    /// Offered rates, in messages a second; `None` is as fast as it goes.
+    pub rates: Vec<Option<u32>>,
+    /// Messages per run.
+    pub count: usize,
+    /// Poll intervals to compare push against.
+    pub poll_intervals: Vec<Duration>,
+    /// Messages in the backlog drain (0: skip it).
+    pub backlog: usize,
+    /// Where the JSON, the plot and the relay logs go.
+    pub output: PathBuf,
+    /// A description of the MongoDB server, for the record.
+    pub server: String,
+}
+
+/// How a run delivers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode {
+    /// A bare change stream: what the database itself takes.
+    Floor,
+    /// The relay tailing the change stream.
+    Push,
+    /// The relay sweeping every interval.
+    Poll(Duration),
+}
+
+impl Mode {
+    pub fn label(&self) -> String {
+        match self {
+            Mode::Floor => "floor (change stream)".into(),
+            Mode::Push => "push".into(),
+            Mode::Poll(every) => format!("poll {}", humantime::format_duration(*every)),
+        }
+    }
+
+    fn slug(&self) -> String {
+        match self {
+            Mode::Floor => "floor".into(),
+            Mode::Push => "push".into(),
+            Mode::Poll(every) => format!("poll{}ms", every.as_millis()),
+        }
+    }
+}
+
+/// One mode at one offered rate.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    pub mode: String,
+    pub offered_rate: Option<u32>,
+    pub messages: usize,
+    pub received: usize,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+    /// Messages committed a second.
+    pub achieved_rate: f64,
+    pub relay: Option<Usage>,
+    #[serde(skip)]
+    pub latencies: Vec<Duration>,
+}
+
+/// The backlog drain against the server's bulk-update rate.
+#[derive(Debug, Clone, Serialize)]
+pub struct Drain {
+    pub messages: usize,
+    pub seconds: f64,
+    pub rate: f64,
+    pub bulk_update_seconds: f64,
+    pub bulk_update_rate: f64,
+    /// Drain rate as a share of the bulk-update rate.
+    pub share_of_limit: f64,
+    pub relay: Usage,
+}
+
+/// Everything a benchmark measured, with what it was run with.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub version: &'static str,
+    pub server: String,
+    pub mongodb_uri: String,
+    pub nats_url: String,
+    pub count: usize,
+    pub rates: Vec<Option<u32>>,
+    pub started_at: String,
+    pub runs: Vec<RunResult>,
+    pub drain: Option<Drain>,
+}
+
+/// A description of the server at `uri` for the record: its buildInfo version.
+pub async fn describe_server(uri: &str) -> String {
+    let Ok(client) = crate::relay::connect_mongodb(uri).await else {
+        return "unknown server".into();
+    };
+    let info = client
+        .database("admin")
+        .run_command(doc! { "buildInfo": 1 })
+        .await;
+    match info {
+        Ok(info) => format!(
+            "MongoDB-compatible server {}",
+            info.get_str("version").unwrap_or("?")
+        ),
+        Err(_) => "unknown server".into(),
+    }
+}
+
+/// Runs the benchmark.
+pub async fn run(config: &BenchConfig) -> Result<Report> {
+    std::fs::create_dir_all(&config.output)
+        .map_err(|e| Error::Config(format!("cannot create {}: {e}", config.output.display())))?;
+    let client = crate::relay::connect_mongodb(&config.mongodb_uri).await?;
+    let nats = connect_nats(&config.nats_url, Duration::from_secs(5)).await?;
+    let bench = Bench {
+        config,
+        database: client.database(&format!("outbox_bench_{}", ObjectId::new().to_hex())),
+        client,
+        nats,
+    };
+    let mut report = Report {
+        version: env!("CARGO_PKG_VERSION"),
+        server: config.server.clone(),
+        mongodb_uri: redact_uri(&config.mongodb_uri),
+        nats_url: redact_uri(&config.nats_url),
+        count: config.count,
+        rates: config.rates.clone(),
+        started_at: DateTime::now().try_to_rfc3339_string().unwrap_or_default(),
+        runs: Vec::new(),
+        drain: None,
+    };
+    let outcome = bench.all(&mut report).await;
+    bench.clean_up().await;
+    outcome.map(|()| report)
+}
+
+struct Bench<'a> {
+    config: &'a BenchConfig,
+    client: mongodb::Client,
+    database: Database,
+    nats: async_nats::Client,
+}
+
+impl Bench<'_> {
+    async fn all(&self, report: &mut Report) -> Result<()> {
+        let mut modes = vec![Mode::Floor, Mode::Push];
+        modes.extend(
+            self.config
+                .poll_intervals
+                .iter()
+                .map(|&every| Mode::Poll(every)),
+        );
+        for &rate in &self.config.rates {
+            for &mode in &modes {
+                report.runs.push(self.run_one(mode, rate).await?);
+            }
+        }
+        if self.config.backlog > 0 {
+            report.drain = Some(self.drain().await?);
+        }
+        Ok(())
+    }
+
+    /// The subject prefix and collection of one run.
+    fn names(&self, tag: &str) -> (String, String) {
+        (
+            format!("{}_{tag}", self.database.name()),
+            format!("outbox_{tag}"),
+        )
+    }
+
+    async fn stream_for(&self, prefix: &str) -> Result<()> {
+        StreamSetup::for_prefix(prefix.to_uppercase(), prefix)
+            .ensure(&self.nats)
+            .await
+            .map(drop)
+    }
+
+    fn start_relay(
+        &self,
+        tag: &str,
+        collection: &str,
+        prefix: &str,
+        mode: Mode,
+    ) -> Result<RelayProcess> {
+        let mut args: Vec<String> = [
+            "--mongodb-uri",
+            &self.config.mongodb_uri,
+            "--database",
+            self.database.name(),
+            "--collection",
+            collection,
+            "--nats-url",
+            &self.config.nats_url,
+            "--subject-prefix",
+            prefix,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if let Mode::Poll(every) = mode {
+            args.extend(["--mode".into(), "poll".into(), "--poll-interval".into()]);
+            args.push(format!("{}ms", every.as_millis()));
+        }
+        RelayProcess::start(
+            &self.config.relay_binary,
+            &args,
+            &self.config.output.join(format!("relay-{tag}.log")),
+        )
+    }
+
+    async fn run_one(&self, mode: Mode, rate: Option<u32>) -> Result<RunResult> {
+        let rate_tag = rate.map_or("max".to_owned(), |r| r.to_string());
+        let tag = format!("{}_{rate_tag}", mode.slug());
+        let (prefix, collection) = self.names(&tag);
+        let (started, arrived, stop) =
+            (Clock::default(), Clock::default(), CancellationToken::new());
+        let _stop_receivers = stop.clone().drop_guard();
+        let relay = match mode {
+            Mode::Floor => {
+                load::watch_inserts(
+                    self.database.collection(&collection),
+                    arrived.clone(),
+                    stop.clone(),
+                )
+                .await?;
+                None
+            }
+            Mode::Push | Mode::Poll(_) => {
+                self.stream_for(&prefix).await?;
+                load::subscribe(&self.nats, &prefix, arrived.clone(), stop.clone()).await?;
+                Some(self.start_relay(&tag, &collection, &prefix, mode)?)
+            }
+        };
+        // One message first, so the run starts with the relay ready.
+        let hidden = indicatif::ProgressBar::hidden();
+        load::produce(
+            &self.client,
+            &self.database,
+            &collection,
+            1,
+            None,
+            &Clock::default(),
+            &hidden,
+        )
+        .await?;
+        let ready_within = Duration::from_secs(60);
+        if !load::wait_for(&arrived, 1, ready_within).await {
+            return Err(Error::Config(format!(
+                "{}: the first message did not arrive within {ready_within:?}; see the relay log in {}",
+                mode.label(),
+                self.config.output.display()
+            )));
+        }
+        let progress = report::progress(
+            self.config.count,
+            &format!("{} at {rate_tag}/s", mode.label()),
+        );
+        let took = load::produce(
+            &self.client,
+            &self.database,
+            &collection,
+            self.config.count,
+            rate,
+            &started,
+            &progress,
+        )
+        .await?;
+        progress.finish_and_clear();
+        let limit = Duration::from_secs(60) + mode_wait(mode);
+        load::wait_for(&arrived, self.config.count + 1, limit).await;
+        let usage = relay.as_ref().map(RelayProcess::usage);
+        if let Some(relay) = relay {
+            relay.stop(Duration::from_secs(15)).await;
+        }
+        let latencies = load::latencies(&started, &arrived);
+        Ok(RunResult {
+            mode: mode.label(),
+            offered_rate: rate,
+            messages: self.config.count,
+            received: latencies.len(),
+            p50_ms: percentile(&latencies, 0.50),
+            p90_ms: percentile(&latencies, 0.90),
+            p99_ms: percentile(&latencies, 0.99),
+            p999_ms: percentile(&latencies, 0.999),
+            max_ms: percentile(&latencies, 1.0),
+            achieved_rate: self.config.count as f64 / took.as_secs_f64().max(1e-9),
+            relay: usage,
+            latencies,
+        })
+    }
+
+    /// A backlog written with the relay stopped, then drained; and the
+    /// server's own rate for updating the same documents in bulk.
+    async fn drain(&self) -> Result<Drain> {
+        let n = self.config.backlog;
+        let (prefix, collection) = self.names("drain");
+        self.stream_for(&prefix).await?;
+        let outbox = self.database.collection::<Document>(&collection);
+        self.insert_backlog(&outbox, n).await?;
+        let relay = self.start_relay("drain", &collection, &prefix, Mode::Push)?;
+        let began = Instant::now();
+        let progress = report::progress(n, "backlog drain");
+        loop {
+            let done = outbox
+                .count_documents(doc! { "status": "processed" })
+                .await
+                .map_err(|e| Error::mongo("counting drained messages failed", e))?;
+            progress.set_position(done);
+            if done as usize >= n {
+                break;
+            }
+            if began.elapsed() > Duration::from_secs(3600) {
+                return Err(Error::Config(
+                    "the backlog did not drain within an hour".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let seconds = began.elapsed().as_secs_f64();
+        progress.finish_and_clear();
+        let usage = relay.usage();
+        relay.stop(Duration::from_secs(15)).await;
+
+        let bulk = self.database.collection::<Document>("outbox_bulk");
+        self.insert_backlog(&bulk, n).await?;
+        let began = Instant::now();
+        bulk.update_many(
+            doc! { "status": "pending" },
+            doc! { "$set": { "status": "processed", "processedAt": DateTime::now() } },
+        )
+        .await
+        .map_err(|e| Error::mongo("bulk update failed", e))?;
+        let bulk_update_seconds = began.elapsed().as_secs_f64();
+        let rate = n as f64 / seconds;
+        let bulk_update_rate = n as f64 / bulk_update_seconds;
+        Ok(Drain {
+            messages: n,
+            seconds,
+            rate,
+            bulk_update_seconds,
+            bulk_update_rate,
+            share_of_limit: rate / bulk_update_rate,
+            relay: usage,
+        })
+    }
+
+    async fn insert_backlog(&self, outbox: &mongodb::Collection<Document>, n: usize) -> Result<()> {
+        let progress = report::progress(n, "writing the backlog");
+        for start in (0..n).step_by(1000) {
+            let batch = (start..n.min(start + 1000)).map(|i| {
+                doc! { "_id": ObjectId::new(), "type": "order.placed", "payload": { "n": i as i64 }, "status": "pending" }
+            });
+            outbox
+                .insert_many(batch)
+                .await
+                .map_err(|e| Error::mongo("writing the backlog failed", e))?;
+            progress.set_position(n.min(start + 1000) as u64);
+        }
+        progress.finish_and_clear();
+        Ok(())
+    }
+
+    async fn clean_up(&self) {
+        if let Err(error) = self.database.drop().await {
+            tracing::warn!(%error, "could not drop the benchmark database");
+        }
+        let jetstream = async_nats::jetstream::new(self.nats.clone());
+        let prefix = self.database.name().to_uppercase();
+        let mut names = jetstream.stream_names();
+        let mut ours = Vec::new();
+        while let Some(Ok(name)) = futures::StreamExt::next(&mut names).await {
+            if name.starts_with(&prefix) {
+                ours.push(name);
+            }
+        }
+        for name in ours {
+            let _ = jetstream.delete_stream(&name).await;
+        }
+    }
+}
+
+/// How long a mode may take beyond the load itself.
+fn mode_wait(mode: Mode) -> Duration {
+    match mode {
+        Mode::Poll(every) => every * 3,
+        _ => Duration::ZERO,
+    }
+}
+
+/// The nearest-rank percentile, in milliseconds.
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1].as_secs_f64() * 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let sorted: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&sorted, 0.5), 50.0);
+        assert_eq!(percentile(&sorted, 0.99), 99.0);
+        assert_eq!(percentile(&sorted, 1.0), 100.0);
+        assert!(percentile(&[], 0.5).is_nan());
+    }
+}

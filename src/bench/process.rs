@@ -1,0 +1,94 @@
+//! The relay under test, as a process of its own, so its CPU time and
+//! memory are its own and can be read from `/proc`.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+
+/// A relay process started for one benchmark run.
+pub struct RelayProcess {
+    child: Child,
+}
+
+/// What the relay process used.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Usage {
+    /// User plus system CPU time, in seconds.
+    pub cpu_seconds: f64,
+    /// Peak resident set size, in MiB.
+    pub peak_rss_mib: f64,
+}
+
+impl RelayProcess {
+    /// Starts `binary run` with these flags; its log goes to `log`.
+    pub fn start(binary: &Path, args: &[String], log: &Path) -> Result<Self> {
+        let file = std::fs::File::create(log)
+            .map_err(|e| Error::Config(format!("cannot write {}: {e}", log.display())))?;
+        let child = Command::new(binary)
+            .arg("run")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .spawn()
+            .map_err(|e| Error::Config(format!("cannot start {}: {e}", binary.display())))?;
+        Ok(RelayProcess { child })
+    }
+
+    /// CPU time and peak memory so far (Linux `/proc`; zero elsewhere).
+    pub fn usage(&self) -> Usage {
+        let pid = self.child.id();
+        let ticks_per_second = 100.0; // USER_HZ on Linux
+        let cpu_seconds = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                // Fields after the command name, which is in parentheses.
+                let rest = stat.rsplit_once(')')?.1;
+                let fields: Vec<&str> = rest.split_whitespace().collect();
+                let user: f64 = fields.get(11)?.parse().ok()?;
+                let system: f64 = fields.get(12)?.parse().ok()?;
+                Some((user + system) / ticks_per_second)
+            })
+            .unwrap_or(0.0);
+        let peak_rss_mib = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|status| {
+                let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+                let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+                Some(kib / 1024.0)
+            })
+            .unwrap_or(0.0);
+        Usage {
+            cpu_seconds,
+            peak_rss_mib,
+        }
+    }
+
+    /// Stops it with SIGTERM, waiting up to `limit` before killing it.
+    pub async fn stop(mut self, limit: Duration) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Showing results: a progress bar while running, then a table, a JSON
+//! file, and a latency CDF plot (SVG).
+
+use std::io::IsTerminal;
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use super::{Report, RunResult};
+use crate::error::{Error, Result};
+
+/// A progress bar on a terminal; nothing otherwise.
+pub(crate) fn progress(total: usize, label: &str) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total as u64);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{msg:>28} [{bar:40}] {pos}/{len} {per_sec}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(label.to_owned());
+    bar
+}
+
+/// Prints the results as a table.
+pub fn print_table(report: &Report) {
+    println!(
+        "{:<22} {:>7} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "mode",
+        "offered",
+        "received",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "max ms",
+        "achieved",
+        "cpu s",
+        "rss MiB"
+    );
+    for run in &report.runs {
+        let usage = run.relay.unwrap_or_default();
+        let shown = |value: f64| {
+            if run.relay.is_some() {
+                format!("{value:.2}")
+            } else {
+                "-".into()
+            }
+        };
+        println!(
+            "{:<22} {:>7} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.0} {:>8} {:>8}",
+            run.mode,
+            run.offered_rate.map_or("max".into(), |r| r.to_string()),
+            format!("{}/{}", run.received, run.messages),
+            run.p50_ms,
+            run.p90_ms,
+            run.p99_ms,
+            run.p999_ms,
+            run.max_ms,
+            run.achieved_rate,
+            shown(usage.cpu_seconds),
+            shown(usage.peak_rss_mib),
+        );
+    }
+    if let Some(drain) = &report.drain {
+        println!(
+            "backlog drain: {} messages in {:.2} s = {:.0}/s; the server bulk-updates the same \
+             documents at {:.0}/s; drain at {:.0}% of that (relay cpu {:.2} s, peak rss {:.1} MiB)",
+            drain.messages,
+            drain.seconds,
+            drain.rate,
+            drain.bulk_update_rate,
+            drain.share_of_limit * 100.0,
+            drain.relay.cpu_seconds,
+            drain.relay.peak_rss_mib,
+        );
+    }
+}
+
+/// Writes the report as JSON.
+pub fn write_json(report: &Report, path: &Path) -> Result<()> {
+    let json = serde_json::to_string_pretty(report)
+        .map_err(|e| Error::Config(format!("cannot encode the report: {e}")))?;
+    std::fs::write(path, json)
+        .map_err(|e| Error::Config(format!("cannot write {}: {e}", path.display())))
+}
+
+/// Plots the latency CDF of each run at `rate` on one chart (log-scale
+/// latency), as SVG.
+pub fn write_plot(report: &Report, rate: Option<u32>, path: &Path) -> Result<()> {
+    let runs: Vec<&RunResult> = report
+        .runs
+        .iter()
+        .filter(|r| r.offered_rate == rate && !r.latencies.is_empty())
+        .collect();
+    let failed =
+        |e: &dyn std::fmt::Display| Error::Config(format!("cannot draw {}: {e}", path.display()));
+    let max_ms = runs.iter().map(|r| r.max_ms).fold(1.0_f64, f64::max);
+    let min_ms = runs
+        .iter()
+        .filter_map(|r| r.latencies.first())
+        .map(|d| d.as_secs_f64() * 1e3)
+        .fold(max_ms, f64::min)
+        .max(0.01);
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed(&e))?;
+    let title = format!(
+        "commit-to-receipt latency, {} msg/s offered ({})",
+        rate.map_or("max".into(), |r| r.to_string()),
+        report.server
+    );
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d((min_ms * 0.8..max_ms * 1.2).log_scale(), 0.0..1.0)
+        .map_err(|e| failed(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("latency (ms, log scale)")
+        .y_desc("fraction delivered")
+        .draw()
+        .map_err(|e| failed(&e))?;
+    let colors = [RED, BLUE, GREEN, MAGENTA, CYAN, BLACK];
+    for (run, color) in runs.iter().zip(colors.iter().cycle()) {
+        let n = run.latencies.len() as f64;
+        let points = run
+            .latencies
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (d.as_secs_f64() * 1e3, (i + 1) as f64 / n));
+        let color = *color;
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .map_err(|e| failed(&e))?
+            .label(run.mode.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()
+        .map_err(|e| failed(&e))?;
+    root.present().map_err(|e| failed(&e))
+}
