@@ -15,13 +15,18 @@ use outbox_relay::bench::{self, BenchConfig};
 #[tokio::main]
 async fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let env = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
+    let env =
+        |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
     let output = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-latency");
     let config = BenchConfig {
         mongodb_uri: env("MONGODB_URI", "mongodb://127.0.0.1:27017"),
         nats_url: env("NATS_URL", "nats://127.0.0.1:4222"),
         relay_binary: PathBuf::from(env!("CARGO_BIN_EXE_outbox-relay")),
-        rates: if full { vec![Some(100), Some(1000)] } else { vec![Some(50)] },
+        rates: if full {
+            vec![Some(100), Some(1000)]
+        } else {
+            vec![Some(50)]
+        },
         count: if full { 2000 } else { 20 },
         poll_intervals: vec![Duration::from_millis(100)],
         backlog: if full { 10_000 } else { 50 },
@@ -46,8 +51,13 @@ async fn main() {
         eprintln!("benchmark runs lost messages: {incomplete:?}");
         std::process::exit(1);
     }
-    let written = bench::write_json(&report, &output.join("bench.json"))
-        .and_then(|()| bench::write_plot(&report, config.rates.last().copied().flatten(), &output.join("latency-cdf.svg")));
+    let written = bench::write_json(&report, &output.join("bench.json")).and_then(|()| {
+        bench::write_plot(
+            &report,
+            config.rates.last().copied().flatten(),
+            &output.join("latency-cdf.svg"),
+        )
+    });
     if let Err(error) = written {
         eprintln!("{error}");
         std::process::exit(1);
