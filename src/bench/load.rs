@@ -171,7 +171,7 @@ pub async fn watch_inserts(
     let mut stream = outbox
         .watch()
         .pipeline([doc! { "$match": { "operationType": "insert" } }])
-        .max_await_time(Duration::from_millis(100))
+        .max_await_time(super::MAX_AWAIT_TIME)
         .await
         .map_err(|e| Error::mongo("benchmark change stream failed", e))?;
     tokio::spawn(async move {

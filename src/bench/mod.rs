@@ -32,6 +32,12 @@ use process::{RelayProcess, Usage};
 
 pub use report::{print_table, write_json, write_plot};
 
+/// How long an idle change-stream read waits, for the floor watcher and
+/// the relay alike, so both tail with the same settings. (MongoDB answers
+/// an awaiting read as soon as a change commits; some compatible servers
+/// poll at a grain that grows with this setting.)
+pub const MAX_AWAIT_TIME: Duration = Duration::from_millis(100);
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
@@ -234,6 +240,8 @@ impl Bench<'_> {
             &self.config.nats_url,
             "--subject-prefix",
             prefix,
+            "--max-await-time",
+            &format!("{}ms", MAX_AWAIT_TIME.as_millis()),
         ]
         .iter()
         .map(|s| s.to_string())
