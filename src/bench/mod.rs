@@ -59,7 +59,7 @@ pub struct BenchConfig {
     pub server: String,
 }
 
-/// How a run delivers.
+/// How a run delivers (the floor is measured alongside push).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Mode {
     /// A bare change stream: what the database itself takes.
@@ -189,7 +189,7 @@ struct Bench<'a> {
 
 impl Bench<'_> {
     async fn all(&self, report: &mut Report) -> Result<()> {
-        let mut modes = vec![Mode::Floor, Mode::Push];
+        let mut modes = vec![Mode::Push];
         modes.extend(
             self.config
                 .poll_intervals
@@ -198,7 +198,7 @@ impl Bench<'_> {
         );
         for &rate in &self.config.rates {
             for &mode in &modes {
-                report.runs.push(self.run_one(mode, rate).await?);
+                report.runs.extend(self.run_one(mode, rate).await?);
             }
         }
         if self.config.backlog > 0 {
@@ -257,29 +257,27 @@ impl Bench<'_> {
         )
     }
 
-    async fn run_one(&self, mode: Mode, rate: Option<u32>) -> Result<RunResult> {
+    /// One run of the relay in `mode`. A push run also measures the floor:
+    /// a bare change stream on the very same inserts, under the same load.
+    async fn run_one(&self, mode: Mode, rate: Option<u32>) -> Result<Vec<RunResult>> {
         let rate_tag = rate.map_or("max".to_owned(), |r| r.to_string());
         let tag = format!("{}_{rate_tag}", mode.slug());
         let (prefix, collection) = self.names(&tag);
         let (started, arrived, stop) =
             (Clock::default(), Clock::default(), CancellationToken::new());
         let _stop_receivers = stop.clone().drop_guard();
-        let relay = match mode {
-            Mode::Floor => {
-                load::watch_inserts(
-                    self.database.collection(&collection),
-                    arrived.clone(),
-                    stop.clone(),
-                )
-                .await?;
-                None
-            }
-            Mode::Push | Mode::Poll(_) => {
-                self.stream_for(&prefix).await?;
-                load::subscribe(&self.nats, &prefix, arrived.clone(), stop.clone()).await?;
-                Some(self.start_relay(&tag, &collection, &prefix, mode)?)
-            }
-        };
+        let floor = (mode == Mode::Push).then(Clock::default);
+        if let Some(floor) = &floor {
+            load::watch_inserts(
+                self.database.collection(&collection),
+                floor.clone(),
+                stop.clone(),
+            )
+            .await?;
+        }
+        self.stream_for(&prefix).await?;
+        load::subscribe(&self.nats, &prefix, arrived.clone(), stop.clone()).await?;
+        let relay = self.start_relay(&tag, &collection, &prefix, mode)?;
         // One message first, so the run starts with the relay ready.
         let hidden = indicatif::ProgressBar::hidden();
         load::produce(
@@ -317,25 +315,32 @@ impl Bench<'_> {
         progress.finish_and_clear();
         let limit = Duration::from_secs(60) + mode_wait(mode);
         load::wait_for(&arrived, self.config.count + 1, limit).await;
-        let usage = relay.as_ref().map(RelayProcess::usage);
-        if let Some(relay) = relay {
-            relay.stop(Duration::from_secs(15)).await;
+        let usage = relay.usage();
+        relay.stop(Duration::from_secs(15)).await;
+        let achieved_rate = self.config.count as f64 / took.as_secs_f64().max(1e-9);
+        let result = |mode: Mode, arrived: &Clock, relay: Option<Usage>| {
+            let latencies = load::latencies(&started, arrived);
+            RunResult {
+                mode: mode.label(),
+                offered_rate: rate,
+                messages: self.config.count,
+                received: latencies.len(),
+                p50_ms: percentile(&latencies, 0.50),
+                p90_ms: percentile(&latencies, 0.90),
+                p99_ms: percentile(&latencies, 0.99),
+                p999_ms: percentile(&latencies, 0.999),
+                max_ms: percentile(&latencies, 1.0),
+                achieved_rate,
+                relay,
+                latencies,
+            }
+        };
+        let mut results = Vec::new();
+        if let Some(floor) = &floor {
+            results.push(result(Mode::Floor, floor, None));
         }
-        let latencies = load::latencies(&started, &arrived);
-        Ok(RunResult {
-            mode: mode.label(),
-            offered_rate: rate,
-            messages: self.config.count,
-            received: latencies.len(),
-            p50_ms: percentile(&latencies, 0.50),
-            p90_ms: percentile(&latencies, 0.90),
-            p99_ms: percentile(&latencies, 0.99),
-            p999_ms: percentile(&latencies, 0.999),
-            max_ms: percentile(&latencies, 1.0),
-            achieved_rate: self.config.count as f64 / took.as_secs_f64().max(1e-9),
-            relay: usage,
-            latencies,
-        })
+        results.push(result(mode, &arrived, Some(usage)));
+        Ok(results)
     }
 
     /// A backlog written with the relay stopped, then drained; and the
