@@ -104,7 +104,32 @@ pub async fn produce(
     Ok(began.elapsed())
 }
 
+/// One order and its message in a transaction, retried whole while the
+/// server calls the failure transient (a write conflict, a stepdown), as a
+/// MongoDB client must.
 async fn write_order(
+    client: &Client,
+    outbox: &Outbox,
+    orders: &Collection<Document>,
+    n: usize,
+    started: &Clock,
+) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match try_write_order(client, outbox, orders, n, started).await {
+            Err(Error::Mongo { source, .. })
+                if tries < 20
+                    && source.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR) =>
+            {
+                tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+async fn try_write_order(
     client: &Client,
     outbox: &Outbox,
     orders: &Collection<Document>,
