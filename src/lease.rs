@@ -6,16 +6,18 @@
 //! `{_id: "<db>.<collection>", owner, term, expiresAt, token, ...}`.
 //!
 //! - Expiry is judged on the database server's clock, never a relay host's:
-//!   `expiresAt` is assigned from `$$NOW + lease` by the server, and a
-//!   candidate compares it with the server's `hello.localTime`. Clock skew
-//!   between relay hosts therefore cannot make two leaders.
+//!   `expiresAt` is the server's `hello.localTime` plus the lease, and a
+//!   candidate compares it with the server's `hello.localTime` of its own.
+//!   Clock skew between relay hosts therefore cannot make two leaders. (Plain
+//!   update operators only, so servers without pipeline updates serve too.)
 //! - `term` grows by one with every new owner. The checkpoint is written
 //!   only under the writer's term, so a deposed leader cannot move the token
 //!   backwards.
 //! - A holder stops on its own before the server could let anyone else in:
-//!   its deadline is the local (monotonic) time just before the request that
-//!   set the expiry, plus the lease, minus a margin. The server set the
-//!   expiry after that request left, so the deadline always comes first.
+//!   its deadline is the local (monotonic) time just before it asked the
+//!   server for the time the expiry was counted from, plus the lease, minus
+//!   a margin. The server read its clock after that, so the deadline always
+//!   comes first.
 //! - A graceful stop releases the lease, so a standby takes over at once.
 
 use std::time::Duration;
@@ -28,6 +30,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::retry::Outage;
 
 const DUPLICATE_KEY: i32 = 11000;
 
@@ -99,10 +102,12 @@ impl Lease {
     /// holder's lease should have ended. `None` if `shutdown` fires first.
     pub async fn acquire(&self, shutdown: &CancellationToken) -> Option<Held> {
         let mut announced = false;
+        let mut outage = Outage::new("MongoDB lease");
         loop {
             let wait = match self.try_acquire().await {
                 Ok(Ok(held)) => return Some(held),
                 Ok(Err(remaining)) => {
+                    outage.recovered();
                     if !announced {
                         tracing::info!("standing by: another relay holds the lease");
                         announced = true;
@@ -110,7 +115,7 @@ impl Lease {
                     remaining.min(self.timing.standby_poll_interval)
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "could not read or take the lease; trying again");
+                    outage.failed(&error);
                     self.timing.standby_poll_interval
                 }
             };
@@ -124,8 +129,8 @@ impl Lease {
     /// Takes the lease if it is free or expired. `Ok(Err(remaining))` if
     /// another relay holds it, with the time its lease has left.
     pub async fn try_acquire(&self) -> Result<std::result::Result<Held, Duration>> {
-        let now = self.server_time().await?;
         let sent = Instant::now();
+        let now = self.server_time().await?;
         let taken = self
             .documents
             .find_one_and_update(
@@ -136,11 +141,10 @@ impl Lease {
                         { "expiresAt": { "$exists": false } },
                     ],
                 },
-                vec![doc! { "$set": {
-                    "owner": &self.owner,
-                    "term": { "$add": [{ "$ifNull": ["$term", 0] }, 1] },
-                    "expiresAt": { "$add": ["$$NOW", millis(self.timing.duration)] },
-                } }],
+                doc! {
+                    "$set": { "owner": &self.owner, "expiresAt": later(now, self.timing.duration) },
+                    "$inc": { "term": 1_i64 },
+                },
             )
             .upsert(true)
             .return_document(ReturnDocument::After)
@@ -168,13 +172,12 @@ impl Lease {
     /// Extends a held lease. `Ok(false)` if another relay has taken it.
     pub async fn renew(&self, held: &mut Held) -> Result<bool> {
         let sent = Instant::now();
+        let now = self.server_time().await?;
         let renewed = self
             .documents
             .update_one(
                 doc! { "_id": &self.id, "owner": &self.owner, "term": held.term.0 },
-                vec![doc! { "$set": {
-                    "expiresAt": { "$add": ["$$NOW", millis(self.timing.duration)] },
-                } }],
+                doc! { "$set": { "expiresAt": later(now, self.timing.duration) } },
             )
             .await
             .map_err(|e| Error::mongo("renewing the lease failed", e))?;
@@ -278,8 +281,9 @@ pub struct Held {
     pub deadline: Instant,
 }
 
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+fn later(time: DateTime, by: Duration) -> DateTime {
+    let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+    DateTime::from_millis(time.timestamp_millis().saturating_add(by))
 }
 
 fn is_duplicate_key(error: &mongodb::error::Error) -> bool {
