@@ -498,61 +498,61 @@ async fn relay_killed_repeatedly_under_load() {
     env.drop().await;
 }
 
-#[tokio::test]
-async fn nats_restarted_under_load() {
+/// Which server a restart scenario stops.
+#[derive(Clone, Copy)]
+enum Stopped {
+    Nats,
+    Mongo,
+}
+
+/// Stops a server for `outage` under load, starts it again (data kept), and
+/// checks that everything committed was delivered.
+async fn server_restarted_under_load(which: Stopped, outage: Duration, scenario: &str) {
     let _serial = ONE_AT_A_TIME.lock().await;
     let mut servers = Servers::start().await;
     let env = servers.env().await;
-    let nats = &mut servers.nats;
     let publishes = Publishes::watch(&env).await;
-    let mut relay = RelayProcess::start(&env, "nats");
+    let mut relay = RelayProcess::start(&env, scenario.split(' ').next().unwrap_or("restart"));
     let writer = Writer::start(&env);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    nats.stop();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    nats.restart().await;
+    match which {
+        Stopped::Nats => servers.nats.stop(),
+        Stopped::Mongo => servers.mongo.stop(),
+    }
+    tokio::time::sleep(outage).await;
+    match which {
+        Stopped::Nats => servers.nats.restart().await,
+        Stopped::Mongo => servers.mongo.restart().await,
+    }
     let resumed = publishes.wait_first_after(Instant::now()).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let aborted = writer.finish().await;
-    // The subscriber reconnects with the server; its count covers what it saw.
-    verify(
-        &env,
-        "nats-server stopped 3 s",
-        &publishes,
-        &aborted,
-        serde_json::json!({ "resumed_after_restart_ms": resumed.as_millis() as u64 }),
-    )
-    .await;
+    let figures = serde_json::json!({ "resumed_after_restart_ms": resumed.as_millis() as u64 });
+    verify(&env, scenario, &publishes, &aborted, figures).await;
     relay.terminate().await;
     env.drop().await;
 }
 
 #[tokio::test]
-async fn mongodb_restarted_under_load() {
-    let _serial = ONE_AT_A_TIME.lock().await;
-    let mut servers = Servers::start().await;
-    let env = servers.env().await;
-    let mongo = &mut servers.mongo;
-    let publishes = Publishes::watch(&env).await;
-    let mut relay = RelayProcess::start(&env, "mongo");
-    let writer = Writer::start(&env);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    mongo.stop();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    mongo.restart().await;
-    let resumed = publishes.wait_first_after(Instant::now()).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let aborted = writer.finish().await;
-    verify(
-        &env,
-        "mongodb stopped 2 s",
-        &publishes,
-        &aborted,
-        serde_json::json!({ "resumed_after_restart_ms": resumed.as_millis() as u64 }),
+async fn nats_restarted_under_load() {
+    // The counting subscriber is on the stopped server too, so it misses
+    // publishes around the outage; the stream check is what matters.
+    server_restarted_under_load(
+        Stopped::Nats,
+        Duration::from_secs(3),
+        "nats-server stopped 3 s",
     )
     .await;
-    relay.terminate().await;
-    env.drop().await;
+}
+
+#[tokio::test]
+async fn mongodb_restarted_under_load() {
+    server_restarted_under_load(
+        Stopped::Mongo,
+        Duration::from_secs(2),
+        "mongodb stopped 2 s",
+    )
+    .await;
 }
 
 /// The relay process that holds the lease, by the pid in its owner name;

@@ -111,15 +111,7 @@ async fn a_refused_message_is_retried_with_backoff_then_fails_with_its_last_erro
 async fn a_nats_outage_under_load_ends_with_everything_delivered_and_nothing_failed() {
     let env = TestEnv::new().await;
     let mut nats = NatsProcess::start().await;
-    let private = async_nats::connect(nats.url()).await.unwrap();
-    async_nats::jetstream::new(private)
-        .create_stream(async_nats::jetstream::stream::Config {
-            name: env.stream.clone(),
-            subjects: vec![format!("{}.>", env.prefix)],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    env.create_stream_on(&nats.url()).await;
     let mut config = env.config();
     config.nats_url = nats.url();
     config.ack_timeout = Duration::from_millis(500);
@@ -176,14 +168,7 @@ async fn a_subject_the_relay_may_not_publish_to_is_refused_not_an_outage() {
         Some("relay"),
     )
     .await;
-    async_nats::jetstream::new(common::connect_nats(&nats.url()).await.unwrap())
-        .create_stream(async_nats::jetstream::stream::Config {
-            name: env.stream.clone(),
-            subjects: vec![format!("{}.>", env.prefix)],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    env.create_stream_on(&nats.url()).await;
     let mut config = env.config();
     config.nats_url = nats.url();
     config.ack_timeout = Duration::from_millis(300);

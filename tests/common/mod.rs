@@ -163,6 +163,21 @@ impl TestEnv {
         .await;
     }
 
+    /// Creates this test's stream (its subjects) on another NATS server.
+    pub async fn create_stream_on(&self, nats_url: &str) {
+        let client = connect_nats(nats_url)
+            .await
+            .expect("connect to the other NATS");
+        jetstream::new(client)
+            .create_stream(jetstream::stream::Config {
+                name: self.stream.clone(),
+                subjects: vec![format!("{}.>", self.prefix)],
+                ..Default::default()
+            })
+            .await
+            .expect("create the test stream");
+    }
+
     /// A second handle on the same servers and names, for another task.
     pub fn clone_handles(&self) -> TestEnv {
         TestEnv {
