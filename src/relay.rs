@@ -116,13 +116,13 @@ impl Relay {
         let mut tasks = JoinSet::new();
         match config.mode {
             RelayMode::Push => {
-                let sweeper = self.sweeper(pipeline.clone(), config.grace_period);
+                let sweeper = self.sweeper(pipeline.clone());
                 tasks.spawn(sweeper.run(config.sweep_interval, shutdown.clone()));
                 self.lead_while_elected(&pipeline, &shutdown, &abandon)
                     .await;
             }
             RelayMode::Poll => {
-                let sweeper = self.sweeper(pipeline, Duration::ZERO);
+                let sweeper = self.sweeper(pipeline);
                 tasks.spawn(sweeper.run(config.poll_interval, shutdown.clone()));
             }
         }
@@ -224,11 +224,7 @@ impl Relay {
     /// Sweeps until nothing due is left, once (`outbox-relay sweep --once`).
     pub async fn sweep_once(&self) -> Result<Tally> {
         let never = CancellationToken::new();
-        let grace = match self.config.mode {
-            RelayMode::Push => self.config.grace_period,
-            RelayMode::Poll => Duration::ZERO,
-        };
-        self.sweeper(self.pipeline(never.clone(), never), grace)
+        self.sweeper(self.pipeline(never.clone(), never))
             .drain()
             .await
     }
@@ -255,9 +251,15 @@ impl Relay {
         }
     }
 
-    fn sweeper(&self, pipeline: Pipeline, grace_period: Duration) -> Sweeper {
+    /// A sweeper over `pipeline`. In push mode it leaves never-tried
+    /// messages younger than the grace period to the change stream; in poll
+    /// mode there is no stream to leave them to.
+    fn sweeper(&self, pipeline: Pipeline) -> Sweeper {
+        let grace_period = match self.config.mode {
+            RelayMode::Push => self.config.grace_period,
+            RelayMode::Poll => Duration::ZERO,
+        };
         Sweeper {
-            outbox: pipeline.outbox.clone(),
             rules: self.rules(),
             batch_size: self.config.batch_size,
             lock_timeout: self.config.lock_timeout,

@@ -24,7 +24,6 @@ use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use futures::TryStreamExt;
-use mongodb::Collection;
 use tokio_util::sync::CancellationToken;
 
 use crate::contract::{field, status, DecodeRules};
@@ -35,7 +34,6 @@ use crate::retry::Outage;
 /// Runs sweep passes over one outbox collection.
 #[derive(Clone)]
 pub struct Sweeper {
-    pub(crate) outbox: Collection<Document>,
     pub(crate) rules: DecodeRules,
     pub(crate) pipeline: Pipeline,
     pub(crate) batch_size: usize,
@@ -142,6 +140,7 @@ impl Sweeper {
         limit: usize,
     ) -> Result<Vec<Document>> {
         let candidates: Vec<Document> = self
+            .pipeline
             .outbox
             .find(filter.clone())
             .sort(sort)
@@ -164,6 +163,7 @@ impl Sweeper {
             doc! { "$not": { "$gte": before(now, self.lock_timeout) } },
         );
         let claimed = self
+            .pipeline
             .outbox
             .update_many(
                 filter,
@@ -185,6 +185,7 @@ impl Sweeper {
         claim: ObjectId,
     ) -> Result<Vec<Document>> {
         let ours: HashSet<ObjectId> = self
+            .pipeline
             .outbox
             .find(doc! { field::ID: { "$in": ids }, field::LOCK_ID: claim })
             .projection(doc! { field::ID: 1 })
@@ -208,7 +209,8 @@ impl Sweeper {
     /// Drops this claim from messages it did not complete (the broker was
     /// down at shutdown), so others need not wait for the lock timeout.
     async fn release(&self, claim: ObjectId) -> Result<()> {
-        self.outbox
+        self.pipeline
+            .outbox
             .update_many(
                 doc! { field::LOCK_ID: claim, field::STATUS: status::PENDING },
                 doc! { "$unset": { field::LOCK_ID: "", field::LOCKED_AT: "" } },
