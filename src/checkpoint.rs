@@ -1,7 +1,7 @@
 //! Where the change stream's resume token is kept between runs.
 //!
 //! One document per outbox collection in the checkpoint collection:
-//! `{_id: "<db>.<collection>", token, updatedAt}`, which also holds the
+//! `{_id: "<db>.<collection>", token, positionAt, updatedAt}`, which also holds the
 //! leader's lease (see `lease`). The completion stage writes a token only
 //! once every message before it is acknowledged and marked, so resuming from
 //! it can repeat work but never skip any. Writes are fenced by the lease
@@ -13,6 +13,9 @@ use mongodb::{Collection, Database};
 
 use crate::error::{Error, Result};
 use crate::lease::Term;
+
+/// The checkpoint field holding when the stored position was reached.
+pub const POSITION_AT: &str = "positionAt";
 
 /// Reads and writes the resume token of one outbox collection.
 #[derive(Debug, Clone)]
@@ -38,13 +41,17 @@ impl CheckpointStore {
         self
     }
 
-    /// The stored token, if any.
-    pub async fn load(&self) -> Result<Option<ResumeToken>> {
-        let found = self
-            .collection
+    /// The whole checkpoint document (token, position time, lease), if any.
+    pub async fn document(&self) -> Result<Option<Document>> {
+        self.collection
             .find_one(doc! { "_id": &self.id })
             .await
-            .map_err(|e| Error::mongo("reading the checkpoint failed", e))?;
+            .map_err(|e| Error::mongo("reading the checkpoint failed", e))
+    }
+
+    /// The stored token, if any.
+    pub async fn load(&self) -> Result<Option<ResumeToken>> {
+        let found = self.document().await?;
         let Some(token) = found.and_then(|d| d.get("token").cloned()) else {
             return Ok(None);
         };
@@ -57,11 +64,20 @@ impl CheckpointStore {
         })
     }
 
-    /// Stores a token. Returns false, writing nothing, if the store is
-    /// fenced and the lease has moved to another term.
-    pub async fn save(&self, token: &ResumeToken) -> mongodb::error::Result<bool> {
+    /// Stores a token reached at `at` (the commit time of its event, or
+    /// when the server reported the position). Returns false, writing
+    /// nothing, if the store is fenced and the lease has moved to another term.
+    pub async fn save(
+        &self,
+        token: &ResumeToken,
+        at: Option<DateTime>,
+    ) -> mongodb::error::Result<bool> {
         let token = bson::to_bson(token)?;
-        let update = doc! { "$set": { "token": token, "updatedAt": DateTime::now() } };
+        let mut fields = doc! { "token": token, "updatedAt": DateTime::now() };
+        if let Some(at) = at {
+            fields.insert(POSITION_AT, at);
+        }
+        let update = doc! { "$set": fields };
         let saved = match self.term {
             Some(term) => {
                 self.collection

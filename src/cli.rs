@@ -6,8 +6,10 @@
 
 use std::path::PathBuf;
 
+use bson::oid::ObjectId;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use outbox_relay::config::{parse_duration, FileConfig};
+use outbox_relay::admin::dlq::Selection;
+use outbox_relay::config::{parse_duration, parse_metrics_addr, FileConfig};
 use outbox_relay::{Error, NatsMode, RelayConfig, RelayMode, Result};
 
 #[derive(Debug, Parser)]
@@ -39,6 +41,103 @@ pub enum Command {
     Sweep(SweepArgs),
     /// Measure delivery latency: push against poll against the change-stream floor.
     Bench(BenchArgs),
+    /// Run the start-up checks alone; exit 0 if all pass, else the failed check's code.
+    Check(RunArgs),
+    /// Show the outbox: counts, oldest pending, failures by type, leader, lag, oplog.
+    Status(StatusArgs),
+    /// List, replay or discard failed messages (the dead letters).
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+}
+
+/// `outbox-relay status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub settings: RunArgs,
+}
+
+/// `outbox-relay dlq ...`.
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// List the newest failed messages.
+    List {
+        /// Only messages of this type.
+        #[arg(long = "type")]
+        message_type: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        settings: RunArgs,
+    },
+    /// Put failed messages back to pending, attempts reset, last error kept in errorHistory.
+    Replay {
+        #[command(flatten)]
+        selection: SelectionArgs,
+        /// Show how many would be replayed, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        settings: RunArgs,
+    },
+    /// Delete failed messages (asks first unless --yes).
+    Discard {
+        #[command(flatten)]
+        selection: SelectionArgs,
+        /// Show how many would be deleted, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        settings: RunArgs,
+    },
+}
+
+/// Which failed messages a dlq command acts on: exactly one of these.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct SelectionArgs {
+    /// The message with this _id (repeatable).
+    #[arg(long = "id")]
+    pub ids: Vec<String>,
+    /// Every failed message of this type.
+    #[arg(long = "type")]
+    pub message_type: Option<String>,
+    /// Every failed message.
+    #[arg(long)]
+    pub all: bool,
+}
+
+impl SelectionArgs {
+    /// The checked selection.
+    pub fn resolve(self) -> Result<Selection> {
+        if self.all {
+            return Ok(Selection::All);
+        }
+        if let Some(message_type) = self.message_type {
+            return Ok(Selection::Type(message_type));
+        }
+        self.ids
+            .iter()
+            .map(|id| {
+                ObjectId::parse_str(id.trim()).map_err(|_| {
+                    Error::Config(format!(
+                        "--id {id:?} is not an ObjectId (24 hexadecimal digits, as dlq list shows)"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Selection::Ids)
+    }
 }
 
 /// `outbox-relay bench`.
@@ -233,7 +332,19 @@ pub struct RunArgs {
     /// How often a standby checks whether the lease is free [default: 500ms].
     #[arg(long, env = "OUTBOX_STANDBY_POLL_INTERVAL")]
     pub standby_poll_interval: Option<String>,
+    /// Address serving /metrics, /healthz and /readyz, or "off" [default: 127.0.0.1:9464].
+    #[arg(long, env = "OUTBOX_METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
+    /// How often pending and failed depths and the oplog's headroom are read [default: 10s].
+    #[arg(long, env = "OUTBOX_COLLECT_INTERVAL")]
+    pub collect_interval: Option<String>,
+    /// Warn when the oplog holds less history than this before the stored position [default: 1h].
+    #[arg(long, env = "OUTBOX_OPLOG_HEADROOM_WARNING")]
+    pub oplog_headroom_warning: Option<String>,
 }
+
+/// The metrics address the command line serves when none is given.
+const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
 
 impl RunArgs {
     /// Combines flags, the config file and defaults into a checked configuration.
@@ -283,6 +394,12 @@ impl RunArgs {
             &mut config.retry.max_attempts,
             self.max_attempts.or(file.max_attempts),
         );
+        config.metrics_addr = parse_metrics_addr(
+            &self
+                .metrics_addr
+                .or(file.metrics_addr)
+                .unwrap_or_else(|| DEFAULT_METRICS_ADDR.to_owned()),
+        )?;
         if let Some(retention) = self.retention.or(file.retention) {
             config.retention = Some(parse_duration("retention", &retention)?);
         }
@@ -357,6 +474,16 @@ impl RunArgs {
                 "standby-poll-interval",
                 &mut config.lease.standby_poll_interval,
                 self.standby_poll_interval.or(file.standby_poll_interval),
+            ),
+            (
+                "collect-interval",
+                &mut config.collect_interval,
+                self.collect_interval.or(file.collect_interval),
+            ),
+            (
+                "oplog-headroom-warning",
+                &mut config.oplog_headroom_warning,
+                self.oplog_headroom_warning.or(file.oplog_headroom_warning),
             ),
         ];
         for (name, target, value) in durations {

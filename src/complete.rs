@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::CheckpointStore;
 use crate::config::RetryPolicy;
 use crate::contract::{field, status};
+use crate::observe::{FailureKind, Metrics};
 use crate::pipeline::{Finished, Tally, Verdict};
 use crate::retry::until_ok;
 
@@ -38,7 +39,11 @@ pub(crate) struct CompletionStage {
     /// Fires when the relay stops waiting for MongoDB (the end of a graceful
     /// stop's grace time). Until then, writes are retried.
     pub abandon: CancellationToken,
+    pub metrics: Metrics,
 }
+
+/// A stream position waiting to be written, with the time it was reached.
+type Position = (ResumeToken, Option<DateTime>);
 
 /// What became of a refused message.
 enum Retry {
@@ -52,7 +57,7 @@ impl CompletionStage {
     /// Records verdicts until the input closes; returns what it recorded.
     pub async fn run(self, mut input: mpsc::Receiver<Finished>) -> Tally {
         let mut tally = Tally::default();
-        let mut unsaved: Option<ResumeToken> = None;
+        let mut unsaved: Option<Position> = None;
         let mut saved_at = Instant::now();
         loop {
             let next_save = saved_at + self.checkpoint_interval;
@@ -78,8 +83,12 @@ impl CompletionStage {
                 Some(recorded) => tally += recorded,
                 None => return tally,
             }
-            if let Some(token) = batch.iter().rev().find_map(|f| f.work.token.clone()) {
-                unsaved = Some(token);
+            if let Some(position) = batch
+                .iter()
+                .rev()
+                .find_map(|f| Some((f.work.token.clone()?, f.work.at)))
+            {
+                unsaved = Some(position);
             }
             if saved_at.elapsed() >= self.checkpoint_interval {
                 if self.save(&mut unsaved).await.is_none() {
@@ -94,18 +103,19 @@ impl CompletionStage {
 
     /// Writes the newest recorded token, if one is not yet written.
     /// `None` if the relay gave up waiting for MongoDB.
-    async fn save(&self, unsaved: &mut Option<ResumeToken>) -> Option<()> {
-        let (Some(token), Some(checkpoints)) = (unsaved.take(), &self.checkpoints) else {
+    async fn save(&self, unsaved: &mut Option<Position>) -> Option<()> {
+        let (Some((token, at)), Some(checkpoints)) = (unsaved.take(), &self.checkpoints) else {
             return Some(());
         };
         let saved = until_ok("MongoDB checkpoint write", &self.abandon, || {
-            checkpoints.save(&token)
+            checkpoints.save(&token, at)
         })
         .await?;
         if !saved {
             tracing::warn!("the checkpoint belongs to a newer leader now: not writing it");
             return None;
         }
+        self.metrics.checkpoint_saved(DateTime::now());
         Some(())
     }
 
@@ -126,13 +136,17 @@ impl CompletionStage {
             match &finished.verdict {
                 Verdict::Delivered => delivered.entry(claim).or_default().push(id.clone()),
                 Verdict::Rejected(violation) => {
-                    self.mark_failed(id, claim, &violation.to_string(), now)
+                    let reason = violation.to_string();
+                    self.mark_failed(id, claim, &reason, FailureKind::Rejected, now)
                         .await?;
                     tally.failed += 1;
                 }
                 Verdict::Refused(reason) => {
                     match self.schedule_retry(id, claim, reason, now).await? {
-                        Retry::Scheduled => tally.retried += 1,
+                        Retry::Scheduled => {
+                            self.metrics.retried();
+                            tally.retried += 1;
+                        }
                         Retry::GaveUp => tally.failed += 1,
                         Retry::NotOurs => {}
                     }
@@ -158,8 +172,11 @@ impl CompletionStage {
             "$set": { field::STATUS: status::PROCESSED, field::PROCESSED_AT: now },
             "$unset": unlock(),
         };
-        self.write("MongoDB marking processed", filter, update)
-            .await
+        let marked = self
+            .write("MongoDB marking processed", filter, update)
+            .await?;
+        self.metrics.processed(marked);
+        Some(())
     }
 
     async fn mark_failed(
@@ -167,6 +184,7 @@ impl CompletionStage {
         id: &Bson,
         claim: Option<ObjectId>,
         reason: &str,
+        kind: FailureKind,
         now: DateTime,
     ) -> Option<()> {
         tracing::warn!(id = %id, reason, "outbox message failed");
@@ -179,7 +197,10 @@ impl CompletionStage {
             },
             "$unset": unlock(),
         };
-        self.write("MongoDB marking failed", filter, update).await
+        if self.write("MongoDB marking failed", filter, update).await? > 0 {
+            self.metrics.failed(kind);
+        }
+        Some(())
     }
 
     /// Counts an attempt against a refused message and either schedules the
@@ -210,7 +231,8 @@ impl CompletionStage {
         let attempts = attempts_of(&document);
         if self.retry.exhausted(attempts) {
             let reason = format!("{reason} (gave up after {attempts} attempts)");
-            self.mark_failed(id, None, &reason, now).await?;
+            self.mark_failed(id, None, &reason, FailureKind::Exhausted, now)
+                .await?;
             return Some(Retry::GaveUp);
         }
         let delay = self.retry.delay_after(attempts);
@@ -227,14 +249,15 @@ impl CompletionStage {
     }
 
     /// Applies an update to every match, retrying until MongoDB takes it.
-    async fn write(&self, what: &'static str, filter: Document, update: Document) -> Option<()> {
+    /// Returns how many documents it changed.
+    async fn write(&self, what: &'static str, filter: Document, update: Document) -> Option<u64> {
         until_ok(what, &self.abandon, || {
             self.outbox
                 .update_many(filter.clone(), update.clone())
                 .into_future()
         })
         .await
-        .map(drop)
+        .map(|result| result.modified_count)
     }
 }
 

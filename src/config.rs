@@ -5,6 +5,7 @@
 //! the defaults here. [`FileConfig`] is the file's shape; [`RelayConfig`] is
 //! the checked result the relay runs with.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
@@ -106,6 +107,13 @@ pub struct RelayConfig {
     pub install_validator: bool,
     /// Leadership among several relays (push mode).
     pub lease: crate::lease::LeaseTiming,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` serves nothing.
+    pub metrics_addr: Option<SocketAddr>,
+    /// How often the outbox's depths and the oplog's headroom are read.
+    pub collect_interval: Duration,
+    /// Oplog headroom under which the relay warns that its stored position
+    /// is about to fall out of the server's history.
+    pub oplog_headroom_warning: Duration,
 }
 
 /// Retries of messages the broker refused (not of broker outages, which
@@ -186,7 +194,25 @@ impl RelayConfig {
             retention: None,
             install_validator: false,
             lease: crate::lease::LeaseTiming::default(),
+            metrics_addr: None,
+            collect_interval: Duration::from_secs(10),
+            oplog_headroom_warning: Duration::from_secs(3600),
         }
+    }
+
+    /// The longest time after a message may have reached the broker that
+    /// the relay can publish it again: a standby taking over from a leader
+    /// that stopped between publishing and recording (the lease), or a sweep
+    /// taking over a stale claim (the lock timeout and one sweep interval),
+    /// each plus an acknowledgement timeout. A JetStream duplicate window at
+    /// least this long drops every such repeat. (A refused message was not
+    /// stored, so its retry delays cannot cause a repeat.)
+    pub fn redelivery_gap(&self) -> Duration {
+        let sweep_interval = match self.mode {
+            RelayMode::Push => self.sweep_interval,
+            RelayMode::Poll => self.poll_interval,
+        };
+        self.lease.duration.max(self.lock_timeout + sweep_interval) + self.ack_timeout
     }
 
     /// Checks the settings that do not need a server to check.
@@ -231,6 +257,7 @@ impl RelayConfig {
             ("lease-duration", self.lease.duration),
             ("lease-renew-interval", self.lease.renew_interval),
             ("standby-poll-interval", self.lease.standby_poll_interval),
+            ("collect-interval", self.collect_interval),
         ];
         for (name, value) in durations {
             if value.is_zero() {
@@ -292,6 +319,9 @@ pub struct FileConfig {
     pub lease_duration: Option<String>,
     pub lease_renew_interval: Option<String>,
     pub standby_poll_interval: Option<String>,
+    pub metrics_addr: Option<String>,
+    pub collect_interval: Option<String>,
+    pub oplog_headroom_warning: Option<String>,
 }
 
 impl FileConfig {
@@ -312,6 +342,20 @@ pub fn parse_duration(setting: &str, value: &str) -> Result<Duration> {
             "{setting} = {value:?} is not a duration ({e}); write it like \"500ms\", \"10s\" or \"5m\""
         ))
     })
+}
+
+/// Parses `--metrics-addr`: a socket address such as "127.0.0.1:9464", or
+/// "off" to serve nothing.
+pub fn parse_metrics_addr(value: &str) -> Result<Option<SocketAddr>> {
+    match value.trim() {
+        "off" | "none" | "" => Ok(None),
+        addr => addr.parse().map(Some).map_err(|_| {
+            Error::Config(format!(
+                "metrics-addr = {value:?} is not an address; write it like \"127.0.0.1:9464\" \
+                 or \"0.0.0.0:9464\", or \"off\" to serve no metrics"
+            ))
+        }),
+    }
 }
 
 /// Shows a connection string without its password, for logs and errors.

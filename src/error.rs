@@ -46,12 +46,67 @@ pub enum Error {
     #[error("NATS: {context}: {message}")]
     Nats { context: String, message: String },
 
+    /// A start-up check failed: the deployment cannot serve the relay yet.
+    #[error("{message}")]
+    Check { kind: CheckKind, message: String },
+
     /// A graceful stop did not finish in time.
     #[error("shutdown did not finish within {0:?}; undelivered messages stay pending and are delivered after restart")]
     ShutdownTimeout(Duration),
 }
 
+/// The start-up checks, each failing with its own exit code so scripts and
+/// orchestrators can tell them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CheckKind {
+    /// MongoDB cannot be reached, or refused the connection.
+    MongodbUnreachable,
+    /// MongoDB is a standalone server: no change streams or transactions.
+    NotReplicaSet,
+    /// The outbox collection or its indexes cannot be prepared.
+    OutboxSetup,
+    /// NATS cannot be reached.
+    NatsUnreachable,
+    /// No JetStream stream captures the relay's subjects.
+    NoStream,
+    /// The stream forgets message ids sooner than the relay may redeliver.
+    DuplicateWindow,
+}
+
+impl CheckKind {
+    /// The process exit code for this failure (2 is a bad setting, 1 any
+    /// other error).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            CheckKind::MongodbUnreachable => 3,
+            CheckKind::NotReplicaSet => 4,
+            CheckKind::OutboxSetup => 5,
+            CheckKind::NatsUnreachable => 6,
+            CheckKind::NoStream => 7,
+            CheckKind::DuplicateWindow => 8,
+        }
+    }
+}
+
 impl Error {
+    /// The process exit code for this error: a failed check's own code,
+    /// 2 for a bad setting, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Check { kind, .. } => kind.exit_code(),
+            Error::Config(_) => 2,
+            _ => 1,
+        }
+    }
+
+    pub(crate) fn check(kind: CheckKind, message: impl Into<String>) -> Self {
+        Error::Check {
+            kind,
+            message: message.into(),
+        }
+    }
+
     pub(crate) fn mongo(context: impl Into<String>, source: mongodb::error::Error) -> Self {
         Error::Mongo {
             context: context.into(),

@@ -14,13 +14,16 @@
 //! - [`lease`]: which of several relays leads, fenced by a term;
 //! - [`relay`]: the stages wired together, with graceful shutdown.
 
+pub mod admin;
 pub mod bench;
+pub mod check;
 pub mod checkpoint;
 mod complete;
 pub mod config;
 pub mod contract;
 pub mod error;
 pub mod lease;
+pub mod observe;
 mod pipeline;
 pub mod publish;
 pub mod relay;
@@ -31,7 +34,8 @@ pub mod writer;
 
 pub use config::{NatsMode, RelayConfig, RelayMode, RetryPolicy};
 pub use contract::{ContractViolation, OutboxMessage};
-pub use error::{Error, Result};
+pub use error::{CheckKind, Error, Result};
+pub use observe::Metrics;
 pub use pipeline::Tally;
 pub use relay::Relay;
 pub use writer::{MessageType, NewMessage, Outbox, Payload};

@@ -10,7 +10,10 @@ use outbox_relay::Relay;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
-use cli::{Cli, Command, LogFormat};
+use cli::{Cli, Command, DlqCommand, LogFormat};
+use outbox_relay::admin::dlq;
+use outbox_relay::admin::status::Status;
+use outbox_relay::{Error, RelayConfig, Result};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -23,20 +26,21 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(execute(cli.command)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             tracing::error!("{error}");
-            ExitCode::FAILURE
+            ExitCode::from(error.exit_code())
         }
     }
 }
 
-async fn execute(command: Command) -> outbox_relay::Result<()> {
+async fn execute(command: Command) -> Result<ExitCode> {
     match command {
         Command::Run(args) => {
             let config = args.resolve()?;
             let relay = Relay::connect(config).await?;
-            relay.run(stop_on_signal()).await
+            relay.run(stop_on_signal()).await?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Bench(args) => {
             let server = outbox_relay::bench::describe_server(&args.mongodb_uri).await;
@@ -54,8 +58,28 @@ async fn execute(command: Command) -> outbox_relay::Result<()> {
             let plot = config.output.join("latency-cdf.svg");
             outbox_relay::bench::write_plot(&report, plotted.flatten(), &plot)?;
             println!("results: {} and {}", json.display(), plot.display());
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
+        Command::Check(args) => {
+            let config = args.resolve()?;
+            let report = outbox_relay::check::run(&config).await;
+            println!("{}", report.render());
+            Ok(report
+                .failure()
+                .map_or(ExitCode::SUCCESS, |e| ExitCode::from(e.exit_code())))
+        }
+        Command::Status(args) => {
+            let config = args.settings.resolve()?;
+            let database = open_database(&config).await?;
+            let status = Status::read(&database, &config).await?;
+            if args.json {
+                println!("{}", to_json(&status)?);
+            } else {
+                println!("{}", status.render());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dlq(command) => dlq(command).await,
         Command::Sweep(args) => {
             let relay = Relay::connect(args.settings.resolve()?).await?;
             let tally = relay.sweep_once().await?;
@@ -63,9 +87,117 @@ async fn execute(command: Command) -> outbox_relay::Result<()> {
                 "delivered {}, retried {}, failed {}",
                 tally.delivered, tally.retried, tally.failed
             );
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `outbox-relay dlq ...`: each prints what it did and how many.
+async fn dlq(command: DlqCommand) -> Result<ExitCode> {
+    match command {
+        DlqCommand::List {
+            message_type,
+            limit,
+            json,
+            settings,
+        } => {
+            let outbox = open_outbox(settings).await?;
+            let selection = message_type.map_or(dlq::Selection::All, dlq::Selection::Type);
+            let total = dlq::count(&outbox, &selection).await?;
+            let listed = dlq::list(&outbox, &selection, limit).await?;
+            if json {
+                println!(
+                    "{}",
+                    to_json(&serde_json::json!({ "total": total, "messages": listed }))?
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            for message in &listed {
+                println!(
+                    "{}  {}  {}  attempts {}  {}",
+                    message.id,
+                    message.message_type.as_deref().unwrap_or("(no type)"),
+                    message.failed_at.as_deref().unwrap_or("-"),
+                    message.attempts,
+                    message
+                        .last_error
+                        .as_deref()
+                        .unwrap_or("(no error recorded)")
+                );
+            }
+            println!("{} of {total} failed messages shown", listed.len());
+        }
+        DlqCommand::Replay {
+            selection,
+            dry_run,
+            settings,
+        } => {
+            let selection = selection.resolve()?;
+            let outbox = open_outbox(settings).await?;
+            if dry_run {
+                let matched = dlq::count(&outbox, &selection).await?;
+                println!("would replay {matched} failed messages (dry run: nothing changed)");
+            } else {
+                let replayed = dlq::replay(&outbox, &selection).await?;
+                println!("replayed {replayed} failed messages: pending again, delivered by the next sweep");
+            }
+        }
+        DlqCommand::Discard {
+            selection,
+            dry_run,
+            yes,
+            settings,
+        } => {
+            let selection = selection.resolve()?;
+            let outbox = open_outbox(settings).await?;
+            let matched = dlq::count(&outbox, &selection).await?;
+            if dry_run {
+                println!("would discard {matched} failed messages (dry run: nothing changed)");
+            } else if matched == 0 {
+                println!("discarded 0 failed messages: none matched");
+            } else if yes || confirm(&format!("delete {matched} failed messages for good?"))? {
+                let discarded = dlq::discard(&outbox, &selection).await?;
+                println!("discarded {discarded} failed messages");
+            } else {
+                println!("discarded 0 failed messages: not confirmed");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Asks a yes-or-no question on the terminal. Without a terminal there is
+/// no one to ask, so the caller must say `--yes`.
+fn confirm(question: &str) -> Result<bool> {
+    use std::io::{BufRead, Write};
+    if !std::io::stdin().is_terminal() {
+        return Err(Error::Config(format!(
+            "{question} There is no terminal to confirm on: pass --yes to go ahead"
+        )));
+    }
+    eprint!("{question} [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| Error::Config(format!("cannot read the answer: {e}")))?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
+}
+
+async fn open_database(config: &RelayConfig) -> Result<mongodb::Database> {
+    let client = outbox_relay::relay::connect_mongodb(&config.mongodb_uri).await?;
+    Ok(client.database(&config.database))
+}
+
+async fn open_outbox(settings: cli::RunArgs) -> Result<mongodb::Collection<bson::Document>> {
+    let config = settings.resolve()?;
+    Ok(open_database(&config).await?.collection(&config.collection))
+}
+
+fn to_json(value: &impl serde::Serialize) -> Result<String> {
+    serde_json::to_string_pretty(value)
+        .map_err(|e| Error::Config(format!("cannot write the result as JSON: {e}")))
 }
 
 /// A token cancelled by the first SIGINT or SIGTERM; a second one exits at once.

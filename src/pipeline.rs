@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{oid::ObjectId, Bson, Document};
+use bson::{oid::ObjectId, Bson, DateTime, Document};
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::Collection;
 use tokio::sync::mpsc;
@@ -20,6 +20,7 @@ use crate::checkpoint::CheckpointStore;
 use crate::complete::CompletionStage;
 use crate::config::RetryPolicy;
 use crate::contract::{ContractViolation, Decoded};
+use crate::observe::{Metrics, Origin};
 use crate::publish::stage::PublishStage;
 use crate::publish::Publisher;
 
@@ -33,15 +34,20 @@ pub(crate) struct Work {
     pub token: Option<ResumeToken>,
     /// The claim (`lockId`) a sweep holds on the message; completion must match it.
     pub claim: Option<ObjectId>,
+    /// When the stream position was reached: the event's commit time, or
+    /// when the server reported the position. Kept with the token, it tells
+    /// how much oplog history remains before the token is lost.
+    pub at: Option<DateTime>,
 }
 
 impl Work {
-    /// A message from the change stream.
-    pub fn from_stream(message: Decoded, token: ResumeToken) -> Self {
+    /// A message from the change stream, committed at `at`.
+    pub fn from_stream(message: Decoded, token: ResumeToken, at: Option<DateTime>) -> Self {
         Work {
             message: Some(message),
             token: Some(token),
             claim: None,
+            at,
         }
     }
 
@@ -51,21 +57,32 @@ impl Work {
             message: Some(message),
             token: None,
             claim,
+            at: None,
         }
     }
 
     /// A stream position with no message (the stream moved past other events
-    /// or was idle).
-    pub fn marker(token: ResumeToken) -> Self {
+    /// or was idle), reached at `at`.
+    pub fn marker(token: ResumeToken, at: Option<DateTime>) -> Self {
         Work {
             message: None,
             token: Some(token),
             claim: None,
+            at,
         }
     }
 
     pub fn id(&self) -> Option<&Bson> {
         self.message.as_ref().map(|m| &m.id)
+    }
+
+    /// Where the message was read, for the metrics.
+    pub fn origin(&self) -> Origin {
+        match (&self.token, &self.claim) {
+            (Some(_), _) => Origin::Stream,
+            (None, Some(_)) => Origin::Sweep,
+            (None, None) => Origin::CatchUp,
+        }
     }
 }
 
@@ -124,6 +141,7 @@ pub(crate) struct Pipeline {
     pub batch_size: usize,
     pub checkpoint_interval: Duration,
     pub retry: RetryPolicy,
+    pub metrics: Metrics,
     /// Graceful stop: ends waits for the broker.
     pub shutdown: CancellationToken,
     /// Publish nothing more, at once (the lease is lost).
@@ -149,6 +167,7 @@ impl Pipeline {
             max_in_flight: self.max_in_flight,
             shutdown: self.shutdown.clone(),
             halt: self.halt.clone(),
+            metrics: self.metrics.clone(),
         };
         let complete = CompletionStage {
             outbox: self.outbox.clone(),
@@ -157,6 +176,7 @@ impl Pipeline {
             checkpoint_interval: self.checkpoint_interval,
             retry: self.retry.clone(),
             abandon: self.abandon.clone(),
+            metrics: self.metrics.clone(),
         };
         let publishing = tokio::spawn(publish.run(work, finished_tx));
         let done = tokio::spawn(async move {

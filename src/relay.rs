@@ -25,8 +25,9 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::CheckpointStore;
 use crate::config::{redact_uri, RelayConfig, RelayMode};
 use crate::contract::DecodeRules;
-use crate::error::{Error, Result};
+use crate::error::{CheckKind, Error, Result};
 use crate::lease::{Lease, Term};
+use crate::observe::{self, Metrics, Role};
 use crate::pipeline::{Pipeline, Tally};
 use crate::publish::{NatsPublisher, Publisher, StreamSetup};
 use crate::retry::until_ok;
@@ -34,30 +35,35 @@ use crate::setup;
 use crate::source::change_stream::ChangeStreamSource;
 use crate::source::sweep::Sweeper;
 
-/// The longest the relay waits for the outbox collection's set-up on start.
-pub const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// A connected relay, ready to run.
 pub struct Relay {
     config: RelayConfig,
     database: Database,
     publisher: Arc<dyn Publisher>,
+    metrics: Metrics,
 }
 
 impl Relay {
     /// Checks the configuration, connects to MongoDB and NATS, and prepares
     /// the outbox collection (indexes, retention, validator if asked).
     pub async fn connect(config: RelayConfig) -> Result<Self> {
+        Self::connect_observed(config, Metrics::new()).await
+    }
+
+    /// [`Relay::connect`], recording into `metrics` from the first connection on.
+    pub async fn connect_observed(config: RelayConfig, metrics: Metrics) -> Result<Self> {
         config.validate()?;
-        let client = connect_mongodb(&config.mongodb_uri).await?;
+        let client = connect_mongodb_observed(&config.mongodb_uri, Some(&metrics)).await?;
         let database = client.database(&config.database);
-        let nats = NatsPublisher::connect(&config).await?;
+        let nats = NatsPublisher::connect(&config, &metrics).await?;
         if let Some(name) = &config.create_stream {
-            StreamSetup::for_prefix(name, &config.subject_prefix)
+            StreamSetup::for_relay(name, &config)
                 .ensure(nats.client())
                 .await?;
         }
-        let relay = Self::with_publisher(config, database, Arc::new(nats));
+        crate::check::jetstream(nats.client(), &config).await?;
+        let mut relay = Self::with_publisher(config, database, Arc::new(nats));
+        relay.metrics = metrics;
         relay.prepare().await?;
         Ok(relay)
     }
@@ -73,29 +79,20 @@ impl Relay {
             config,
             database,
             publisher,
+            metrics: Metrics::new(),
         }
     }
 
+    /// The relay's metrics and readiness.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Ensures the outbox collection's indexes, retention and validator.
-    /// A server that does not finish this within [`SETUP_TIMEOUT`] is
+    /// A server that does not finish this within [`setup::SETUP_TIMEOUT`] is
     /// reported rather than waited on forever.
     pub async fn prepare(&self) -> Result<()> {
-        let outbox = self.database.collection(&self.config.collection);
-        let steps = async {
-            setup::ensure_indexes(&outbox, self.config.retention).await?;
-            if self.config.install_validator {
-                setup::install_validator(&self.database, &self.config.collection).await?;
-                tracing::info!(collection = %self.config.collection, "installed the outbox validator");
-            }
-            Ok(())
-        };
-        tokio::time::timeout(SETUP_TIMEOUT, steps).await.map_err(|_| {
-            Error::Config(format!(
-                "MongoDB did not finish preparing {}.{} (indexes, validator) within {SETUP_TIMEOUT:?}; \
-                 check the server's health and locks, then start the relay again",
-                self.config.database, self.config.collection
-            ))
-        })?
+        setup::prepare(&self.database, &self.config).await
     }
 
     /// Runs until `shutdown` fires, then stops gracefully: in-flight messages
@@ -113,7 +110,16 @@ impl Relay {
             nats_mode = ?config.nats_mode,
             "relay running"
         );
+        // The endpoints outlive the pipeline, so readiness can be watched
+        // while a stop drains; they close when `run` returns, however it does.
+        let stop_serving = CancellationToken::new();
+        let _serving = stop_serving.clone().drop_guard();
+        if let Some(addr) = config.metrics_addr {
+            observe::serve(addr, self.metrics.clone(), stop_serving).await?;
+        }
         let mut tasks = JoinSet::new();
+        tasks.spawn(mark_stopping(self.metrics.clone(), shutdown.clone()));
+        tasks.spawn(observe::collect(self.collector(), shutdown.clone()));
         match config.mode {
             RelayMode::Push => {
                 let sweeper = self.sweeper(pipeline.clone());
@@ -122,6 +128,7 @@ impl Relay {
                     .await;
             }
             RelayMode::Poll => {
+                self.metrics.set_role_unless_stopping(Role::Polling);
                 let sweeper = self.sweeper(pipeline);
                 tasks.spawn(sweeper.run(config.poll_interval, shutdown.clone()));
             }
@@ -157,7 +164,10 @@ impl Relay {
             &config.collection,
             config.lease,
         );
+        self.metrics.set_role_unless_stopping(Role::Standby);
         while let Some(held) = lease.acquire(shutdown).await {
+            self.metrics.set_role_unless_stopping(Role::Leading);
+            self.metrics.leading(Some(held.term.0));
             // Leadership ends with shutdown or with the lease; `lost` also
             // stops the completion stage writing anything more.
             let lost = abandon.child_token();
@@ -169,6 +179,7 @@ impl Relay {
                 .await;
             keeper_stop.cancel();
             let held = keeper.await.unwrap_or(held);
+            self.metrics.leading(None);
             if shutdown.is_cancelled() {
                 if let Err(error) = lease.release(&held).await {
                     tracing::warn!(%error, "could not release the lease; it ends when it expires");
@@ -176,6 +187,7 @@ impl Relay {
                 return;
             }
             tracing::warn!(term = held.term.0, "no longer leading: standing by");
+            self.metrics.set_role_unless_stopping(Role::Standby);
         }
     }
 
@@ -214,6 +226,7 @@ impl Relay {
             max_await_time: config.max_await_time,
             idle_checkpoint_interval: config.idle_checkpoint_interval,
             grace_period: config.grace_period,
+            metrics: self.metrics.clone(),
         };
         source.run(token, stream.input, term_over.clone()).await;
         if let Err(error) = stream.done.await {
@@ -227,6 +240,22 @@ impl Relay {
         self.sweeper(self.pipeline(never.clone(), never))
             .drain()
             .await
+    }
+
+    fn collector(&self) -> observe::Collector {
+        let config = &self.config;
+        observe::Collector {
+            outbox: self.database.collection(&config.collection),
+            checkpoints: CheckpointStore::new(
+                &self.database,
+                &config.checkpoint_collection,
+                &config.collection,
+            ),
+            client: self.database.client().clone(),
+            metrics: self.metrics.clone(),
+            interval: config.collect_interval,
+            headroom_warning: config.oplog_headroom_warning,
+        }
     }
 
     fn rules(&self) -> DecodeRules {
@@ -245,6 +274,7 @@ impl Relay {
             batch_size: config.batch_size,
             checkpoint_interval: config.checkpoint_interval,
             retry: config.retry.clone(),
+            metrics: self.metrics.clone(),
             shutdown,
             halt: abandon.clone(),
             abandon,
@@ -267,6 +297,13 @@ impl Relay {
             pipeline,
         }
     }
+}
+
+/// Reports the relay as stopping once `shutdown` fires, so readiness drops
+/// while in-flight work finishes.
+async fn mark_stopping(metrics: Metrics, shutdown: CancellationToken) {
+    shutdown.cancelled().await;
+    metrics.set_role(Role::Stopping);
 }
 
 /// Cancels `then` when `first` is cancelled; ends early if `then` is.
@@ -297,6 +334,14 @@ fn abandon_after(shutdown: &CancellationToken, grace: Duration) -> CancellationT
 /// Connects to MongoDB and checks that it is a replica set or a sharded
 /// cluster, since change streams and transactions need one.
 pub async fn connect_mongodb(uri: &str) -> Result<Client> {
+    connect_mongodb_observed(uri, None).await
+}
+
+/// [`connect_mongodb`], reporting whether the server is reachable to `metrics`.
+pub(crate) async fn connect_mongodb_observed(
+    uri: &str,
+    metrics: Option<&Metrics>,
+) -> Result<Client> {
     let shown = redact_uri(uri);
     let mut options = ClientOptions::parse(uri).await.map_err(|e| {
         Error::Config(format!(
@@ -310,6 +355,9 @@ pub async fn connect_mongodb(uri: &str) -> Result<Client> {
     options
         .server_selection_timeout
         .get_or_insert(Duration::from_secs(10));
+    if let Some(metrics) = metrics {
+        options.sdam_event_handler = Some(observe::reachability_handler(metrics.clone()));
+    }
     let client = Client::with_options(options)
         .map_err(|e| Error::mongo(format!("cannot use {shown}"), e))?;
     let hello = client
@@ -317,19 +365,26 @@ pub async fn connect_mongodb(uri: &str) -> Result<Client> {
         .run_command(doc! { "hello": 1 })
         .await
         .map_err(|e| {
-            Error::mongo(
-                format!("cannot reach {shown}; check --mongodb-uri and that the server is running"),
-                e,
+            Error::check(
+                CheckKind::MongodbUnreachable,
+                format!(
+                    "cannot reach MongoDB at {shown}: {}; check --mongodb-uri, the credentials \
+                     and that the server is running",
+                    crate::error::brief(&e)
+                ),
             )
         })?;
     let replica_set = hello.get_str("setName").is_ok();
     let sharded = hello.get_str("msg") == Ok("isdbgrid");
     if !replica_set && !sharded {
-        return Err(Error::Config(format!(
-            "{shown} is a standalone MongoDB server; the relay needs change streams and \
+        return Err(Error::check(
+            CheckKind::NotReplicaSet,
+            format!(
+                "{shown} is a standalone MongoDB server; the relay needs change streams and \
              transactions, which need a replica set or a sharded cluster (a single-member \
              replica set will do: start mongod with --replSet and run rs.initiate())"
-        )));
+            ),
+        ));
     }
     Ok(client)
 }

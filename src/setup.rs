@@ -12,8 +12,9 @@ use mongodb::error::ErrorKind;
 use mongodb::options::IndexOptions;
 use mongodb::{Collection, Database, IndexModel};
 
+use crate::config::RelayConfig;
 use crate::contract::{field, status};
-use crate::error::{Error, Result};
+use crate::error::{CheckKind, Error, Result};
 
 /// The index the sweep's claims scan: equality on status, then the retry
 /// time, then `_id` for order.
@@ -28,6 +29,42 @@ const INDEX_NOT_FOUND: i32 = 27;
 const NAMESPACE_EXISTS: i32 = 48;
 const INDEX_OPTIONS_CONFLICT: i32 = 85;
 const INDEX_KEY_SPECS_CONFLICT: i32 = 86;
+
+/// The longest the relay waits for the outbox collection's set-up on start.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Prepares the outbox collection `config` names: indexes, retention, and
+/// the validator if asked. A server that does not finish within
+/// [`SETUP_TIMEOUT`] is reported rather than waited on forever.
+pub async fn prepare(database: &Database, config: &RelayConfig) -> Result<()> {
+    let outbox = database.collection(&config.collection);
+    let namespace = format!("{}.{}", config.database, config.collection);
+    let steps = async {
+        ensure_indexes(&outbox, config.retention).await?;
+        if config.install_validator {
+            install_validator(database, &config.collection).await?;
+            tracing::info!(collection = %config.collection, "installed the outbox validator");
+        }
+        Ok::<_, Error>(())
+    };
+    match tokio::time::timeout(SETUP_TIMEOUT, steps).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(Error::check(
+            CheckKind::OutboxSetup,
+            format!(
+                "cannot prepare the outbox collection {namespace}: {error}; check that the user \
+                 may create indexes there"
+            ),
+        )),
+        Err(_) => Err(Error::check(
+            CheckKind::OutboxSetup,
+            format!(
+                "MongoDB did not finish preparing {namespace} (indexes, validator) within \
+                 {SETUP_TIMEOUT:?}; check the server's health and locks, then start the relay again"
+            ),
+        )),
+    }
+}
 
 /// Ensures the sweep index and the retention TTL indexes (or their absence).
 pub async fn ensure_indexes(

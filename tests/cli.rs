@@ -100,7 +100,7 @@ fn an_unreachable_mongodb_gets_a_plain_message() {
             "d",
         ],
         &[
-            "cannot reach mongodb://u:***@127.0.0.1:1",
+            "cannot reach MongoDB at mongodb://u:***@127.0.0.1:1",
             "no server answered",
         ],
     );

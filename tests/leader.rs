@@ -102,11 +102,11 @@ async fn leadership_terms_grow_and_fence_the_checkpoint() {
         !store
             .clone()
             .fenced(held_a.term)
-            .save(&token)
+            .save(&token, None)
             .await
             .unwrap(),
         "the old term may not write"
     );
-    assert!(store.fenced(held_b.term).save(&token).await.unwrap());
+    assert!(store.fenced(held_b.term).save(&token, None).await.unwrap());
     env.drop().await;
 }

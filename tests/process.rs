@@ -19,6 +19,7 @@ async fn sigterm_finishes_in_flight_work_and_exits_zero() {
         .env("OUTBOX_NATS_URL", common::nats_url())
         .env("OUTBOX_SUBJECT_PREFIX", &env.prefix)
         .env("OUTBOX_CHECKPOINT_INTERVAL", "1h")
+        .env("OUTBOX_METRICS_ADDR", "127.0.0.1:0")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

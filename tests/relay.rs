@@ -10,6 +10,8 @@ use common::{count_by_id, header, msg_id, write_orders, RunningRelay, TestEnv};
 use outbox_relay::{Error, MessageType, NewMessage, Outbox};
 use serde::Serialize;
 
+const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
 #[derive(Serialize)]
 struct OrderShipped {
     order: String,
@@ -42,10 +44,8 @@ async fn a_commit_delivers_exactly_its_messages_with_headers() {
     .unwrap()
     .correlation_id("corr-1")
     .key("o-1")
-    .header(
-        "traceparent",
-        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-    );
+    .header("traceparent", TRACEPARENT)
+    .header("tracestate", "vendor=abc,other=1");
     let explicit = NewMessage::serialized("audit.entry", &doc! { "who": "me" })
         .unwrap()
         .subject(format!("{}.custom.audit", env.prefix));
@@ -74,7 +74,15 @@ async fn a_commit_delivers_exactly_its_messages_with_headers() {
         header(&messages[0], "Content-Type").as_deref(),
         Some("application/json")
     );
-    assert!(header(&messages[0], "traceparent").is_some());
+    // W3C trace context crosses the outbox unchanged.
+    assert_eq!(
+        header(&messages[0], "traceparent").as_deref(),
+        Some(TRACEPARENT)
+    );
+    assert_eq!(
+        header(&messages[0], "tracestate").as_deref(),
+        Some("vendor=abc,other=1")
+    );
     let body: serde_json::Value = serde_json::from_slice(&messages[0].payload).unwrap();
     assert_eq!(body, serde_json::json!({ "order": "o-1", "parcels": 2 }));
     assert_eq!(

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::error::Error as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,8 @@ use futures::future::{BoxFuture, FutureExt};
 use super::{Ack, AckFuture, PublishError, Publisher};
 use crate::config::{redact_uri, NatsMode, RelayConfig};
 use crate::contract::{ContractViolation, OutboxMessage};
-use crate::error::{Error, Result};
+use crate::error::{CheckKind, Error, Result};
+use crate::observe::{Metrics, Server};
 
 /// Publishes to NATS, acknowledged by JetStream or flushed on core NATS.
 #[derive(Debug, Clone)]
@@ -65,9 +67,16 @@ impl NatsPublisher {
     /// Connects to the configured NATS server. The connection then reconnects
     /// by itself for as long as the relay runs; only the first connection
     /// must succeed.
-    pub async fn connect(config: &RelayConfig) -> Result<Self> {
+    pub async fn connect(config: &RelayConfig, metrics: &Metrics) -> Result<Self> {
         let denials = Denials::default();
-        let client = connect(&config.nats_url, config.ack_timeout, denials.clone()).await?;
+        let client = connect(
+            &config.nats_url,
+            config.ack_timeout,
+            denials.clone(),
+            Some(metrics.clone()),
+        )
+        .await?;
+        metrics.watch_nats(client.clone());
         let mut publisher = Self::from_client(client, config.nats_mode, config.ack_timeout);
         publisher.denials = denials;
         Ok(publisher)
@@ -178,26 +187,40 @@ impl Publisher for NatsPublisher {
 /// Connects to NATS the way the relay does: credentials in the URL are
 /// used, connection changes are logged, and the client reconnects forever.
 pub async fn connect_nats(url: &str, timeout: Duration) -> Result<async_nats::Client> {
-    connect(url, timeout, Denials::default()).await
+    connect(url, timeout, Denials::default(), None).await
 }
 
-/// Connects to NATS, logging connection changes once each and noting
-/// publish permission denials.
+/// Connects to NATS, logging connection changes once each, counting
+/// reconnections and noting publish permission denials.
 pub(crate) async fn connect(
     url: &str,
     timeout: Duration,
     denials: Denials,
+    metrics: Option<Metrics>,
 ) -> Result<async_nats::Client> {
+    // Only a connection that follows a disconnection is a reconnection.
+    let disconnected = Arc::new(AtomicBool::new(false));
     with_url_credentials(ConnectOptions::new(), url)
         .name("outbox-relay")
         .connection_timeout(timeout)
         .max_reconnects(None)
         .event_callback(move |event| {
-            let denials = denials.clone();
+            let (denials, metrics) = (denials.clone(), metrics.clone());
+            let disconnected = disconnected.clone();
             async move {
                 match event {
-                    Event::Disconnected => tracing::warn!("disconnected from NATS; reconnecting"),
-                    Event::Connected => tracing::info!("connected to NATS"),
+                    Event::Disconnected => {
+                        disconnected.store(true, Ordering::Relaxed);
+                        tracing::warn!("disconnected from NATS; reconnecting");
+                    }
+                    Event::Connected => {
+                        tracing::info!("connected to NATS");
+                        if let (true, Some(metrics)) =
+                            (disconnected.swap(false, Ordering::Relaxed), metrics)
+                        {
+                            metrics.reconnected(Server::Nats);
+                        }
+                    }
                     Event::ServerError(async_nats::ServerError::Other(error)) => {
                         denials.note(&error);
                         tracing::debug!(%error, "NATS server error");
@@ -209,12 +232,13 @@ pub(crate) async fn connect(
         .connect(url)
         .await
         .map_err(|e| {
-            Error::nats(
+            Error::check(
+                CheckKind::NatsUnreachable,
                 format!(
-                    "cannot connect to {}; check --nats-url and that nats-server is running",
+                    "cannot connect to NATS at {}: {e}; check --nats-url and that nats-server is \
+                     running",
                     redact_uri(url)
                 ),
-                e,
             )
         })
 }
@@ -307,14 +331,30 @@ pub struct StreamSetup {
     pub name: String,
     /// The subjects it captures.
     pub subjects: Vec<String>,
+    /// How long the stream remembers message ids to drop repeats.
+    pub duplicate_window: Duration,
 }
 
+/// JetStream's default duplicate window.
+const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
 impl StreamSetup {
-    /// A stream named `name` for every subject under `prefix`.
+    /// A stream named `name` for every subject under `prefix`, with
+    /// JetStream's default duplicate window.
     pub fn for_prefix(name: impl Into<String>, prefix: &str) -> Self {
         StreamSetup {
             name: name.into(),
             subjects: vec![format!("{prefix}.>")],
+            duplicate_window: DEFAULT_DUPLICATE_WINDOW,
+        }
+    }
+
+    /// A stream for the relay's subjects whose duplicate window covers the
+    /// relay's longest redelivery gap.
+    pub fn for_relay(name: impl Into<String>, config: &RelayConfig) -> Self {
+        StreamSetup {
+            duplicate_window: DEFAULT_DUPLICATE_WINDOW.max(config.redelivery_gap()),
+            ..Self::for_prefix(name, &config.subject_prefix)
         }
     }
 
@@ -331,6 +371,7 @@ impl StreamSetup {
             .get_or_create_stream(jetstream::stream::Config {
                 name: self.name.clone(),
                 subjects: self.subjects.clone(),
+                duplicate_window: self.duplicate_window,
                 ..Default::default()
             })
             .await

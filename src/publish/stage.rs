@@ -11,6 +11,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::future::{self, BoxFuture, FutureExt};
 use futures::stream::{FuturesOrdered, StreamExt};
@@ -18,6 +19,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{Ack, PublishError, Publisher};
+use crate::observe::{Metrics, Origin};
 use crate::pipeline::{Finished, Verdict, Work};
 use crate::retry::{pause, reconnect_backoff, Outage};
 
@@ -25,6 +27,8 @@ use crate::retry::{pause, reconnect_backoff, Outage};
 struct Attempt {
     work: Work,
     result: Result<Ack, PublishError>,
+    /// From sending to the acknowledgement.
+    waited: Duration,
 }
 
 impl Attempt {
@@ -32,7 +36,17 @@ impl Attempt {
         matches!(self.result, Err(PublishError::Unavailable(_)))
     }
 
-    fn finish(self) -> Finished {
+    /// The verdict, recorded in the metrics if the broker took the message.
+    fn finish(self, metrics: &Metrics) -> Finished {
+        if let (Some(Ok(_)), Ok(ack)) =
+            (self.work.message.as_ref().map(|m| &m.message), &self.result)
+        {
+            let origin = self.work.origin();
+            metrics.published(origin, self.waited, ack.duplicate);
+            if let (Origin::Stream, Some(committed)) = (origin, self.work.at) {
+                metrics.delivered_since_commit(committed);
+            }
+        }
         let verdict = match (self.work.message.as_ref().map(|m| &m.message), self.result) {
             (None, _) => Verdict::Passed,
             (Some(Err(violation)), _) => Verdict::Rejected(violation.clone()),
@@ -60,6 +74,7 @@ pub(crate) struct PublishStage {
     /// no queued work is taken, only acknowledgements already due are
     /// collected. What was queued stays pending for the next leader.
     pub halt: CancellationToken,
+    pub metrics: Metrics,
 }
 
 impl PublishStage {
@@ -75,7 +90,7 @@ impl PublishStage {
                     let forwarded = if attempt.broker_down() {
                         self.recover(attempt, &mut in_flight, &mut outage, &output).await
                     } else {
-                        output.send(attempt.finish()).await.is_ok()
+                        output.send(attempt.finish(&self.metrics)).await.is_ok()
                     };
                     if !forwarded {
                         return;
@@ -93,22 +108,20 @@ impl PublishStage {
 
     /// Sends the message (if any) and returns the future of its attempt.
     async fn start(&self, work: Work) -> BoxFuture<'static, Attempt> {
+        let started = Instant::now();
         let sent = match work.message.as_ref().map(|m| &m.message) {
             Some(Ok(message)) => Some(self.publisher.send(message).await),
             _ => None,
         };
+        let done = move |work, result| Attempt {
+            work,
+            result,
+            waited: started.elapsed(),
+        };
         match sent {
-            Some(Ok(ack)) => ack.map(move |result| Attempt { work, result }).boxed(),
-            Some(Err(error)) => future::ready(Attempt {
-                work,
-                result: Err(error),
-            })
-            .boxed(),
-            None => future::ready(Attempt {
-                work,
-                result: Ok(Ack::default()),
-            })
-            .boxed(),
+            Some(Ok(ack)) => ack.map(move |result| done(work, result)).boxed(),
+            Some(Err(error)) => future::ready(done(work, Err(error))).boxed(),
+            None => future::ready(done(work, Ok(Ack::default()))).boxed(),
         }
     }
 
@@ -138,7 +151,7 @@ impl PublishStage {
                 attempt = self.start(attempt.work).await.await;
             }
             outage.recovered();
-            if output.send(attempt.finish()).await.is_err() {
+            if output.send(attempt.finish(&self.metrics)).await.is_err() {
                 return false;
             }
         }

@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Document};
+use bson::{doc, oid::ObjectId, DateTime, Document};
 use mongodb::change_stream::event::{ChangeStreamEvent, ResumeToken};
 use mongodb::change_stream::ChangeStream;
 use mongodb::error::ErrorKind;
@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::catch_up;
 use crate::contract::DecodeRules;
+use crate::observe::{Metrics, Role};
 use crate::pipeline::Work;
 use crate::retry::{pause, reconnect_backoff, until_ok, Outage};
 
@@ -42,6 +43,7 @@ pub(crate) struct ChangeStreamSource {
     pub idle_checkpoint_interval: Duration,
     /// How long after a catch-up pass the stream may still repeat its messages.
     pub grace_period: Duration,
+    pub metrics: Metrics,
 }
 
 impl ChangeStreamSource {
@@ -72,6 +74,7 @@ impl ChangeStreamSource {
         shutdown: &CancellationToken,
     ) -> Option<(Events, CaughtUp)> {
         let (events, catch_up) = self.open_resuming(token, shutdown).await?;
+        self.metrics.set_role_unless_stopping(Role::Tailing);
         if !catch_up {
             return Some((events, CaughtUp::none()));
         }
@@ -86,7 +89,10 @@ impl ChangeStreamSource {
         // Once the pass's messages are done, the stream's starting position
         // is a safe checkpoint: everything before it was in the pass.
         if let Some(start) = events.resume_token() {
-            output.send(Work::marker(start)).await.ok()?;
+            output
+                .send(Work::marker(start, Some(DateTime::now())))
+                .await
+                .ok()?;
         }
         Some((events, CaughtUp::new(queued, self.grace_period)))
     }
@@ -124,6 +130,7 @@ impl ChangeStreamSource {
             match self.open(Some(token.clone())).await {
                 Ok(events) => {
                     outage.recovered();
+                    self.metrics.stream_resumed();
                     return Some((events, false));
                 }
                 Err(error) if is_resumable(&error) => {
@@ -133,6 +140,7 @@ impl ChangeStreamSource {
                     }
                 }
                 Err(error) => {
+                    self.metrics.history_lost();
                     tracing::error!(
                         error = %error,
                         "the change stream cannot resume from the stored token (its history may \
@@ -172,7 +180,7 @@ impl ChangeStreamSource {
                     // The newest position the stream reported: every event
                     // before it has been passed on, so it may be recorded.
                     if let Some(token) = events.resume_token().filter(|t| Some(t) != last.as_ref()) {
-                        let _ = output.send(Work::marker(token)).await;
+                        let _ = output.send(Work::marker(token, Some(DateTime::now()))).await;
                     }
                     return Tail::Stopped;
                 }
@@ -182,23 +190,28 @@ impl ChangeStreamSource {
                 Ok(Some(event)) => {
                     let token = event.id;
                     last = Some(token.clone());
+                    let at = commit_time(event.wall_time, event.cluster_time);
+                    self.metrics.stream_event(at);
                     match event.full_document {
                         Some(document) if !caught_up.repeats(&document) => {
-                            Work::from_stream(self.rules.decode(&document), token)
+                            Work::from_stream(self.rules.decode(&document), token, at)
                         }
-                        _ => Work::marker(token),
+                        _ => Work::marker(token, at),
                     }
                 }
-                Ok(None) => match events.resume_token() {
-                    Some(token)
-                        if Some(&token) != last.as_ref()
-                            && last_sent.elapsed() >= self.idle_checkpoint_interval =>
-                    {
-                        last = Some(token.clone());
-                        Work::marker(token)
+                Ok(None) => {
+                    self.metrics.stream_idle();
+                    match events.resume_token() {
+                        Some(token)
+                            if Some(&token) != last.as_ref()
+                                && last_sent.elapsed() >= self.idle_checkpoint_interval =>
+                        {
+                            last = Some(token.clone());
+                            Work::marker(token, Some(DateTime::now()))
+                        }
+                        _ => continue,
                     }
-                    _ => continue,
-                },
+                }
                 Err(error) => {
                     tracing::warn!(error = %error, "change stream failed; reopening it");
                     return Tail::Broken(last);
@@ -260,6 +273,15 @@ impl CaughtUp {
             .get_object_id(crate::contract::field::ID)
             .is_ok_and(|id| self.ids.remove(&id))
     }
+}
+
+/// When an event committed: its wall time (MongoDB 6.0 and later), else its
+/// cluster time, which counts whole seconds.
+fn commit_time(
+    wall_time: Option<DateTime>,
+    cluster_time: Option<bson::Timestamp>,
+) -> Option<DateTime> {
+    wall_time.or_else(|| cluster_time.map(|t| DateTime::from_millis(i64::from(t.time) * 1000)))
 }
 
 /// Whether a change stream may resume after this error, by the rule of the

@@ -9,7 +9,9 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::time::Duration;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use bson::{doc, oid::ObjectId, Document};
@@ -66,6 +68,9 @@ impl TestEnv {
             .create_stream(jetstream::stream::Config {
                 name: stream.clone(),
                 subjects: vec![format!("{prefix}.>")],
+                // Long enough for the relay's start-up check under any
+                // interval a test sets (its redelivery gap grows with them).
+                duplicate_window: Duration::from_secs(4 * 3600),
                 ..Default::default()
             })
             .await
@@ -423,5 +428,202 @@ pub fn plan_uses_index(plan: &bson::Bson, index: &str) -> bool {
         }
         bson::Bson::Array(items) => items.iter().any(|v| plan_uses_index(v, index)),
         _ => false,
+    }
+}
+
+/// A private SecantusDB that a scenario may stop and start (data kept).
+pub struct MongoProcess {
+    child: Option<Child>,
+    pub port: u16,
+    dir: PathBuf,
+    /// Flags beyond address and storage, such as `--standalone`.
+    extra: Vec<&'static str>,
+}
+
+impl MongoProcess {
+    pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// A private server started with extra flags.
+    pub async fn start_with(extra: &[&'static str]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("pick a free port")
+            .port();
+        let dir =
+            std::env::temp_dir().join(format!("outbox-relay-mongo-{port}-{}", ObjectId::new()));
+        let mut mongo = MongoProcess {
+            child: None,
+            port,
+            dir,
+            extra: extra.to_vec(),
+        };
+        mongo.restart().await;
+        mongo
+    }
+
+    pub fn uri(&self) -> String {
+        format!(
+            "mongodb://127.0.0.1:{}/?serverSelectionTimeoutMS=2000",
+            self.port
+        )
+    }
+
+    pub async fn restart(&mut self) {
+        let server = std::env::var_os("SECANTUSD")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| manifest_dir().join(".services/venv/bin/secantusd-py"));
+        let child = Command::new(&server)
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &self.port.to_string(),
+                "--storage-path",
+            ])
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "start {} (scripts/services.sh installs it): {e}",
+                    server.display()
+                )
+            });
+        self.child = Some(child);
+        let uri = self.uri();
+        wait_until("SecantusDB to answer", || {
+            let uri = uri.clone();
+            async move {
+                // Answering is enough: a standalone server answers with a refusal.
+                !matches!(
+                    outbox_relay::relay::connect_mongodb(&uri).await,
+                    Err(outbox_relay::Error::Check {
+                        kind: outbox_relay::CheckKind::MongodbUnreachable,
+                        ..
+                    })
+                )
+            }
+        })
+        .await;
+    }
+
+    /// A clean stop (SIGTERM), as an operator's restart would do.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + WAIT;
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for MongoProcess {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn logs_dir() -> PathBuf {
+    let dir = manifest_dir().join("target").join("relay-logs");
+    std::fs::create_dir_all(&dir).expect("log directory");
+    dir
+}
+
+/// A relay process with short lease timings, logging to `target/relay-logs`.
+pub struct RelayProcess {
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl RelayProcess {
+    pub fn start(env: &TestEnv, label: &str) -> Self {
+        Self::start_with(env, label, &[])
+    }
+
+    /// A relay with these settings (`OUTBOX_*` variables) added or replaced.
+    pub fn start_with(env: &TestEnv, label: &str, settings: &[(&str, &str)]) -> Self {
+        let log = logs_dir().join(format!("{}-{label}.log", env.name));
+        let file = std::fs::File::create(&log).expect("relay log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .arg("run")
+            .env("OUTBOX_MONGODB_URI", &env.mongodb_uri)
+            .env("OUTBOX_DATABASE", &env.name)
+            .env("OUTBOX_NATS_URL", &env.nats_url)
+            .env("OUTBOX_SUBJECT_PREFIX", &env.prefix)
+            .env("OUTBOX_CHECKPOINT_INTERVAL", "100ms")
+            .env("OUTBOX_MAX_AWAIT_TIME", "200ms")
+            .env("OUTBOX_ACK_TIMEOUT", "1s")
+            .env("OUTBOX_LEASE_DURATION", "2s")
+            .env("OUTBOX_LEASE_RENEW_INTERVAL", "500ms")
+            .env("OUTBOX_STANDBY_POLL_INTERVAL", "100ms")
+            .env("OUTBOX_SWEEP_INTERVAL", "1s")
+            .env("OUTBOX_GRACE_PERIOD", "3s")
+            .env("OUTBOX_METRICS_ADDR", "127.0.0.1:0")
+            .env("RUST_LOG", "info")
+            .envs(settings.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .spawn()
+            .expect("start outbox-relay");
+        RelayProcess { child, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits for the exit; fails the test if it does not exit cleanly.
+    pub async fn terminate(&mut self) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status();
+        assert!(sent.is_ok_and(|s| s.success()), "send SIGTERM");
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the relay") {
+                assert!(
+                    status.success(),
+                    "relay exited with {status}; log {}",
+                    self.log.display()
+                );
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "relay ignored SIGTERM; log {}",
+                self.log.display()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        self.kill9();
     }
 }

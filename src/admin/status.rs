@@ -1,0 +1,390 @@
+//! The state of an outbox: how many messages wait, how old the oldest is,
+//! which failed and why, who leads, and how far the stored position is from
+//! the edge of the oplog.
+//!
+//! Each part is a query the relay's collector also runs for its metrics,
+//! and each is served by the sweep index or by a small result set, so they
+//! stay cheap on large collections. Only `status` counts processed
+//! messages, which is a scan of their index range.
+
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use futures::TryStreamExt;
+use mongodb::{Client, Collection, Database};
+use serde::Serialize;
+
+use crate::checkpoint::{CheckpointStore, POSITION_AT};
+use crate::config::RelayConfig;
+use crate::contract::{field, status};
+use crate::error::{Error, Result};
+
+/// Pending and failed depths, and the oldest pending message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Depths {
+    pub pending: u64,
+    pub failed: u64,
+    /// When the oldest pending message was created (its ObjectId's time).
+    pub oldest_pending: Option<DateTime>,
+}
+
+impl Depths {
+    /// Reads the depths of `outbox`.
+    pub async fn read(outbox: &Collection<Document>) -> Result<Self> {
+        let count = |state: &'static str| async move {
+            outbox
+                .count_documents(doc! { field::STATUS: state })
+                .await
+                .map_err(|e| Error::mongo(format!("counting {state} messages failed"), e))
+        };
+        Ok(Depths {
+            pending: count(status::PENDING).await?,
+            failed: count(status::FAILED).await?,
+            oldest_pending: oldest_pending(outbox).await?,
+        })
+    }
+}
+
+/// The creation time of the oldest pending message: the smallest `_id`
+/// among those never tried (the first entry of their index range) and
+/// among those awaiting a retry (a small set).
+async fn oldest_pending(outbox: &Collection<Document>) -> Result<Option<DateTime>> {
+    let failed = |e| Error::mongo("finding the oldest pending message failed", e);
+    let never_tried = outbox
+        .find_one(doc! { field::STATUS: status::PENDING, field::NEXT_ATTEMPT_AT: Bson::Null })
+        .sort(doc! { field::STATUS: 1, field::NEXT_ATTEMPT_AT: 1, field::ID: 1 })
+        .projection(doc! { field::ID: 1 })
+        .await
+        .map_err(failed)?;
+    let retrying: Vec<Document> = outbox
+        .aggregate([
+            doc! { "$match": {
+                field::STATUS: status::PENDING,
+                field::NEXT_ATTEMPT_AT: { "$type": "date" },
+            } },
+            doc! { "$group": { "_id": Bson::Null, "oldest": { "$min": "$_id" } } },
+        ])
+        .await
+        .map_err(failed)?
+        .try_collect()
+        .await
+        .map_err(failed)?;
+    let ids = never_tried
+        .iter()
+        .filter_map(|d| d.get_object_id(field::ID).ok())
+        .chain(
+            retrying
+                .iter()
+                .filter_map(|d| d.get_object_id("oldest").ok()),
+        );
+    Ok(ids.map(|id: ObjectId| id.timestamp()).min())
+}
+
+/// The checkpoint document: the stored position and the lease.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Checkpoint {
+    /// Whether a resume token is stored.
+    pub has_token: bool,
+    /// When the stored position was reached (its event's commit time).
+    #[serde(serialize_with = "as_rfc3339")]
+    pub position_at: Option<DateTime>,
+    /// When the token was last written.
+    #[serde(serialize_with = "as_rfc3339")]
+    pub updated_at: Option<DateTime>,
+    /// The relay holding (or last holding) the lease.
+    pub owner: Option<String>,
+    pub term: Option<i64>,
+    #[serde(serialize_with = "as_rfc3339")]
+    pub lease_expires_at: Option<DateTime>,
+}
+
+impl Checkpoint {
+    /// Reads the checkpoint of `store`'s outbox; the default if none exists.
+    pub async fn read(store: &CheckpointStore) -> Result<Self> {
+        let Some(document) = store.document().await? else {
+            return Ok(Checkpoint::default());
+        };
+        let time = |name| document.get_datetime(name).ok().copied();
+        Ok(Checkpoint {
+            has_token: document.contains_key("token"),
+            position_at: time(POSITION_AT),
+            updated_at: time("updatedAt"),
+            owner: document.get_str("owner").ok().map(str::to_owned),
+            term: match document.get("term") {
+                Some(Bson::Int64(term)) => Some(*term),
+                Some(Bson::Int32(term)) => Some(i64::from(*term)),
+                _ => None,
+            },
+            lease_expires_at: time("expiresAt"),
+        })
+    }
+}
+
+/// The span of the server's oplog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Oplog {
+    /// Wall time of the oldest entry still held.
+    pub first: DateTime,
+    /// Wall time of the newest entry.
+    pub last: DateTime,
+}
+
+impl Oplog {
+    /// Reads the first and last entries of `local.oplog.rs`. `Ok(None)` if
+    /// it is empty; an error where it cannot be read (a sharded cluster's
+    /// router, or a user without read access to `local`).
+    pub async fn read(client: &Client) -> Result<Option<Self>> {
+        let oplog = client.database("local").collection::<Document>("oplog.rs");
+        let entry = |direction: i32| {
+            let oplog = oplog.clone();
+            async move {
+                oplog
+                    .find_one(doc! {})
+                    .sort(doc! { "$natural": direction })
+                    .projection(doc! { "ts": 1, "wall": 1 })
+                    .await
+                    .map_err(|e| Error::mongo("reading local.oplog.rs failed", e))
+            }
+        };
+        let (Some(first), Some(last)) = (entry(1).await?, entry(-1).await?) else {
+            return Ok(None);
+        };
+        match (entry_time(&first), entry_time(&last)) {
+            (Some(first), Some(last)) => Ok(Some(Oplog { first, last })),
+            _ => Ok(None),
+        }
+    }
+
+    /// The time from the first entry to the last.
+    pub fn window_seconds(&self) -> f64 {
+        seconds_between(self.first, self.last)
+    }
+
+    /// How much history lies before `position`: how long until the oplog
+    /// drops it, if it keeps its current span. Negative once it is gone.
+    pub fn headroom_seconds(&self, position: DateTime) -> f64 {
+        seconds_between(self.first, position)
+    }
+}
+
+/// An entry's wall time, or its timestamp's seconds on servers before 3.6.
+fn entry_time(entry: &Document) -> Option<DateTime> {
+    entry.get_datetime("wall").ok().copied().or_else(|| {
+        entry
+            .get_timestamp("ts")
+            .ok()
+            .map(|ts| DateTime::from_millis(i64::from(ts.time) * 1000))
+    })
+}
+
+fn seconds_between(from: DateTime, to: DateTime) -> f64 {
+    (to.timestamp_millis() - from.timestamp_millis()) as f64 / 1000.0
+}
+
+/// Failed messages of one type.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FailedType {
+    #[serde(rename = "type")]
+    pub message_type: String,
+    pub count: u64,
+    /// The newest failure's error.
+    pub last_error: Option<String>,
+    #[serde(serialize_with = "as_rfc3339")]
+    pub last_failed_at: Option<DateTime>,
+}
+
+/// Failed messages grouped by type, most numerous first.
+pub async fn failed_by_type(outbox: &Collection<Document>) -> Result<Vec<FailedType>> {
+    let failed = |e| Error::mongo("grouping failed messages failed", e);
+    let groups: Vec<Document> = outbox
+        .aggregate([
+            doc! { "$match": { field::STATUS: status::FAILED } },
+            doc! { "$sort": { field::FAILED_AT: -1 } },
+            doc! { "$group": {
+                "_id": format!("${}", field::TYPE),
+                "count": { "$sum": 1 },
+                "lastError": { "$first": format!("${}", field::LAST_ERROR) },
+                "lastFailedAt": { "$first": format!("${}", field::FAILED_AT) },
+            } },
+            doc! { "$sort": { "count": -1, "_id": 1 } },
+        ])
+        .await
+        .map_err(failed)?
+        .try_collect()
+        .await
+        .map_err(failed)?;
+    Ok(groups
+        .iter()
+        .map(|group| FailedType {
+            message_type: match group.get("_id") {
+                Some(Bson::String(name)) => name.clone(),
+                _ => "(no type)".to_owned(),
+            },
+            count: count_of(group.get("count")),
+            last_error: group.get_str("lastError").ok().map(str::to_owned),
+            last_failed_at: group.get_datetime("lastFailedAt").ok().copied(),
+        })
+        .collect())
+}
+
+fn count_of(value: Option<&Bson>) -> u64 {
+    match value {
+        Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
+        Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
+        Some(Bson::Double(n)) => *n as u64,
+        _ => 0,
+    }
+}
+
+/// Messages by status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    pub pending: u64,
+    pub processed: u64,
+    pub failed: u64,
+}
+
+/// Everything `outbox-relay status` shows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Status {
+    pub database: String,
+    pub collection: String,
+    pub counts: Counts,
+    pub oldest_pending_age_seconds: Option<f64>,
+    pub failed_by_type: Vec<FailedType>,
+    pub checkpoint: Checkpoint,
+    /// Whether the lease is held now (it has not expired).
+    pub leader_active: bool,
+    /// Now minus the time of the stored position: how far behind the
+    /// relay's record of the stream is (an idle stream's position moves
+    /// only every idle checkpoint interval).
+    pub relay_lag_seconds: Option<f64>,
+    pub oplog_window_seconds: Option<f64>,
+    pub oplog_headroom_seconds: Option<f64>,
+    /// Why the oplog figures are missing, where they are.
+    pub oplog_note: Option<String>,
+}
+
+impl Status {
+    /// Reads the status of the outbox `config` names.
+    pub async fn read(database: &Database, config: &RelayConfig) -> Result<Self> {
+        let outbox = database.collection::<Document>(&config.collection);
+        let now = DateTime::now();
+        let depths = Depths::read(&outbox).await?;
+        let processed = outbox
+            .count_documents(doc! { field::STATUS: status::PROCESSED })
+            .await
+            .map_err(|e| Error::mongo("counting processed messages failed", e))?;
+        let store =
+            CheckpointStore::new(database, &config.checkpoint_collection, &config.collection);
+        let checkpoint = Checkpoint::read(&store).await?;
+        let (oplog, oplog_note) = match Oplog::read(database.client()).await {
+            Ok(Some(oplog)) => (Some(oplog), None),
+            Ok(None) => (None, Some("the oplog is empty".to_owned())),
+            Err(error) => (None, Some(format!("the oplog is not readable: {error}"))),
+        };
+        Ok(Status {
+            database: config.database.clone(),
+            collection: config.collection.clone(),
+            counts: Counts {
+                pending: depths.pending,
+                processed,
+                failed: depths.failed,
+            },
+            oldest_pending_age_seconds: depths.oldest_pending.map(|t| seconds_between(t, now)),
+            failed_by_type: failed_by_type(&outbox).await?,
+            leader_active: checkpoint
+                .lease_expires_at
+                .is_some_and(|expires| expires > now),
+            relay_lag_seconds: checkpoint.position_at.map(|t| seconds_between(t, now)),
+            oplog_window_seconds: oplog.map(|o| o.window_seconds()),
+            oplog_headroom_seconds: oplog
+                .zip(checkpoint.position_at)
+                .map(|(o, at)| o.headroom_seconds(at)),
+            oplog_note,
+            checkpoint,
+        })
+    }
+
+    /// The status as lines for a terminal.
+    pub fn render(&self) -> String {
+        let mut lines = vec![
+            format!("outbox {}.{}", self.database, self.collection),
+            format!(
+                "  messages: {} pending, {} processed, {} failed",
+                self.counts.pending, self.counts.processed, self.counts.failed
+            ),
+            format!(
+                "  oldest pending: {}",
+                self.oldest_pending_age_seconds
+                    .map_or("none".to_owned(), age)
+            ),
+        ];
+        let lease = &self.checkpoint;
+        lines.push(match (&lease.owner, lease.term) {
+            (Some(owner), Some(term)) if self.leader_active => {
+                format!("  leader: {owner} (term {term})")
+            }
+            (Some(owner), Some(term)) => {
+                format!("  leader: none (last: {owner}, term {term}, lease expired)")
+            }
+            _ => "  leader: none yet".to_owned(),
+        });
+        lines.push(format!(
+            "  checkpoint: {}",
+            match (lease.has_token, lease.updated_at) {
+                (true, Some(updated)) => format!(
+                    "written {} ago",
+                    age(seconds_between(updated, DateTime::now()))
+                ),
+                _ => "none (the next relay starts with a catch-up pass)".to_owned(),
+            }
+        ));
+        lines.push(format!(
+            "  relay lag: {}",
+            self.relay_lag_seconds.map_or("unknown".to_owned(), age)
+        ));
+        lines.push(match (self.oplog_window_seconds, &self.oplog_note) {
+            (Some(window), _) => format!(
+                "  oplog: {} of history{}",
+                age(window),
+                self.oplog_headroom_seconds
+                    .map(|h| format!(", {} of it before the stored position", age(h)))
+                    .unwrap_or_default()
+            ),
+            (None, Some(note)) => format!("  oplog: {note}"),
+            (None, None) => "  oplog: unknown".to_owned(),
+        });
+        if !self.failed_by_type.is_empty() {
+            lines.push("  failed by type:".to_owned());
+            for failed in &self.failed_by_type {
+                lines.push(format!(
+                    "    {}: {}, last error: {}",
+                    failed.message_type,
+                    failed.count,
+                    failed.last_error.as_deref().unwrap_or("(none)")
+                ));
+            }
+        }
+        lines.join("\n")
+    }
+}
+
+/// A number of seconds as a short human duration ("3m 20s").
+fn age(seconds: f64) -> String {
+    if seconds < 0.0 {
+        return format!("-{}", age(-seconds));
+    }
+    if seconds < 10.0 {
+        return format!("{seconds:.1}s");
+    }
+    humantime::format_duration(std::time::Duration::from_secs(seconds as u64)).to_string()
+}
+
+fn as_rfc3339<S: serde::Serializer>(
+    time: &Option<DateTime>,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match time.and_then(|t| t.try_to_rfc3339_string().ok()) {
+        Some(text) => serializer.serialize_some(&text),
+        None => serializer.serialize_none(),
+    }
+}

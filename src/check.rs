@@ -1,0 +1,201 @@
+//! The start-up self-check: whether this deployment can serve the relay.
+//!
+//! The relay runs these checks before it serves, and `outbox-relay check`
+//! runs them alone. Each failure is an [`Error::Check`] whose kind has its
+//! own exit code, with a message that says what to change:
+//!
+//! 1. MongoDB answers and is a replica set or a sharded cluster (change
+//!    streams and transactions need one);
+//! 2. the outbox collection's indexes exist or can be created;
+//! 3. NATS answers;
+//! 4. in JetStream mode, a stream captures the relay's subjects, and
+//! 5. its duplicate window covers the relay's longest redelivery gap
+//!    ([`RelayConfig::redelivery_gap`]), so a message published twice
+//!    across a takeover reaches subscribers once.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+
+use crate::config::{redact_uri, NatsMode, RelayConfig};
+use crate::error::{CheckKind, Error, Result};
+use crate::publish::connect_nats;
+use crate::relay::connect_mongodb;
+use crate::setup;
+
+/// One check's outcome: what was found, or why it failed.
+#[derive(Debug)]
+pub struct Finding {
+    pub check: &'static str,
+    pub outcome: Outcome,
+}
+
+/// How a check ended.
+#[derive(Debug)]
+pub enum Outcome {
+    Passed(String),
+    Failed(Error),
+    /// Not run, because a check it depends on failed.
+    Skipped,
+}
+
+/// Every check's outcome, in order.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub findings: Vec<Finding>,
+}
+
+impl Report {
+    /// The first failure, which decides the exit code.
+    pub fn failure(&self) -> Option<&Error> {
+        self.findings.iter().find_map(|f| match &f.outcome {
+            Outcome::Failed(error) => Some(error),
+            _ => None,
+        })
+    }
+
+    /// One line a check, for a terminal.
+    pub fn render(&self) -> String {
+        self.findings
+            .iter()
+            .map(|finding| match &finding.outcome {
+                Outcome::Passed(detail) => format!("ok    {}: {detail}", finding.check),
+                Outcome::Failed(error) => format!("FAIL  {}: {error}", finding.check),
+                Outcome::Skipped => format!("skip  {}: not checked", finding.check),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn record<T>(
+        &mut self,
+        check: &'static str,
+        outcome: Result<T>,
+        passed: impl FnOnce(&T) -> String,
+    ) -> Option<T> {
+        let (outcome, value) = match outcome {
+            Ok(value) => (Outcome::Passed(passed(&value)), Some(value)),
+            Err(error) => (Outcome::Failed(error), None),
+        };
+        self.findings.push(Finding { check, outcome });
+        value
+    }
+
+    fn skip(&mut self, check: &'static str) {
+        self.findings.push(Finding {
+            check,
+            outcome: Outcome::Skipped,
+        });
+    }
+}
+
+/// Runs every check against the deployment `config` names. The outbox's
+/// indexes are created where missing, as the relay would on start.
+pub async fn run(config: &RelayConfig) -> Report {
+    let mut report = Report::default();
+    let mongodb = connect_mongodb(&config.mongodb_uri).await;
+    let shown = redact_uri(&config.mongodb_uri);
+    match report.record("mongodb", mongodb, |_| {
+        format!("{shown} is a replica set or sharded cluster")
+    }) {
+        Some(client) => {
+            let prepared = setup::prepare(&client.database(&config.database), config).await;
+            report.record("outbox collection", prepared, |_| {
+                format!(
+                    "{}.{} and its indexes are in place",
+                    config.database, config.collection
+                )
+            });
+        }
+        None => report.skip("outbox collection"),
+    }
+    let nats = connect_nats(&config.nats_url, config.ack_timeout).await;
+    let url = redact_uri(&config.nats_url);
+    let Some(client) = report.record("nats", nats, |client| {
+        format!(
+            "{url} answers (nats-server {})",
+            client.server_info().version
+        )
+    }) else {
+        if config.nats_mode == NatsMode::Jetstream {
+            report.skip("jetstream stream");
+            report.skip("duplicate window");
+        }
+        return report;
+    };
+    if config.nats_mode == NatsMode::Jetstream {
+        let stream = capturing_stream(&client, config).await;
+        match report.record("jetstream stream", stream, |(name, _)| {
+            format!("stream {name:?} captures {}.>", config.subject_prefix)
+        }) {
+            Some((name, window)) => {
+                let covered = duplicate_window_covers(&name, window, config);
+                report.record("duplicate window", covered, |_| {
+                    format!(
+                        "{window:?} covers the longest redelivery gap, {:?}",
+                        config.redelivery_gap()
+                    )
+                });
+            }
+            None => report.skip("duplicate window"),
+        }
+    }
+    report
+}
+
+/// The JetStream checks the relay runs on start: a stream captures the
+/// subjects, and its duplicate window is long enough.
+pub(crate) async fn jetstream(client: &async_nats::Client, config: &RelayConfig) -> Result<()> {
+    if config.nats_mode != NatsMode::Jetstream {
+        return Ok(());
+    }
+    let (name, window) = capturing_stream(client, config).await?;
+    duplicate_window_covers(&name, window, config)
+}
+
+/// The stream that captures `<prefix>.>`, with its duplicate window.
+async fn capturing_stream(
+    client: &async_nats::Client,
+    config: &RelayConfig,
+) -> Result<(String, Duration)> {
+    let context = jetstream::new(client.clone());
+    let subjects = format!("{}.>", config.subject_prefix);
+    let name = context
+        .stream_by_subject(subjects.clone())
+        .await
+        .map_err(|e| {
+            Error::check(
+                CheckKind::NoStream,
+                format!(
+                    "no JetStream stream captures {subjects} ({e}); create one (nats stream add \
+                 --subjects '{subjects}'), start the relay with --create-stream NAME, or use \
+                 --nats-mode core"
+                ),
+            )
+        })?;
+    let stream = context.get_stream(&name).await.map_err(|e| {
+        Error::check(
+            CheckKind::NoStream,
+            format!("cannot read JetStream stream {name:?}: {e}"),
+        )
+    })?;
+    Ok((name, stream.cached_info().config.duplicate_window))
+}
+
+fn duplicate_window_covers(name: &str, window: Duration, config: &RelayConfig) -> Result<()> {
+    let gap = config.redelivery_gap();
+    if window >= gap {
+        return Ok(());
+    }
+    Err(Error::check(
+        CheckKind::DuplicateWindow,
+        format!(
+            "JetStream stream {name:?} remembers message ids for {window:?}, but the relay may \
+             publish a message again up to {gap:?} later (the longer of --lease-duration and \
+             --lock-timeout plus the sweep interval, plus --ack-timeout); raise the stream's \
+             duplicate window (nats stream edit {name} --dupe-window {}s) or shorten those \
+             settings",
+            gap.as_secs() + 1
+        ),
+    ))
+}

@@ -1,0 +1,117 @@
+//! The collector: reads what only the database knows, every interval.
+//!
+//! Pending and failed depths, the oldest pending message, the checkpoint's
+//! age (a standby sees the leader's), and the oplog's headroom: how much
+//! history lies before the stored position. When that headroom falls under
+//! the warning threshold the relay says so once, because a relay that stays
+//! down longer than the headroom loses its place in the stream (the sweep
+//! and catch-up pass still deliver everything, only later).
+
+use std::time::Duration;
+
+use bson::Document;
+use mongodb::{Client, Collection};
+use tokio_util::sync::CancellationToken;
+
+use super::Metrics;
+use crate::admin::status::{Checkpoint, Depths, Oplog};
+use crate::checkpoint::CheckpointStore;
+use crate::retry::Outage;
+
+/// Reads the outbox's depths and the oplog's headroom into metrics.
+pub struct Collector {
+    pub(crate) outbox: Collection<Document>,
+    pub(crate) checkpoints: CheckpointStore,
+    pub(crate) client: Client,
+    pub(crate) metrics: Metrics,
+    pub(crate) interval: Duration,
+    pub(crate) headroom_warning: Duration,
+}
+
+/// What the collector has said about the oplog, so it speaks only on change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OplogState {
+    Unknown,
+    Unreadable,
+    Ample,
+    Short,
+}
+
+/// Collects every interval until `shutdown`.
+pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
+    let mut outage = Outage::new("MongoDB reading the outbox's depths");
+    let mut oplog = OplogState::Unknown;
+    loop {
+        match collector.depths().await {
+            Ok(()) => outage.recovered(),
+            Err(error) => outage.failed(&error),
+        }
+        oplog = collector.oplog(oplog).await;
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(collector.interval) => {}
+        }
+    }
+}
+
+impl Collector {
+    async fn depths(&self) -> crate::Result<()> {
+        let depths = Depths::read(&self.outbox).await?;
+        self.metrics
+            .depths(depths.pending, depths.failed, depths.oldest_pending);
+        Ok(())
+    }
+
+    /// Reads the oplog's span and the headroom before the stored position,
+    /// and logs when the headroom state changes.
+    async fn oplog(&self, said: OplogState) -> OplogState {
+        let oplog = match Oplog::read(&self.client).await {
+            Ok(Some(oplog)) => oplog,
+            Ok(None) => return said,
+            Err(error) => {
+                if said != OplogState::Unreadable {
+                    tracing::info!(
+                        %error,
+                        "the oplog cannot be read here (a sharded cluster's router, or no read \
+                         access to local.oplog.rs): oplog headroom is not reported"
+                    );
+                }
+                return OplogState::Unreadable;
+            }
+        };
+        let position = match Checkpoint::read(&self.checkpoints).await {
+            Ok(checkpoint) => checkpoint.position_at,
+            Err(_) => None,
+        };
+        let headroom = position.map(|at| oplog.headroom_seconds(at));
+        self.metrics.oplog(
+            Duration::from_secs_f64(oplog.window_seconds().max(0.0)),
+            headroom,
+        );
+        let Some(headroom) = headroom else {
+            return said;
+        };
+        let warning = self.headroom_warning.as_secs_f64();
+        match (headroom < warning, said) {
+            (true, OplogState::Short) => OplogState::Short,
+            (true, _) => {
+                tracing::warn!(
+                    headroom_seconds = headroom,
+                    threshold_seconds = warning,
+                    "the oplog holds little history before the stored stream position: if the \
+                     relay stops for longer, it will lose its place and fall back to a catch-up \
+                     pass; enlarge the oplog (replSetResizeOplog) or keep the relay running"
+                );
+                OplogState::Short
+            }
+            (false, OplogState::Short) => {
+                tracing::info!(
+                    headroom_seconds = headroom,
+                    "the oplog's headroom is ample again"
+                );
+                OplogState::Ample
+            }
+            (false, _) => OplogState::Ample,
+        }
+    }
+}

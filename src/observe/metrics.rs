@@ -1,0 +1,536 @@
+//! The relay's metrics and readiness, one registry per relay.
+//!
+//! Every stage records into a [`Metrics`] handle (cheap to clone) rather
+//! than a process-wide recorder, so two relays in one process, or a test
+//! running several, each report their own. Counters and histograms are
+//! recorded as things happen; ages (oldest pending message, checkpoint,
+//! stream lag) are kept as the instant they count from and turned into
+//! seconds when scraped, so they stay current between collections.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::DateTime;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+/// Declares an enum used as a label value, written in snake case as
+/// Prometheus labels are.
+macro_rules! label_value {
+    ($(#[$meta:meta])* $name:ident { $($(#[$doc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$doc])* $variant),+
+        }
+
+        impl EncodeLabelValue for $name {
+            fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+                use std::fmt::Write;
+                encoder.write_str(match self {
+                    $($name::$variant => $text),+
+                })
+            }
+        }
+    };
+}
+
+label_value!(
+    /// Where a published message was read: the change stream, the catch-up
+    /// pass that follows a lost or missing token, or a sweep.
+    Origin {
+        Stream => "stream",
+        CatchUp => "catch_up",
+        Sweep => "sweep",
+    }
+);
+
+label_value!(
+    /// Why a message was marked `failed`.
+    FailureKind {
+        /// It breaks the document contract (or is too large for the broker).
+        Rejected => "rejected",
+        /// The broker refused it on every allowed attempt.
+        Exhausted => "exhausted",
+    }
+);
+
+label_value!(
+    /// The servers the relay depends on.
+    Server {
+        Mongodb => "mongodb",
+        Nats => "nats",
+    }
+);
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OriginLabel {
+    origin: Origin,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: FailureKind,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerLabel {
+    server: Server,
+}
+
+/// What the relay is doing, for readiness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Role {
+    /// Connecting and preparing the collection.
+    Starting = 0,
+    /// Another relay holds the lease; this one is ready to take over.
+    Standby = 1,
+    /// Holding the lease, opening the change stream.
+    Leading = 2,
+    /// Holding the lease with the change stream open.
+    Tailing = 3,
+    /// Poll mode: the sweep alone delivers.
+    Polling = 4,
+    /// Shutting down.
+    Stopping = 5,
+}
+
+impl Role {
+    fn from_u8(value: u8) -> Self {
+        match value {
+            1 => Role::Standby,
+            2 => Role::Leading,
+            3 => Role::Tailing,
+            4 => Role::Polling,
+            5 => Role::Stopping,
+            _ => Role::Starting,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Role::Starting => "starting",
+            Role::Standby => "standing by",
+            Role::Leading => "leading, opening the change stream",
+            Role::Tailing => "leading, tailing the change stream",
+            Role::Polling => "polling",
+            Role::Stopping => "stopping",
+        }
+    }
+}
+
+/// Whether the relay is ready, and if not, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    pub ready: bool,
+    /// One line a condition: what holds, or what does not.
+    pub conditions: Vec<String>,
+}
+
+/// Seconds in the histograms' buckets: 100 µs doubling to about 26 s.
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0001, 2.0, 19)
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// States of the MongoDB connection, as the driver's monitoring reports it.
+const NEVER_REACHED: u8 = 0;
+const REACHED: u8 = 1;
+const LOST: u8 = 2;
+
+/// The relay's metrics. Clones share one registry.
+#[derive(Clone)]
+pub struct Metrics(Arc<Inner>);
+
+struct Inner {
+    registry: Registry,
+    published: Family<OriginLabel, Counter>,
+    processed: Counter,
+    retries: Counter,
+    failed: Family<KindLabel, Counter>,
+    duplicates: Counter,
+    reconnects: Family<ServerLabel, Counter>,
+    stream_resumes: Counter,
+    history_lost: Counter,
+    publish_ack: Histogram,
+    commit_to_publish: Histogram,
+    pending: Gauge,
+    failed_depth: Gauge,
+    oldest_pending_age: FloatGauge,
+    stream_lag: FloatGauge,
+    checkpoint_age: FloatGauge,
+    leader: Gauge,
+    term: Gauge,
+    oplog_window: FloatGauge,
+    oplog_headroom: FloatGauge,
+    /// Milliseconds since the epoch each age counts from; 0 for none.
+    oldest_pending_since: AtomicI64,
+    checkpoint_saved_at: AtomicI64,
+    last_event_at: AtomicI64,
+    stream_caught_up: AtomicBool,
+    role: AtomicU8,
+    mongodb: AtomicU8,
+    nats: Mutex<Option<async_nats::Client>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh set of metrics, all names prefixed `outbox_`.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("outbox");
+        let inner = Inner {
+            published: Family::default(),
+            processed: Counter::default(),
+            retries: Counter::default(),
+            failed: Family::default(),
+            duplicates: Counter::default(),
+            reconnects: Family::default(),
+            stream_resumes: Counter::default(),
+            history_lost: Counter::default(),
+            publish_ack: Histogram::new(latency_buckets()),
+            commit_to_publish: Histogram::new(latency_buckets()),
+            pending: Gauge::default(),
+            failed_depth: Gauge::default(),
+            oldest_pending_age: FloatGauge::default(),
+            stream_lag: FloatGauge::default(),
+            checkpoint_age: FloatGauge::default(),
+            leader: Gauge::default(),
+            term: Gauge::default(),
+            oplog_window: FloatGauge::default(),
+            oplog_headroom: FloatGauge::default(),
+            oldest_pending_since: AtomicI64::new(0),
+            checkpoint_saved_at: AtomicI64::new(0),
+            last_event_at: AtomicI64::new(0),
+            stream_caught_up: AtomicBool::new(true),
+            role: AtomicU8::new(Role::Starting as u8),
+            mongodb: AtomicU8::new(NEVER_REACHED),
+            nats: Mutex::new(None),
+            registry: Registry::default(),
+        };
+        inner.register(&mut registry);
+        Metrics(Arc::new(Inner { registry, ..inner }))
+    }
+
+    /// Renders every metric in the Prometheus text format (version 0.0.4).
+    pub fn render(&self) -> String {
+        self.refresh_ages(DateTime::now());
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut text, &self.0.registry);
+        text
+    }
+
+    /// A message reached the broker, `waited` after it was sent.
+    pub(crate) fn published(&self, origin: Origin, waited: Duration, duplicate: bool) {
+        let inner = &self.0;
+        inner.published.get_or_create(&OriginLabel { origin }).inc();
+        inner.publish_ack.observe(waited.as_secs_f64());
+        if duplicate {
+            inner.duplicates.inc();
+        }
+    }
+
+    /// A message the stream saw commit at `committed` was acknowledged now.
+    pub(crate) fn delivered_since_commit(&self, committed: DateTime) {
+        let elapsed = DateTime::now().timestamp_millis() - committed.timestamp_millis();
+        self.0
+            .commit_to_publish
+            .observe(elapsed.max(0) as f64 / 1000.0);
+    }
+
+    pub(crate) fn processed(&self, count: u64) {
+        self.0.processed.inc_by(count);
+    }
+
+    pub(crate) fn retried(&self) {
+        self.0.retries.inc();
+    }
+
+    pub(crate) fn failed(&self, kind: FailureKind) {
+        self.0.failed.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// A connection to `server` came back after being lost.
+    pub(crate) fn reconnected(&self, server: Server) {
+        self.0
+            .reconnects
+            .get_or_create(&ServerLabel { server })
+            .inc();
+    }
+
+    /// The change stream was reopened from a stored position.
+    pub(crate) fn stream_resumed(&self) {
+        self.0.stream_resumes.inc();
+    }
+
+    /// The stored position could not be resumed from: a catch-up pass runs.
+    pub(crate) fn history_lost(&self) {
+        self.0.history_lost.inc();
+    }
+
+    /// The stream returned an event that committed at `at`.
+    pub(crate) fn stream_event(&self, at: Option<DateTime>) {
+        if let Some(at) = at {
+            self.0
+                .last_event_at
+                .store(at.timestamp_millis(), Ordering::Relaxed);
+        }
+        self.0.stream_caught_up.store(false, Ordering::Relaxed);
+    }
+
+    /// A read of the stream came back empty: nothing committed is unread.
+    pub(crate) fn stream_idle(&self) {
+        self.0.stream_caught_up.store(true, Ordering::Relaxed);
+    }
+
+    /// The checkpoint was written at `at`.
+    pub(crate) fn checkpoint_saved(&self, at: DateTime) {
+        self.0
+            .checkpoint_saved_at
+            .fetch_max(at.timestamp_millis(), Ordering::Relaxed);
+    }
+
+    /// The leader's state: `Some(term)` while leading, `None` otherwise.
+    pub(crate) fn leading(&self, term: Option<i64>) {
+        self.0.leader.set(i64::from(term.is_some()));
+        if let Some(term) = term {
+            self.0.term.set(term);
+        }
+    }
+
+    /// The outbox's depths, from a collection pass: pending and failed
+    /// counts, and when the oldest pending message was created.
+    pub(crate) fn depths(&self, pending: u64, failed: u64, oldest_pending: Option<DateTime>) {
+        let inner = &self.0;
+        inner
+            .pending
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        inner
+            .failed_depth
+            .set(i64::try_from(failed).unwrap_or(i64::MAX));
+        inner.oldest_pending_since.store(
+            oldest_pending.map_or(0, |t| t.timestamp_millis()),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The oplog's span, and how far its first entry lies before the
+    /// stored position in seconds (negative once the position is lost).
+    pub(crate) fn oplog(&self, window: Duration, headroom: Option<f64>) {
+        self.0.oplog_window.set(window.as_secs_f64());
+        if let Some(headroom) = headroom {
+            self.0.oplog_headroom.set(headroom);
+        }
+    }
+
+    pub(crate) fn set_role(&self, role: Role) {
+        self.0.role.store(role as u8, Ordering::Relaxed);
+    }
+
+    /// The role, unless the relay is already stopping.
+    pub(crate) fn set_role_unless_stopping(&self, role: Role) {
+        let _ = self
+            .0
+            .role
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |current| {
+                (current != Role::Stopping as u8).then_some(role as u8)
+            });
+    }
+
+    pub fn role(&self) -> Role {
+        Role::from_u8(self.0.role.load(Ordering::Relaxed))
+    }
+
+    /// Whether the MongoDB driver currently sees a server it can write to.
+    /// Only regaining a server once reached counts as a reconnection: the
+    /// driver's first view of the topology has none yet.
+    pub(crate) fn mongodb_reachable(&self, reachable: bool) {
+        let state = &self.0.mongodb;
+        if reachable {
+            if state.swap(REACHED, Ordering::Relaxed) == LOST {
+                self.reconnected(Server::Mongodb);
+            }
+        } else {
+            let _ = state.compare_exchange(REACHED, LOST, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// The NATS connection whose state readiness reports.
+    pub(crate) fn watch_nats(&self, client: async_nats::Client) {
+        if let Ok(mut nats) = self.0.nats.lock() {
+            *nats = Some(client);
+        }
+    }
+
+    /// Ready: MongoDB and NATS connected, and the relay either tailing as
+    /// the leader, polling, or standing by to take over.
+    pub fn readiness(&self) -> Readiness {
+        let inner = &self.0;
+        // A relay built over a handle it did not connect itself has no
+        // monitoring of its own; its connections count as up.
+        let mongodb = inner.mongodb.load(Ordering::Relaxed) != LOST;
+        let nats = inner.nats.lock().ok().and_then(|nats| {
+            nats.as_ref()
+                .map(|c| c.connection_state() == async_nats::connection::State::Connected)
+        });
+        let role = self.role();
+        let role_ready = matches!(role, Role::Standby | Role::Tailing | Role::Polling);
+        let conditions = vec![
+            format!(
+                "mongodb: {}",
+                if mongodb { "connected" } else { "unreachable" }
+            ),
+            format!(
+                "nats: {}",
+                match nats {
+                    Some(true) => "connected",
+                    Some(false) => "disconnected",
+                    None => "not monitored (a publisher of the application's own)",
+                }
+            ),
+            format!("role: {}", role.describe()),
+        ];
+        Readiness {
+            ready: mongodb && nats != Some(false) && role_ready,
+            conditions,
+        }
+    }
+
+    fn refresh_ages(&self, now: DateTime) {
+        let inner = &self.0;
+        let age = |since: &AtomicI64| match since.load(Ordering::Relaxed) {
+            0 => 0.0,
+            millis => (now.timestamp_millis() - millis).max(0) as f64 / 1000.0,
+        };
+        inner
+            .oldest_pending_age
+            .set(age(&inner.oldest_pending_since));
+        inner.checkpoint_age.set(age(&inner.checkpoint_saved_at));
+        let lag = if inner.stream_caught_up.load(Ordering::Relaxed) {
+            0.0
+        } else {
+            age(&inner.last_event_at)
+        };
+        inner.stream_lag.set(lag);
+    }
+}
+
+impl Inner {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "published",
+            "Messages the broker acknowledged, by where they were read",
+            self.published.clone(),
+        );
+        registry.register(
+            "processed",
+            "Messages marked processed",
+            self.processed.clone(),
+        );
+        registry.register(
+            "retries",
+            "Refused messages scheduled for another attempt",
+            self.retries.clone(),
+        );
+        registry.register(
+            "failed",
+            "Messages marked failed (dead letters), by kind of failure",
+            self.failed.clone(),
+        );
+        registry.register(
+            "jetstream_duplicates",
+            "Publishes JetStream acknowledged as duplicates of a message it already held",
+            self.duplicates.clone(),
+        );
+        registry.register(
+            "reconnects",
+            "Connections to a server regained after being lost",
+            self.reconnects.clone(),
+        );
+        registry.register(
+            "stream_resumes",
+            "Times the change stream was reopened from a stored position",
+            self.stream_resumes.clone(),
+        );
+        registry.register(
+            "history_lost",
+            "Times the stored position could not be resumed and a catch-up pass ran",
+            self.history_lost.clone(),
+        );
+        registry.register_with_unit(
+            "publish_ack",
+            "Time from sending a message to the broker's acknowledgement",
+            Unit::Seconds,
+            self.publish_ack.clone(),
+        );
+        registry.register_with_unit(
+            "commit_to_publish",
+            "Time from a message's commit (the change event's wall time) to its acknowledgement",
+            Unit::Seconds,
+            self.commit_to_publish.clone(),
+        );
+        registry.register(
+            "pending_messages",
+            "Messages waiting to be delivered",
+            self.pending.clone(),
+        );
+        registry.register(
+            "failed_messages",
+            "Messages marked failed and still kept (dead-letter depth)",
+            self.failed_depth.clone(),
+        );
+        registry.register_with_unit(
+            "oldest_pending_age",
+            "Age of the oldest pending message (0 when none is pending)",
+            Unit::Seconds,
+            self.oldest_pending_age.clone(),
+        );
+        registry.register_with_unit(
+            "change_stream_lag",
+            "Now minus the commit time of the last change event read (0 when the stream is caught up)",
+            Unit::Seconds,
+            self.stream_lag.clone(),
+        );
+        registry.register_with_unit(
+            "checkpoint_age",
+            "Time since the resume token was last written",
+            Unit::Seconds,
+            self.checkpoint_age.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this relay holds the lease, else 0",
+            self.leader.clone(),
+        );
+        registry.register(
+            "lease_term",
+            "The lease term this relay last held",
+            self.term.clone(),
+        );
+        registry.register_with_unit(
+            "oplog_window",
+            "Time spanned by the server's oplog",
+            Unit::Seconds,
+            self.oplog_window.clone(),
+        );
+        registry.register_with_unit(
+            "oplog_headroom",
+            "How much older than the stored stream position the oplog's first entry is: the time \
+             left before resuming from it fails",
+            Unit::Seconds,
+            self.oplog_headroom.clone(),
+        );
+    }
+}

@@ -1,0 +1,346 @@
+//! Operating the relay: the metrics and health endpoints, the self-check
+//! and its exit codes, and the status and dlq commands.
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use bson::{doc, oid::ObjectId, DateTime, Document};
+use common::{wait_until, write_orders, MongoProcess, RelayProcess, TestEnv};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("pick a free port")
+        .port()
+}
+
+/// GETs `path` with HTTP/1.0; the status code and body, or `None` if
+/// nothing answers yet.
+async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response))
+        .await
+        .ok()?
+        .ok()?;
+    let status = response.split(' ').nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_owned();
+    Some((status, body))
+}
+
+/// Parses the Prometheus text format strictly: every sample line is
+/// `name{labels} value`, and every sample belongs to a family with a TYPE.
+fn parse_metrics(text: &str) -> HashMap<String, f64> {
+    let mut families = Vec::new();
+    let mut samples = HashMap::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if let Some(declaration) = line.strip_prefix("# TYPE ") {
+            let (family, kind) = declaration.split_once(' ').expect("TYPE has a kind");
+            assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
+            if kind == "counter" {
+                assert!(family.ends_with("_total"), "counter without _total: {line}");
+            }
+            families.push(family.to_owned());
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').expect("sample has a value");
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("value of {line:?}"));
+        let name = series.split('{').next().unwrap_or(series);
+        assert!(
+            families.iter().any(|f| name.starts_with(f.as_str())),
+            "sample without a TYPE: {line}"
+        );
+        assert!(name.starts_with("outbox_"), "{line}");
+        samples.insert(series.to_owned(), value);
+    }
+    samples
+}
+
+async fn scrape(port: u16) -> HashMap<String, f64> {
+    let (status, body) = get(port, "/metrics").await.expect("/metrics answers");
+    assert_eq!(status, 200);
+    parse_metrics(&body)
+}
+
+fn metrics_settings(port: &str) -> [(&'static str, &str); 2] {
+    [
+        ("OUTBOX_METRICS_ADDR", port),
+        ("OUTBOX_COLLECT_INTERVAL", "200ms"),
+    ]
+}
+
+#[tokio::test]
+async fn endpoints_report_deliveries_depths_and_roles() {
+    let env = TestEnv::new().await;
+    let leader_port = free_port();
+    let leader_addr = format!("127.0.0.1:{leader_port}");
+    let mut leader =
+        RelayProcess::start_with(&env, "metrics-leader", &metrics_settings(&leader_addr));
+    wait_until("the leader to be ready", || async {
+        get(leader_port, "/readyz")
+            .await
+            .is_some_and(|(status, body)| status == 200 && body.contains("tailing"))
+    })
+    .await;
+    assert_eq!(get(leader_port, "/healthz").await.map(|r| r.0), Some(200));
+
+    write_orders(&env, 5).await;
+    env.outbox()
+        .insert_one(doc! { "type": "bad type!", "payload": {}, "status": "pending" })
+        .await
+        .unwrap();
+    wait_until("deliveries and the dead letter in the metrics", || async {
+        let metrics = scrape(leader_port).await;
+        metrics.get("outbox_processed_total") == Some(&5.0)
+            && metrics.get("outbox_failed_total{kind=\"rejected\"}") == Some(&1.0)
+            && metrics.get("outbox_failed_messages") == Some(&1.0)
+    })
+    .await;
+    let metrics = scrape(leader_port).await;
+    assert_eq!(metrics["outbox_published_total{origin=\"stream\"}"], 5.0);
+    assert_eq!(metrics["outbox_publish_ack_seconds_count"], 5.0);
+    assert_eq!(metrics["outbox_commit_to_publish_seconds_count"], 5.0);
+    assert_eq!(metrics["outbox_pending_messages"], 0.0);
+    assert_eq!(metrics["outbox_leader"], 1.0);
+    assert!(metrics["outbox_lease_term"] >= 1.0);
+    for gauge in [
+        "outbox_oldest_pending_age_seconds",
+        "outbox_change_stream_lag_seconds",
+        "outbox_checkpoint_age_seconds",
+        "outbox_oplog_window_seconds",
+    ] {
+        assert!(metrics.contains_key(gauge), "{gauge} missing");
+    }
+
+    let standby_port = free_port();
+    let standby_addr = format!("127.0.0.1:{standby_port}");
+    let mut standby =
+        RelayProcess::start_with(&env, "metrics-standby", &metrics_settings(&standby_addr));
+    wait_until("the standby to be ready", || async {
+        get(standby_port, "/readyz")
+            .await
+            .is_some_and(|(status, body)| status == 200 && body.contains("standing by"))
+    })
+    .await;
+    assert_eq!(scrape(standby_port).await["outbox_leader"], 0.0);
+
+    standby.terminate().await;
+    leader.terminate().await;
+    env.drop().await;
+}
+
+/// Runs `outbox-relay <args>` with the test's servers in the environment.
+fn relay_command(env: &TestEnv, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(args)
+        .env("OUTBOX_MONGODB_URI", &env.mongodb_uri)
+        .env("OUTBOX_DATABASE", &env.name)
+        .env("OUTBOX_NATS_URL", &env.nats_url)
+        .env("OUTBOX_SUBJECT_PREFIX", &env.prefix)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run outbox-relay")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn assert_exit(output: &Output, code: i32, saying: &str) {
+    let text = text(output);
+    assert_eq!(output.status.code(), Some(code), "{text}");
+    assert!(text.contains(saying), "should say {saying:?}: {text}");
+    assert!(!text.contains("panicked"), "{text}");
+}
+
+#[tokio::test]
+async fn check_gives_each_failure_its_own_exit_code() {
+    let env = TestEnv::new().await;
+    assert_exit(
+        &relay_command(&env, &["check"]),
+        0,
+        "ok    duplicate window",
+    );
+    let unreachable_mongodb = "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=300";
+    assert_exit(
+        &relay_command(&env, &["check", "--mongodb-uri", unreachable_mongodb]),
+        3,
+        "cannot reach MongoDB",
+    );
+    let unreachable_nats = "nats://127.0.0.1:1";
+    assert_exit(
+        &relay_command(&env, &["check", "--nats-url", unreachable_nats]),
+        6,
+        "cannot connect to NATS",
+    );
+    let no_stream = format!("{}none", env.prefix);
+    assert_exit(
+        &relay_command(&env, &["check", "--subject-prefix", &no_stream]),
+        7,
+        "no JetStream stream captures",
+    );
+    // The relay runs the same checks before it serves.
+    assert_exit(
+        &relay_command(&env, &["run", "--subject-prefix", &no_stream]),
+        7,
+        "no JetStream stream captures",
+    );
+
+    let short_window = format!("{}short", env.prefix);
+    env.jetstream
+        .create_stream(jetstream::stream::Config {
+            name: short_window.to_uppercase(),
+            subjects: vec![format!("{short_window}.>")],
+            duplicate_window: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_exit(
+        &relay_command(&env, &["check", "--subject-prefix", &short_window]),
+        8,
+        "--dupe-window",
+    );
+    env.jetstream
+        .delete_stream(short_window.to_uppercase())
+        .await
+        .unwrap();
+
+    let standalone = MongoProcess::start_with(&["--standalone"]).await;
+    for command in ["check", "run"] {
+        assert_exit(
+            &relay_command(&env, &[command, "--mongodb-uri", &standalone.uri()]),
+            4,
+            "standalone",
+        );
+    }
+    drop(standalone);
+    env.drop().await;
+}
+
+/// A failed message as the relay leaves it.
+fn failed(message_type: &str, error: &str) -> Document {
+    doc! {
+        "_id": ObjectId::new(),
+        "type": message_type,
+        "payload": { "n": 1 },
+        "status": "failed",
+        "attempts": 10,
+        "failedAt": DateTime::now(),
+        "lastError": error,
+    }
+}
+
+#[tokio::test]
+async fn status_and_dlq_commands_show_and_mend_the_dead_letters() {
+    let env = TestEnv::new().await;
+    let outbox = env.outbox();
+    let replayed = failed("invoice.sent", "refused by the broker: quota");
+    let replayed_id = replayed.get_object_id("_id").unwrap();
+    outbox
+        .insert_many([
+            failed("order.placed", "invalid subject"),
+            failed("order.placed", "invalid subject"),
+            replayed,
+            doc! { "type": "order.placed", "payload": {}, "status": "pending" },
+            doc! { "type": "order.placed", "payload": {}, "status": "processed" },
+        ])
+        .await
+        .unwrap();
+
+    let output = relay_command(&env, &["status", "--json"]);
+    assert_exit(&output, 0, "failed_by_type");
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        status["counts"],
+        serde_json::json!({ "pending": 1, "processed": 1, "failed": 3 })
+    );
+    assert_eq!(status["failed_by_type"][0]["type"], "order.placed");
+    assert_eq!(status["failed_by_type"][0]["count"], 2);
+    assert_eq!(status["failed_by_type"][0]["last_error"], "invalid subject");
+    assert!(status["oldest_pending_age_seconds"].as_f64().is_some());
+    assert_exit(
+        &relay_command(&env, &["status"]),
+        0,
+        "1 pending, 1 processed, 3 failed",
+    );
+
+    let output = relay_command(&env, &["dlq", "list", "--type", "order.placed", "--json"]);
+    assert_exit(&output, 0, "order.placed");
+    let listed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(listed["total"], 2);
+    assert_eq!(listed["messages"].as_array().map(Vec::len), Some(2));
+
+    let id = replayed_id.to_hex();
+    assert_exit(
+        &relay_command(&env, &["dlq", "replay", "--id", &id, "--dry-run"]),
+        0,
+        "would replay 1",
+    );
+    assert_eq!(env.count(doc! { "status": "failed" }).await, 3);
+    assert_exit(
+        &relay_command(&env, &["dlq", "replay", "--id", &id]),
+        0,
+        "replayed 1",
+    );
+    let document = outbox
+        .find_one(doc! { "_id": replayed_id })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(document.get_str("status"), Ok("pending"));
+    assert_eq!(document.get_i32("attempts"), Ok(0));
+    assert!(!document.contains_key("lastError"));
+    let history = document.get_array("errorHistory").unwrap();
+    assert_eq!(
+        history[0].as_document().unwrap().get_str("error"),
+        Ok("refused by the broker: quota")
+    );
+    // The next sweep delivers it.
+    let mut receiver = env.subscribe().await;
+    assert_exit(
+        &relay_command(&env, &["sweep", "--once", "--grace-period", "0s"]),
+        0,
+        "delivered 2",
+    );
+    receiver.until_id(replayed_id).await;
+
+    assert_exit(
+        &relay_command(&env, &["dlq", "discard", "--type", "order.placed"]),
+        2,
+        "--yes",
+    );
+    assert_eq!(env.count(doc! { "status": "failed" }).await, 2);
+    assert_exit(
+        &relay_command(&env, &["dlq", "discard", "--type", "order.placed", "--yes"]),
+        0,
+        "discarded 2",
+    );
+    assert_eq!(env.count(doc! { "status": "failed" }).await, 0);
+    assert_exit(
+        &relay_command(&env, &["dlq", "replay", "--id", "not-an-id"]),
+        2,
+        "not an ObjectId",
+    );
+    env.drop().await;
+}
