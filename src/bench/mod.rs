@@ -25,11 +25,11 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::redact_uri;
+use crate::config::{redact_uri, NatsMode};
 use crate::error::{Error, Result};
 use crate::publish::{connect_nats, StreamSetup};
 use load::Clock;
-use process::{RelayProcess, Usage};
+use process::{RelayProcess, RelayView, Usage};
 
 pub use report::{print_table, write_json, write_plot};
 
@@ -60,13 +60,16 @@ pub struct BenchConfig {
     pub server: String,
 }
 
-/// How a run delivers (the floor is measured alongside push).
+/// How a run delivers. Each push run measures its own floor alongside.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Mode {
-    /// A bare change stream: what the database itself takes.
-    Floor,
-    /// The relay tailing the change stream.
-    Push,
+    /// A bare change stream on the inserts of the push run with this NATS
+    /// mode: what the database itself takes.
+    Floor(NatsMode),
+    /// The relay tailing the change stream, publishing to JetStream or to
+    /// core NATS (the difference is what JetStream's acknowledged storage
+    /// costs).
+    Push(NatsMode),
     /// The relay sweeping every interval.
     Poll(Duration),
 }
@@ -74,16 +77,20 @@ pub enum Mode {
 impl Mode {
     pub fn label(&self) -> String {
         match self {
-            Mode::Floor => "floor (change stream)".into(),
-            Mode::Push => "push".into(),
+            Mode::Floor(NatsMode::Jetstream) => "floor (change stream)".into(),
+            Mode::Floor(NatsMode::Core) => "floor (beside core push)".into(),
+            Mode::Push(NatsMode::Jetstream) => "push".into(),
+            Mode::Push(NatsMode::Core) => "push (core NATS)".into(),
             Mode::Poll(every) => format!("poll {}", humantime::format_duration(*every)),
         }
     }
 
     fn slug(&self) -> String {
         match self {
-            Mode::Floor => "floor".into(),
-            Mode::Push => "push".into(),
+            Mode::Floor(NatsMode::Jetstream) => "floor".into(),
+            Mode::Floor(NatsMode::Core) => "floorcore".into(),
+            Mode::Push(NatsMode::Jetstream) => "push".into(),
+            Mode::Push(NatsMode::Core) => "pushcore".into(),
             Mode::Poll(every) => format!("poll{}ms", every.as_millis()),
         }
     }
@@ -104,6 +111,8 @@ pub struct RunResult {
     /// Messages committed a second.
     pub achieved_rate: f64,
     pub relay: Option<Usage>,
+    /// What the relay measured itself, for push runs.
+    pub relay_view: Option<RelayView>,
     #[serde(skip)]
     pub latencies: Vec<Duration>,
 }
@@ -195,7 +204,7 @@ struct Bench<'a> {
 
 impl Bench<'_> {
     async fn all(&self, report: &mut Report) -> Result<()> {
-        let mut modes = vec![Mode::Push];
+        let mut modes = vec![Mode::Push(NatsMode::Jetstream), Mode::Push(NatsMode::Core)];
         modes.extend(
             self.config
                 .poll_intervals
@@ -252,9 +261,13 @@ impl Bench<'_> {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        if let Mode::Poll(every) = mode {
-            args.extend(["--mode".into(), "poll".into(), "--poll-interval".into()]);
-            args.push(format!("{}ms", every.as_millis()));
+        match mode {
+            Mode::Poll(every) => {
+                args.extend(["--mode".into(), "poll".into(), "--poll-interval".into()]);
+                args.push(format!("{}ms", every.as_millis()));
+            }
+            Mode::Push(NatsMode::Core) => args.extend(["--nats-mode".into(), "core".into()]),
+            _ => {}
         }
         RelayProcess::start(
             &self.config.relay_binary,
@@ -272,8 +285,11 @@ impl Bench<'_> {
         let (started, arrived, stop) =
             (Clock::default(), Clock::default(), CancellationToken::new());
         let _stop_receivers = stop.clone().drop_guard();
-        let floor = (mode == Mode::Push).then(Clock::default);
-        if let Some(floor) = &floor {
+        let floor = match mode {
+            Mode::Push(nats_mode) => Some((Mode::Floor(nats_mode), Clock::default())),
+            _ => None,
+        };
+        if let Some((_, floor)) = &floor {
             load::watch_inserts(
                 self.database.collection(&collection),
                 floor.clone(),
@@ -322,9 +338,13 @@ impl Bench<'_> {
         let limit = Duration::from_secs(60) + mode_wait(mode);
         load::wait_for(&arrived, self.config.count + 1, limit).await;
         let usage = relay.usage();
+        let view = match mode {
+            Mode::Push(_) => relay.view().await,
+            _ => None,
+        };
         relay.stop(Duration::from_secs(15)).await;
         let achieved_rate = self.config.count as f64 / took.as_secs_f64().max(1e-9);
-        let result = |mode: Mode, arrived: &Clock, relay: Option<Usage>| {
+        let result = |mode: Mode, arrived: &Clock, relay: Option<Usage>, relay_view| {
             let latencies = load::latencies(&started, arrived);
             RunResult {
                 mode: mode.label(),
@@ -338,14 +358,15 @@ impl Bench<'_> {
                 max_ms: percentile(&latencies, 1.0),
                 achieved_rate,
                 relay,
+                relay_view,
                 latencies,
             }
         };
         let mut results = Vec::new();
-        if let Some(floor) = &floor {
-            results.push(result(Mode::Floor, floor, None));
+        if let Some((floor_mode, floor)) = &floor {
+            results.push(result(*floor_mode, floor, None, None));
         }
-        results.push(result(mode, &arrived, Some(usage)));
+        results.push(result(mode, &arrived, Some(usage), view));
         Ok(results)
     }
 
@@ -362,7 +383,12 @@ impl Bench<'_> {
         let (arrived, stop) = (Clock::default(), CancellationToken::new());
         let _stop_receiver = stop.clone().drop_guard();
         load::subscribe(&self.nats, &prefix, arrived.clone(), stop).await?;
-        let relay = self.start_relay("drain", &collection, &prefix, Mode::Push)?;
+        let relay = self.start_relay(
+            "drain",
+            &collection,
+            &prefix,
+            Mode::Push(NatsMode::Jetstream),
+        )?;
         let began = Instant::now();
         let progress = report::progress(n, "backlog drain");
         let limit = Duration::from_secs(3600);

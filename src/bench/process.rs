@@ -12,6 +12,19 @@ use crate::error::{Error, Result};
 /// A relay process started for one benchmark run.
 pub struct RelayProcess {
     child: Child,
+    /// Where it serves its metrics.
+    metrics_port: u16,
+}
+
+/// What the relay itself measured, from its `/metrics`: means, since the
+/// histograms' buckets are too coarse for percentiles at this scale.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct RelayView {
+    /// Mean time from a message's commit (its change event's wall time) to
+    /// the broker's acknowledgement.
+    pub commit_to_ack_mean_ms: f64,
+    /// Mean time from sending a message to its acknowledgement.
+    pub publish_ack_mean_ms: f64,
 }
 
 /// What the relay process used.
@@ -28,14 +41,22 @@ impl RelayProcess {
     pub fn start(binary: &Path, args: &[String], log: &Path) -> Result<Self> {
         let file = std::fs::File::create(log)
             .map_err(|e| Error::Config(format!("cannot write {}: {e}", log.display())))?;
+        let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|addr| addr.port())
+            .map_err(|e| Error::Config(format!("cannot find a free port for metrics: {e}")))?;
         let child = Command::new(binary)
             .arg("run")
+            .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))
             .spawn()
             .map_err(|e| Error::Config(format!("cannot start {}: {e}", binary.display())))?;
-        Ok(RelayProcess { child })
+        Ok(RelayProcess {
+            child,
+            metrics_port,
+        })
     }
 
     /// CPU time and peak memory so far (Linux `/proc`; zero elsewhere).
@@ -67,6 +88,28 @@ impl RelayProcess {
         }
     }
 
+    /// The relay's own view of its latency, if its metrics answer.
+    pub async fn view(&self) -> Option<RelayView> {
+        let text = http_get(self.metrics_port, "/metrics").await?;
+        let value = |name: &str| {
+            text.lines().find_map(|line| {
+                line.strip_prefix(name)?
+                    .strip_prefix(' ')?
+                    .parse::<f64>()
+                    .ok()
+            })
+        };
+        let mean_ms = |histogram: &str| {
+            let sum = value(&format!("{histogram}_sum"))?;
+            let count = value(&format!("{histogram}_count")).filter(|c| *c > 0.0)?;
+            Some(sum / count * 1e3)
+        };
+        Some(RelayView {
+            commit_to_ack_mean_ms: mean_ms("outbox_commit_to_publish_seconds")?,
+            publish_ack_mean_ms: mean_ms("outbox_publish_ack_seconds")?,
+        })
+    }
+
     /// Stops it with SIGTERM, waiting up to `limit` before killing it.
     pub async fn stop(mut self, limit: Duration) {
         let _ = Command::new("kill")
@@ -82,6 +125,25 @@ impl RelayProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The body of an HTTP/1.0 GET on the loopback, or `None` on any failure.
+async fn http_get(port: u16, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.ok()?;
+        Some(response.split_once("\r\n\r\n")?.1.to_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .ok()
+        .flatten()
 }
 
 impl Drop for RelayProcess {

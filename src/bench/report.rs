@@ -27,7 +27,7 @@ pub(crate) fn progress(total: usize, label: &str) -> indicatif::ProgressBar {
 /// Prints the results as a table.
 pub fn print_table(report: &Report) {
     println!(
-        "{:<22} {:>7} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "{:<25} {:>7} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
         "mode",
         "offered",
         "received",
@@ -50,7 +50,7 @@ pub fn print_table(report: &Report) {
             }
         };
         println!(
-            "{:<22} {:>7} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.0} {:>8} {:>8}",
+            "{:<25} {:>7} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.0} {:>8} {:>8}",
             run.mode,
             run.offered_rate.map_or("max".into(), |r| r.to_string()),
             format!("{}/{}", run.received, run.messages),
@@ -63,6 +63,18 @@ pub fn print_table(report: &Report) {
             shown(usage.cpu_seconds),
             shown(usage.peak_rss_mib),
         );
+    }
+    for run in &report.runs {
+        if let Some(view) = &run.relay_view {
+            println!(
+                "{} at {}/s, as the relay measured it: commit to acknowledgement {:.2} ms mean, \
+                 of which publish to acknowledgement {:.2} ms",
+                run.mode,
+                run.offered_rate.map_or("max".into(), |r| r.to_string()),
+                view.commit_to_ack_mean_ms,
+                view.publish_ack_mean_ms,
+            );
+        }
     }
     if let Some(drain) = &report.drain {
         println!(
