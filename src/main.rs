@@ -18,7 +18,15 @@ use outbox_relay::{Error, RelayConfig, Result};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    let runtime = match tokio::runtime::Runtime::new() {
+    // One thread: the relay waits on the network, and its stages hand each
+    // message from task to task. On a multi-threaded runtime every hand-off
+    // may wake another worker (a futex and a context switch), which doubled
+    // the relay's CPU per message in the benchmark and delayed deliveries on
+    // a busy machine; one thread does all the work at a fraction of a core.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: cannot start the async runtime: {error}");

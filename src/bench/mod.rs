@@ -211,9 +211,16 @@ impl Bench<'_> {
                 .iter()
                 .map(|&every| Mode::Poll(every)),
         );
+        // A first run on a cold server (empty caches, a fresh process) is
+        // slower across the board; it is run once and thrown away.
+        if let Some(&rate) = self.config.rates.first() {
+            tracing::info!("warm-up run, not reported");
+            self.run_one(Mode::Push(NatsMode::Jetstream), rate, "_warmup")
+                .await?;
+        }
         for &rate in &self.config.rates {
             for &mode in &modes {
-                report.runs.extend(self.run_one(mode, rate).await?);
+                report.runs.extend(self.run_one(mode, rate, "").await?);
             }
         }
         if self.config.backlog > 0 {
@@ -278,9 +285,11 @@ impl Bench<'_> {
 
     /// One run of the relay in `mode`. A push run also measures the floor:
     /// a bare change stream on the very same inserts, under the same load.
-    async fn run_one(&self, mode: Mode, rate: Option<u32>) -> Result<Vec<RunResult>> {
+    /// `suffix` keeps a run's collection and subjects apart from another
+    /// run of the same mode and rate.
+    async fn run_one(&self, mode: Mode, rate: Option<u32>, suffix: &str) -> Result<Vec<RunResult>> {
         let rate_tag = rate.map_or("max".to_owned(), |r| r.to_string());
-        let tag = format!("{}_{rate_tag}", mode.slug());
+        let tag = format!("{}_{rate_tag}{suffix}", mode.slug());
         let (prefix, collection) = self.names(&tag);
         let (started, arrived, stop) =
             (Clock::default(), Clock::default(), CancellationToken::new());
