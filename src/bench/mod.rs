@@ -132,6 +132,12 @@ pub struct Drain {
     pub batched_update_rate: f64,
     /// Drain rate as a share of the batched-update rate.
     pub share_of_batched: f64,
+    /// The database work of a drain with no broker: the pending documents
+    /// read in the sweep index's order, 500 at a time, and each batch
+    /// marked by naming its ids, one batch after another.
+    pub read_and_mark_rate: f64,
+    /// Drain rate as a share of the read-and-mark rate.
+    pub share_of_read_and_mark: f64,
     pub relay: Usage,
 }
 
@@ -441,6 +447,7 @@ impl Bench<'_> {
         .map_err(|e| Error::mongo("bulk update failed", e))?;
         let bulk_update_seconds = began.elapsed().as_secs_f64();
         let batched_update_rate = self.batched_update_rate(n).await?;
+        let read_and_mark_rate = self.read_and_mark_rate(n).await?;
         let rate = n as f64 / seconds;
         let bulk_update_rate = n as f64 / bulk_update_seconds;
         Ok(Drain {
@@ -452,6 +459,8 @@ impl Bench<'_> {
             share_of_limit: rate / bulk_update_rate,
             batched_update_rate,
             share_of_batched: rate / batched_update_rate,
+            read_and_mark_rate,
+            share_of_read_and_mark: rate / read_and_mark_rate,
             relay: usage,
         })
     }
@@ -473,14 +482,33 @@ impl Bench<'_> {
             .collect();
         let began = Instant::now();
         for chunk in ids.chunks(500) {
-            batched
-                .update_many(
-                    doc! { "_id": { "$in": chunk }, "status": "pending" },
-                    doc! { "$set": { "status": "processed", "processedAt": DateTime::now() } },
-                )
-                .await
-                .map_err(|e| Error::mongo("batched update failed", e))?;
+            mark_named(&batched, chunk).await?;
         }
+        Ok(n as f64 / began.elapsed().as_secs_f64())
+    }
+
+    /// How fast the server gives up `n` pending documents in full, with the
+    /// catch-up pass's query, while each 500 read are marked by their ids.
+    async fn read_and_mark_rate(&self, n: usize) -> Result<f64> {
+        let outbox = self.database.collection::<Document>("outbox_read_and_mark");
+        crate::setup::ensure_indexes(&outbox, None).await?;
+        self.insert_backlog(&outbox, n).await?;
+        let failed = |e| Error::mongo("reading pending documents failed", e);
+        let began = Instant::now();
+        let mut cursor = outbox
+            .find(crate::source::catch_up::due_filter(DateTime::now()))
+            .sort(doc! { "_id": 1 })
+            .await
+            .map_err(failed)?;
+        let mut ids = Vec::with_capacity(500);
+        while let Some(document) = cursor.try_next().await.map_err(failed)? {
+            ids.extend(document.get_object_id("_id").ok());
+            if ids.len() == 500 {
+                mark_named(&outbox, &ids).await?;
+                ids.clear();
+            }
+        }
+        mark_named(&outbox, &ids).await?;
         Ok(n as f64 / began.elapsed().as_secs_f64())
     }
 
@@ -517,6 +545,18 @@ impl Bench<'_> {
             let _ = jetstream.delete_stream(&name).await;
         }
     }
+}
+
+/// Marks the named documents processed, as the relay's completion does.
+async fn mark_named(outbox: &mongodb::Collection<Document>, ids: &[ObjectId]) -> Result<()> {
+    outbox
+        .update_many(
+            doc! { "_id": { "$in": ids }, "status": "pending" },
+            doc! { "$set": { "status": "processed", "processedAt": DateTime::now() } },
+        )
+        .await
+        .map_err(|e| Error::mongo("marking documents failed", e))?;
+    Ok(())
 }
 
 /// How long a mode may take beyond the load itself.

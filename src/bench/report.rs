@@ -79,8 +79,9 @@ pub fn print_table(report: &Report) {
     if let Some(drain) = &report.drain {
         println!(
             "backlog drain: {} messages in {:.2} s = {:.0}/s; the server updates the same documents \
-             at {:.0}/s in one update ({:.0}% of that) and at {:.0}/s named 500 an update ({:.0}% \
-             of that); relay cpu {:.2} s, peak rss {:.1} MiB",
+             at {:.0}/s in one update ({:.0}% of that), at {:.0}/s named 500 an update ({:.0}% \
+             of that), and reads and marks them 500 at a time at {:.0}/s ({:.0}% of that); relay \
+             cpu {:.2} s, peak rss {:.1} MiB",
             drain.messages,
             drain.seconds,
             drain.rate,
@@ -88,6 +89,8 @@ pub fn print_table(report: &Report) {
             drain.share_of_limit * 100.0,
             drain.batched_update_rate,
             drain.share_of_batched * 100.0,
+            drain.read_and_mark_rate,
+            drain.share_of_read_and_mark * 100.0,
             drain.relay.cpu_seconds,
             drain.relay.peak_rss_mib,
         );
