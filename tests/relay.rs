@@ -238,6 +238,34 @@ async fn documents_from_a_foreign_writer_with_only_the_required_fields_arrive() 
 }
 
 #[tokio::test]
+async fn documents_inserted_in_another_state_are_not_published() {
+    let env = TestEnv::new().await;
+    let mut receiver = env.subscribe().await;
+    let relay = RunningRelay::start(env.config()).await;
+    // Once this arrives, the relay is tailing the stream.
+    let tailing = write_orders(&env, 1).await;
+    receiver.until_id(tailing[0]).await;
+    // As a restore from a backup would insert them.
+    env.outbox()
+        .insert_many([
+            doc! { "type": "restored", "payload": {}, "status": "processed" },
+            doc! { "type": "restored", "payload": {}, "status": "failed", "lastError": "x" },
+        ])
+        .await
+        .unwrap();
+    let ids = write_orders(&env, 1).await;
+    // Deliveries keep commit order, so anything published for the
+    // restored documents would arrive first.
+    let first = receiver.take(1).await;
+    assert_eq!(msg_id(&first[0]), Some(ids[0].to_hex()));
+    env.wait_count(doc! { "status": "processed" }, 3).await;
+    assert_eq!(env.count(doc! { "status": "failed" }).await, 1);
+    relay.stop().await.unwrap();
+    assert_eq!(env.stream_count().await, 2);
+    env.drop().await;
+}
+
+#[tokio::test]
 async fn malformed_documents_fail_with_a_reason_while_good_ones_flow() {
     let env = TestEnv::new().await;
     let mut receiver = env.subscribe().await;

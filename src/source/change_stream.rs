@@ -1,6 +1,6 @@
 //! The change-stream source: the fast path from commit to publish.
 //!
-//! It tails inserts on the outbox collection, with the document taken from
+//! It tails inserts of pending messages on the outbox collection, with the document taken from
 //! the insert event itself, so a message reaches the publisher with no
 //! further database round trip. It resumes from the stored token; when the
 //! server can no longer resume from it (the history is gone, or the token is
@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::catch_up;
-use crate::contract::DecodeRules;
+use crate::contract::{status, DecodeRules};
 use crate::observe::{Metrics, Role};
 use crate::pipeline::Work;
 use crate::retry::{pause, reconnect_backoff, until_ok, Outage};
@@ -101,7 +101,12 @@ impl ChangeStreamSource {
         let watch = self
             .outbox
             .watch()
-            .pipeline([doc! { "$match": { "operationType": "insert" } }])
+            .pipeline([doc! { "$match": {
+                "operationType": "insert",
+                // A document inserted in any other state (restored from a
+                // backup, copied from another outbox) is history, not news.
+                "fullDocument.status": status::PENDING,
+            } }])
             .max_await_time(self.max_await_time);
         match token {
             Some(token) => watch.start_after(token).await,
