@@ -344,3 +344,57 @@ async fn status_and_dlq_commands_show_and_mend_the_dead_letters() {
     );
     env.drop().await;
 }
+
+#[tokio::test]
+async fn readiness_follows_nats_and_a_short_oplog_is_reported() {
+    let (mongo, mut nats) = (
+        MongoProcess::start().await,
+        common::NatsProcess::start().await,
+    );
+    let env = TestEnv::on(&mongo.uri(), &nats.url()).await;
+    // Collections first, as the fault suite does (README, SecantusDB).
+    for collection in ["outbox", "orders"] {
+        env.db.create_collection(collection).await.unwrap();
+    }
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut settings = metrics_settings(&addr).to_vec();
+    settings.push(("OUTBOX_OPLOG_HEADROOM_WARNING", "1h"));
+    settings.push(("OUTBOX_CHECKPOINT_INTERVAL", "100ms"));
+    let mut relay = RelayProcess::start_with(&env, "readiness", &settings);
+    let ready = |expected: u16, saying: &'static str| async move {
+        get(port, "/readyz")
+            .await
+            .is_some_and(|(status, body)| status == expected && body.contains(saying))
+    };
+    wait_until("the relay to be ready", || ready(200, "tailing")).await;
+
+    // A fresh server's oplog holds seconds of history, far under an hour.
+    write_orders(&env, 1).await;
+    wait_until("the oplog headroom to be reported", || async {
+        scrape(port)
+            .await
+            .get("outbox_oplog_headroom_seconds")
+            .is_some_and(|headroom| *headroom < 3600.0)
+    })
+    .await;
+    wait_until("the short headroom to be logged", || async {
+        std::fs::read_to_string(&relay.log)
+            .is_ok_and(|log| log.contains("the oplog holds little history"))
+    })
+    .await;
+
+    nats.stop();
+    wait_until("readiness to drop with NATS", || {
+        ready(503, "nats: disconnected")
+    })
+    .await;
+    nats.restart().await;
+    wait_until("readiness to return with NATS", || {
+        ready(200, "nats: connected")
+    })
+    .await;
+    assert!(scrape(port).await["outbox_reconnects_total{server=\"nats\"}"] >= 1.0);
+    relay.terminate().await;
+    env.drop().await;
+}
