@@ -9,16 +9,8 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use bson::{doc, oid::ObjectId, DateTime, Document};
-use common::{wait_until, write_orders, MongoProcess, RelayProcess, TestEnv};
+use common::{free_port, wait_until, write_orders, MongoProcess, RelayProcess, TestEnv};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// A port nothing listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("pick a free port")
-        .port()
-}
 
 /// GETs `path` with HTTP/1.0; the status code and body, or `None` if
 /// nothing answers yet.

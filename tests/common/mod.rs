@@ -349,10 +349,7 @@ impl NatsProcess {
 
     /// Starts a server with extra configuration (for example `authorization`).
     pub async fn start_with(extra_config: &str, user: Option<&'static str>) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("pick a free port")
-            .port();
+        let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("outbox-relay-nats-{port}-{}", ObjectId::new()));
         std::fs::create_dir_all(&dir).expect("nats-server directory");
@@ -414,6 +411,14 @@ impl Drop for NatsProcess {
     }
 }
 
+/// A loopback port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("pick a free port")
+        .port()
+}
+
 /// Connects as the relay does (credentials in the URL are used).
 pub async fn connect_nats(url: &str) -> outbox_relay::Result<async_nats::Client> {
     outbox_relay::publish::connect_nats(url, Duration::from_secs(2)).await
@@ -447,10 +452,7 @@ impl MongoProcess {
 
     /// A private server started with extra flags.
     pub async fn start_with(extra: &[&'static str]) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("pick a free port")
-            .port();
+        let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("outbox-relay-mongo-{port}-{}", ObjectId::new()));
         let mut mongo = MongoProcess {
