@@ -68,8 +68,8 @@ pub enum DlqCommand {
         /// Only messages of this type.
         #[arg(long = "type")]
         message_type: Option<String>,
-        /// At most this many.
-        #[arg(long, default_value_t = 20)]
+        /// At most this many (at least 1).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
         /// Print JSON for scripts.
         #[arg(long)]

@@ -58,6 +58,34 @@ fn bad_values_are_explained() {
     );
     assert_fails_saying(&with(&["--max-in-flight", "0"]), &["max-in-flight"]);
     assert_fails_saying(
+        &with(&["--metrics-addr", "everywhere"]),
+        &["metrics-addr", "off"],
+    );
+    assert_fails_saying(
+        &[
+            "dlq",
+            "list",
+            "--limit",
+            "0",
+            "--mongodb-uri",
+            "mongodb://h",
+            "--database",
+            "d",
+        ],
+        &["--limit"],
+    );
+    assert_fails_saying(
+        &[
+            "dlq",
+            "replay",
+            "--mongodb-uri",
+            "mongodb://h",
+            "--database",
+            "d",
+        ],
+        &["--id", "--type", "--all"],
+    );
+    assert_fails_saying(
         &with(&["--max-in-flight", "many"]),
         &["--max-in-flight", "many"],
     );
