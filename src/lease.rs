@@ -34,6 +34,19 @@ use crate::retry::Outage;
 
 const DUPLICATE_KEY: i32 = 11000;
 
+/// The database server's clock (`hello.localTime`), which judges leases.
+pub(crate) async fn server_time(client: &mongodb::Client) -> Result<DateTime> {
+    let hello = client
+        .database("admin")
+        .run_command(doc! { "hello": 1 })
+        .await
+        .map_err(|e| Error::mongo("reading the server's clock failed", e))?;
+    hello
+        .get_datetime("localTime")
+        .copied()
+        .map_err(|_| Error::Config("the server's hello reply has no localTime".into()))
+}
+
 /// Timing of the lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseTiming {
@@ -242,17 +255,7 @@ impl Lease {
 
     /// The database server's clock.
     async fn server_time(&self) -> Result<DateTime> {
-        let hello = self
-            .database
-            .client()
-            .database("admin")
-            .run_command(doc! { "hello": 1 })
-            .await
-            .map_err(|e| Error::mongo("reading the server's clock failed", e))?;
-        hello
-            .get_datetime("localTime")
-            .copied()
-            .map_err(|_| Error::Config("the server's hello reply has no localTime".into()))
+        server_time(self.database.client()).await
     }
 
     /// How long the current holder's lease has left, by the server's clock.

@@ -242,7 +242,8 @@ pub struct Counts {
     pub failed: u64,
 }
 
-/// Everything `outbox-relay status` shows.
+/// Everything `outbox-relay status` shows. Ages are counted on the
+/// database server's clock.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Status {
     pub database: String,
@@ -253,6 +254,8 @@ pub struct Status {
     pub checkpoint: Checkpoint,
     /// Whether the lease is held now (it has not expired).
     pub leader_active: bool,
+    /// Time since the resume token was last written.
+    pub checkpoint_age_seconds: Option<f64>,
     /// Now minus the time of the stored position: how far behind the
     /// relay's record of the stream is (an idle stream's position moves
     /// only every idle checkpoint interval).
@@ -267,7 +270,8 @@ impl Status {
     /// Reads the status of the outbox `config` names.
     pub async fn read(database: &Database, config: &RelayConfig) -> Result<Self> {
         let outbox = database.collection::<Document>(&config.collection);
-        let now = DateTime::now();
+        // Lease expiry is judged on the server's clock, as the relays judge it.
+        let now = crate::lease::server_time(database.client()).await?;
         let depths = Depths::read(&outbox).await?;
         let processed = outbox
             .count_documents(doc! { field::STATUS: status::PROCESSED })
@@ -294,6 +298,7 @@ impl Status {
             leader_active: checkpoint
                 .lease_expires_at
                 .is_some_and(|expires| expires > now),
+            checkpoint_age_seconds: checkpoint.updated_at.map(|t| seconds_between(t, now)),
             relay_lag_seconds: checkpoint.position_at.map(|t| seconds_between(t, now)),
             oplog_window_seconds: oplog.map(|o| o.window_seconds()),
             oplog_headroom_seconds: oplog
@@ -330,11 +335,8 @@ impl Status {
         });
         lines.push(format!(
             "  checkpoint: {}",
-            match (lease.has_token, lease.updated_at) {
-                (true, Some(updated)) => format!(
-                    "written {} ago",
-                    age(seconds_between(updated, DateTime::now()))
-                ),
+            match (lease.has_token, self.checkpoint_age_seconds) {
+                (true, Some(written)) => format!("written {} ago", age(written)),
                 _ => "none (the next relay starts with a catch-up pass)".to_owned(),
             }
         ));
