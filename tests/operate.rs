@@ -130,6 +130,14 @@ async fn endpoints_report_deliveries_depths_and_roles() {
     })
     .await;
     assert_eq!(scrape(standby_port).await["outbox_leader"], 0.0);
+    // A standby reads the leader's checkpoint, so it reports its age too.
+    wait_until("the standby to report the checkpoint's age", || async {
+        scrape(standby_port)
+            .await
+            .get("outbox_checkpoint_age_seconds")
+            .is_some_and(|age| *age > 0.0)
+    })
+    .await;
 
     standby.terminate().await;
     leader.terminate().await;

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use bson::Document;
+use bson::{DateTime, Document};
 use mongodb::{Client, Collection};
 use tokio_util::sync::CancellationToken;
 
@@ -39,14 +39,16 @@ enum OplogState {
 
 /// Collects every interval until `shutdown`.
 pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
-    let mut outage = Outage::new("MongoDB reading the outbox's depths");
+    let mut outage = Outage::new("MongoDB reading the outbox's depths and checkpoint");
     let mut oplog = OplogState::Unknown;
     loop {
-        match collector.depths().await {
-            Ok(()) => outage.recovered(),
+        match collector.outbox_state().await {
+            Ok(position) => {
+                outage.recovered();
+                oplog = collector.oplog(oplog, position).await;
+            }
             Err(error) => outage.failed(&error),
         }
-        oplog = collector.oplog(oplog).await;
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(collector.interval) => {}
@@ -55,16 +57,23 @@ pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
 }
 
 impl Collector {
-    async fn depths(&self) -> crate::Result<()> {
+    /// Reads the depths and the checkpoint into the metrics (a standby
+    /// thereby reports the leader's checkpoint age); returns when the stored
+    /// position was reached, if it is known.
+    async fn outbox_state(&self) -> crate::Result<Option<DateTime>> {
         let depths = Depths::read(&self.outbox).await?;
         self.metrics
             .depths(depths.pending, depths.failed, depths.oldest_pending);
-        Ok(())
+        let checkpoint = Checkpoint::read(&self.checkpoints).await?;
+        if let Some(written) = checkpoint.updated_at {
+            self.metrics.checkpoint_saved(written);
+        }
+        Ok(checkpoint.position_at)
     }
 
-    /// Reads the oplog's span and the headroom before the stored position,
-    /// and logs when the headroom state changes.
-    async fn oplog(&self, said: OplogState) -> OplogState {
+    /// Reads the oplog's span and the headroom before `position`, and logs
+    /// when the headroom state changes.
+    async fn oplog(&self, said: OplogState, position: Option<DateTime>) -> OplogState {
         let oplog = match Oplog::read(&self.client).await {
             Ok(Some(oplog)) => oplog,
             Ok(None) => return said,
@@ -78,10 +87,6 @@ impl Collector {
                 }
                 return OplogState::Unreadable;
             }
-        };
-        let position = match Checkpoint::read(&self.checkpoints).await {
-            Ok(checkpoint) => checkpoint.position_at,
-            Err(_) => None,
         };
         let headroom = position.map(|at| oplog.headroom_seconds(at));
         self.metrics.oplog(
