@@ -11,6 +11,7 @@ use bson::{doc, DateTime, Document};
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::{Collection, Database};
 
+use crate::config::RelayConfig;
 use crate::error::{Error, Result};
 use crate::lease::Term;
 
@@ -33,6 +34,11 @@ impl CheckpointStore {
             id: format!("{}.{}", database.name(), outbox),
             term: None,
         }
+    }
+
+    /// The store of the outbox a relay's configuration names.
+    pub fn for_config(database: &Database, config: &RelayConfig) -> Self {
+        Self::new(database, &config.checkpoint_collection, &config.collection)
     }
 
     /// The same store, writing only while the lease is at `term`.

@@ -200,12 +200,7 @@ impl Relay {
         lost: &CancellationToken,
     ) {
         let config = &self.config;
-        let checkpoints = CheckpointStore::new(
-            &self.database,
-            &config.checkpoint_collection,
-            &config.collection,
-        )
-        .fenced(term);
+        let checkpoints = CheckpointStore::for_config(&self.database, config).fenced(term);
         let Some(token) = until_ok("MongoDB reading the checkpoint", term_over, || {
             checkpoints.load()
         })
@@ -246,11 +241,7 @@ impl Relay {
         let config = &self.config;
         observe::Collector {
             outbox: self.database.collection(&config.collection),
-            checkpoints: CheckpointStore::new(
-                &self.database,
-                &config.checkpoint_collection,
-                &config.collection,
-            ),
+            checkpoints: CheckpointStore::for_config(&self.database, config),
             client: self.database.client().clone(),
             metrics: self.metrics.clone(),
             interval: config.collect_interval,

@@ -277,8 +277,7 @@ impl Status {
             .count_documents(doc! { field::STATUS: status::PROCESSED })
             .await
             .map_err(|e| Error::mongo("counting processed messages failed", e))?;
-        let store =
-            CheckpointStore::new(database, &config.checkpoint_collection, &config.collection);
+        let store = CheckpointStore::for_config(database, config);
         let checkpoint = Checkpoint::read(&store).await?;
         let (oplog, oplog_note) = match Oplog::read(database.client()).await {
             Ok(Some(oplog)) => (Some(oplog), None),

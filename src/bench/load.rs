@@ -186,8 +186,9 @@ pub async fn subscribe(
     Ok(())
 }
 
-/// The floor: a bare change stream on the collection, noting when each
-/// insert event arrives. No NATS, no marking: what the database itself takes.
+/// The floor: a bare change stream on the collection, with the relay's own
+/// pipeline, noting when each insert event arrives. No NATS, no marking:
+/// what the database itself takes.
 pub async fn watch_inserts(
     outbox: Collection<Document>,
     arrived: Clock,
@@ -195,7 +196,7 @@ pub async fn watch_inserts(
 ) -> Result<()> {
     let mut stream = outbox
         .watch()
-        .pipeline([doc! { "$match": { "operationType": "insert" } }])
+        .pipeline(crate::source::change_stream::new_messages())
         .max_await_time(super::MAX_AWAIT_TIME)
         .await
         .map_err(|e| Error::mongo("benchmark change stream failed", e))?;

@@ -101,12 +101,7 @@ impl ChangeStreamSource {
         let watch = self
             .outbox
             .watch()
-            .pipeline([doc! { "$match": {
-                "operationType": "insert",
-                // A document inserted in any other state (restored from a
-                // backup, copied from another outbox) is history, not news.
-                "fullDocument.status": status::PENDING,
-            } }])
+            .pipeline(new_messages())
             .max_await_time(self.max_await_time);
         match token {
             Some(token) => watch.start_after(token).await,
@@ -228,6 +223,16 @@ impl ChangeStreamSource {
             last_sent = Instant::now();
         }
     }
+}
+
+/// The stream's pipeline: inserts of pending messages. A document inserted
+/// in any other state (restored from a backup, copied from another outbox)
+/// is history, not news.
+pub(crate) fn new_messages() -> [Document; 1] {
+    [doc! { "$match": {
+        "operationType": "insert",
+        "fullDocument.status": status::PENDING,
+    } }]
 }
 
 /// How tailing ended.
