@@ -217,6 +217,8 @@ impl Metrics {
             role: AtomicU8::new(Role::Starting as u8),
             mongodb: AtomicU8::new(NEVER_REACHED),
             nats: Mutex::new(None),
+            // Filled below: the registry holds clones of the metrics
+            // above, so they must exist first.
             registry: Registry::default(),
         };
         inner.register(&mut registry);
