@@ -7,15 +7,13 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use bson::{doc, oid::ObjectId, Binary};
-use outbox_relay::contract::DecodeRules;
+use outbox_relay::contract::{DecodeRules, SubjectRules};
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let iterations = if full { 200_000 } else { 100 };
-    let rules = DecodeRules {
-        subject_prefix: "outbox".into(),
-        max_payload: 1 << 20,
-    };
+    let subjects = SubjectRules::under("outbox").expect("a valid prefix");
+    let rules = DecodeRules::new(subjects, 1 << 20);
     let cases = [
         (
             "json payload, 5 fields",

@@ -266,6 +266,13 @@ pub struct RunArgs {
     /// Subject prefix: messages go to <prefix>.<type> [default: outbox].
     #[arg(long, env = "OUTBOX_SUBJECT_PREFIX")]
     pub subject_prefix: Option<String>,
+    /// Also publish explicit subjects matching this NATS pattern, e.g. 'billing.>' (repeatable, or comma-separated); '$…' and '_INBOX…' subjects never.
+    #[arg(
+        long = "allow-subject",
+        env = "OUTBOX_ALLOW_SUBJECT",
+        value_delimiter = ','
+    )]
+    pub allow_subject: Vec<String>,
     /// jetstream (acknowledged, deduplicated) or core (at most once per attempt) [default: jetstream].
     #[arg(long, env = "OUTBOX_NATS_MODE", value_enum)]
     pub nats_mode: Option<ModeArg>,
@@ -372,6 +379,11 @@ impl RunArgs {
             &mut config.subject_prefix,
             self.subject_prefix.or(file.subject_prefix),
         );
+        config.allowed_subjects = if self.allow_subject.is_empty() {
+            file.allow_subject.unwrap_or_default()
+        } else {
+            self.allow_subject
+        };
         let mode = self.nats_mode.map(|m| match m {
             ModeArg::Jetstream => NatsMode::Jetstream,
             ModeArg::Core => NatsMode::Core,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::contract::validate_subject;
+use crate::contract::SubjectRules;
 use crate::error::{Error, Result};
 
 /// How messages are published.
@@ -66,8 +66,12 @@ pub struct RelayConfig {
     pub checkpoint_collection: String,
     /// NATS server URL(s), comma-separated.
     pub nats_url: String,
-    /// Subject prefix for messages without an explicit `subject`.
+    /// Subject prefix for messages without an explicit `subject`; explicit
+    /// subjects under it are allowed too.
     pub subject_prefix: String,
+    /// NATS subject patterns (`billing.>`) of explicit subjects allowed
+    /// besides the prefix. Subjects beginning with `$` or `_INBOX` never are.
+    pub allowed_subjects: Vec<String>,
     /// JetStream or core NATS.
     pub nats_mode: NatsMode,
     /// Create a JetStream stream of this name for `<prefix>.>` if no stream
@@ -175,7 +179,8 @@ impl RelayConfig {
             collection: crate::writer::DEFAULT_COLLECTION.to_owned(),
             checkpoint_collection: "outbox_checkpoints".to_owned(),
             nats_url: "nats://127.0.0.1:4222".to_owned(),
-            subject_prefix: "outbox".to_owned(),
+            subject_prefix: crate::contract::DEFAULT_SUBJECT_PREFIX.to_owned(),
+            allowed_subjects: Vec::new(),
             nats_mode: NatsMode::Jetstream,
             create_stream: None,
             max_in_flight: 256,
@@ -215,6 +220,18 @@ impl RelayConfig {
         self.lease.duration.max(self.lock_timeout + sweep_interval) + self.ack_timeout
     }
 
+    /// Where the relay may publish: under the prefix, and the allow-list.
+    pub fn subject_rules(&self) -> Result<SubjectRules> {
+        let mut rules = SubjectRules::under(&self.subject_prefix)
+            .map_err(|e| Error::Config(format!("subject-prefix cannot be used: {e}")))?;
+        for pattern in &self.allowed_subjects {
+            rules = rules
+                .allow(pattern.trim())
+                .map_err(|e| Error::Config(format!("allow-subject: {e}")))?;
+        }
+        Ok(rules)
+    }
+
     /// Checks the settings that do not need a server to check.
     pub fn validate(&self) -> Result<()> {
         let nonempty = [
@@ -234,8 +251,7 @@ impl RelayConfig {
                 "checkpoint-collection must differ from collection".into(),
             ));
         }
-        validate_subject(&self.subject_prefix)
-            .map_err(|e| Error::Config(format!("subject-prefix is not a valid subject: {e}")))?;
+        self.subject_rules()?;
         let positive = [
             ("max-in-flight", self.max_in_flight),
             ("batch-size", self.batch_size),
@@ -297,6 +313,7 @@ pub struct FileConfig {
     pub checkpoint_collection: Option<String>,
     pub nats_url: Option<String>,
     pub subject_prefix: Option<String>,
+    pub allow_subject: Option<Vec<String>>,
     pub nats_mode: Option<NatsMode>,
     pub create_stream: Option<String>,
     pub max_in_flight: Option<usize>,

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::CheckpointStore;
 use crate::config::{redact_uri, RelayConfig, RelayMode};
-use crate::contract::DecodeRules;
+use crate::contract::{DecodeRules, SubjectRules};
 use crate::error::{CheckKind, Error, Result};
 use crate::lease::{Lease, Term};
 use crate::observe::{self, Metrics, Role};
@@ -38,6 +38,7 @@ use crate::source::sweep::Sweeper;
 /// A connected relay, ready to run.
 pub struct Relay {
     config: RelayConfig,
+    subject_rules: SubjectRules,
     database: Database,
     publisher: Arc<dyn Publisher>,
     metrics: Metrics,
@@ -62,7 +63,7 @@ impl Relay {
                 .await?;
         }
         crate::check::jetstream(nats.client(), &config).await?;
-        let mut relay = Self::with_publisher(config, database, Arc::new(nats));
+        let mut relay = Self::with_publisher(config, database, Arc::new(nats))?;
         relay.metrics = metrics;
         relay.prepare().await?;
         Ok(relay)
@@ -74,13 +75,15 @@ impl Relay {
         config: RelayConfig,
         database: Database,
         publisher: Arc<dyn Publisher>,
-    ) -> Self {
-        Relay {
+    ) -> Result<Self> {
+        config.validate()?;
+        Ok(Relay {
+            subject_rules: config.subject_rules()?,
             config,
             database,
             publisher,
             metrics: Metrics::new(),
-        }
+        })
     }
 
     /// The relay's metrics and readiness.
@@ -250,10 +253,7 @@ impl Relay {
     }
 
     fn rules(&self) -> DecodeRules {
-        DecodeRules {
-            subject_prefix: self.config.subject_prefix.clone(),
-            max_payload: self.publisher.max_payload(),
-        }
+        DecodeRules::new(self.subject_rules.clone(), self.publisher.max_payload())
     }
 
     fn pipeline(&self, shutdown: CancellationToken, abandon: CancellationToken) -> Pipeline {

@@ -13,7 +13,7 @@ use mongodb::options::IndexOptions;
 use mongodb::{Collection, Database, IndexModel};
 
 use crate::config::RelayConfig;
-use crate::contract::{field, status};
+use crate::contract::{contract_schema, field, SubjectRules};
 use crate::error::{CheckKind, Error, Result};
 
 /// The index the sweep's claims scan: equality on status, then the retry
@@ -42,7 +42,7 @@ pub async fn prepare(database: &Database, config: &RelayConfig) -> Result<()> {
     let steps = async {
         ensure_indexes(&outbox, config.retention).await?;
         if config.install_validator {
-            install_validator(database, &config.collection).await?;
+            install_validator(database, &config.collection, &config.subject_rules()?).await?;
             tracing::info!(collection = %config.collection, "installed the outbox validator");
         }
         Ok::<_, Error>(())
@@ -144,12 +144,21 @@ async fn drop_index(outbox: &Collection<Document>, name: &str) -> Result<()> {
 /// Installs (or replaces) a `$jsonSchema` validator that enforces the
 /// document contract, so a malformed insert fails in the writer's own
 /// transaction instead of reaching the relay.
-pub async fn install_validator(database: &Database, collection: &str) -> Result<()> {
-    let validator = doc! { "$jsonSchema": contract_schema() };
+///
+/// The level is `moderate`: inserts, and updates of documents that already
+/// pass, are checked; a document written before the validator (or one that
+/// breaks it some other way) can still be updated, so the relay can always
+/// mark it processed or failed rather than leave it pending for ever.
+pub async fn install_validator(
+    database: &Database,
+    collection: &str,
+    subjects: &SubjectRules,
+) -> Result<()> {
+    let validator = doc! { "$jsonSchema": contract_schema(subjects) };
     let modify = doc! {
         "collMod": collection,
         "validator": validator.clone(),
-        "validationLevel": "strict",
+        "validationLevel": "moderate",
         "validationAction": "error",
     };
     let failed = |e| {
@@ -164,7 +173,7 @@ pub async fn install_validator(database: &Database, collection: &str) -> Result<
             let created = database
                 .create_collection(collection)
                 .validator(validator)
-                .validation_level(mongodb::options::ValidationLevel::Strict)
+                .validation_level(mongodb::options::ValidationLevel::Moderate)
                 .validation_action(mongodb::options::ValidationAction::Error)
                 .await;
             match created {
@@ -176,36 +185,6 @@ pub async fn install_validator(database: &Database, collection: &str) -> Result<
             }
         }
         Err(e) => Err(failed(e)),
-    }
-}
-
-/// The document contract as a `$jsonSchema`.
-pub fn contract_schema() -> Document {
-    // Subject tokens: no empty tokens, no whitespace, no wildcards.
-    let subject = r"^[^.\s*>]+(\.[^.\s*>]+)*$";
-    let string = doc! { "bsonType": "string" };
-    let date = doc! { "bsonType": "date" };
-    doc! {
-        "bsonType": "object",
-        "required": [field::ID, field::TYPE, field::PAYLOAD, field::STATUS],
-        "properties": {
-            field::ID: { "bsonType": "objectId" },
-            field::TYPE: { "bsonType": "string", "minLength": 1, "pattern": subject },
-            field::PAYLOAD: { "bsonType": ["object", "binData", "string"] },
-            field::STATUS: { "enum": [status::PENDING, status::PROCESSED, status::FAILED] },
-            field::CREATED_AT: date.clone(),
-            field::CORRELATION_ID: string.clone(),
-            field::KEY: string.clone(),
-            field::HEADERS: { "bsonType": "object", "additionalProperties": string.clone() },
-            field::SUBJECT: { "bsonType": "string", "pattern": subject },
-            field::ATTEMPTS: { "bsonType": ["int", "long"] },
-            field::NEXT_ATTEMPT_AT: date.clone(),
-            field::LOCK_ID: { "bsonType": "objectId" },
-            field::LOCKED_AT: date.clone(),
-            field::PROCESSED_AT: date.clone(),
-            field::FAILED_AT: date,
-            field::LAST_ERROR: string,
-        },
     }
 }
 

@@ -2,9 +2,12 @@
 //!
 //! An outbox message only means something if it commits or aborts together
 //! with the business write it announces, so [`Outbox::add`] refuses a session
-//! with no active transaction rather than writing on its own. Messages are
-//! checked against the same contract the relay enforces, so an invalid one
-//! fails here, in the application, and not later as a dead letter.
+//! with no active transaction rather than writing on its own. Each document
+//! is decoded as the relay will decode it before it is written, so an invalid
+//! one fails here, in the application, and not later as a dead letter. Give
+//! the writer the relay's own subject rules ([`Outbox::with_rules`]) to have
+//! it refuse exactly what that relay refuses; without them it refuses what
+//! every relay refuses.
 
 use std::collections::BTreeMap;
 
@@ -12,7 +15,7 @@ use bson::{doc, oid::ObjectId, spec::BinarySubtype, Binary, Bson, DateTime, Docu
 use mongodb::{error::ErrorKind, ClientSession, Collection, Database};
 use serde::Serialize;
 
-use crate::contract::{self, field, status, ContractViolation};
+use crate::contract::{field, status, DecodeRules};
 use crate::error::{Error, Result};
 
 /// The default name of the outbox collection.
@@ -115,18 +118,8 @@ impl NewMessage {
         self
     }
 
-    fn validate(&self) -> Result<(), ContractViolation> {
-        contract::validate_type(&self.message_type)?;
-        if let Some(subject) = &self.subject {
-            contract::validate_subject(subject)?;
-        }
-        for (name, value) in &self.headers {
-            contract::validate_own_header(name, value)?;
-        }
-        Ok(())
-    }
-
-    fn into_document(self, id: ObjectId, now: DateTime) -> Document {
+    /// The outbox document for this message, as [`Outbox::add`] writes it.
+    pub fn into_document(self, id: ObjectId, now: DateTime) -> Document {
         let mut document = doc! {
             field::ID: id,
             field::TYPE: self.message_type,
@@ -160,6 +153,7 @@ impl NewMessage {
 #[derive(Debug, Clone)]
 pub struct Outbox {
     collection: Collection<Document>,
+    rules: DecodeRules,
 }
 
 impl Outbox {
@@ -172,7 +166,16 @@ impl Outbox {
     pub fn with_collection(database: &Database, collection: &str) -> Self {
         Outbox {
             collection: database.collection(collection),
+            rules: DecodeRules::any_relay(),
         }
+    }
+
+    /// Checks messages against a relay's own rules (its subject prefix and
+    /// allow-list, and the broker's largest message) rather than only those
+    /// every relay holds.
+    pub fn with_rules(mut self, rules: DecodeRules) -> Self {
+        self.rules = rules;
+        self
     }
 
     /// Adds one message inside the session's transaction and returns its `_id`.
@@ -189,20 +192,21 @@ impl Outbox {
         session: &mut ClientSession,
         messages: impl IntoIterator<Item = NewMessage>,
     ) -> Result<Vec<ObjectId>> {
-        let messages: Vec<NewMessage> = messages.into_iter().collect();
-        for message in &messages {
-            message.validate()?;
+        let now = DateTime::now();
+        let (ids, documents): (Vec<ObjectId>, Vec<Document>) = messages
+            .into_iter()
+            .map(|message| {
+                let id = ObjectId::new();
+                (id, message.into_document(id, now))
+            })
+            .unzip();
+        for document in &documents {
+            self.rules.decode(document).message?;
         }
         ensure_transaction(session).await?;
-        if messages.is_empty() {
+        if documents.is_empty() {
             return Ok(Vec::new());
         }
-        let now = DateTime::now();
-        let ids: Vec<ObjectId> = messages.iter().map(|_| ObjectId::new()).collect();
-        let documents = messages
-            .into_iter()
-            .zip(&ids)
-            .map(|(message, id)| message.into_document(*id, now));
         self.collection
             .insert_many(documents)
             .session(session)

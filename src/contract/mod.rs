@@ -1,16 +1,24 @@
 //! The outbox document contract, and its translation to a NATS message.
 //!
 //! The document is the public interface of the relay: any driver in any
-//! language may insert one. This module owns the field names, the rules a
-//! document must follow, and the mapping onto the wire (subject, headers,
-//! body). The writer and the relay both go through [`validate_subject`] and
-//! [`validate_header`], so a message the writer accepts is one the relay can
-//! deliver.
+//! language may insert one, and a writer's bug or an attacker may insert
+//! anything. This module owns the field names, the rules a document must
+//! follow, and the mapping onto the wire (subject, headers, body).
+//! [`DecodeRules::decode`] states the contract: the relay decodes every
+//! document with it, the writer runs it on each document before writing,
+//! and `--install-validator`'s schema ([`contract_schema`]) says the same in
+//! the database.
+
+mod schema;
+mod subject;
 
 use std::fmt;
 
 use bson::{oid::ObjectId, spec::BinarySubtype, Bson, Document};
 use bytes::Bytes;
+
+pub use schema::contract_schema;
+pub use subject::{pattern_matches, validate_subject, SubjectRules, MAX_SUBJECT_CHARS};
 
 /// Document field names. The relay owns `status` and everything after it.
 pub mod field {
@@ -32,6 +40,9 @@ pub mod field {
     pub const LAST_ERROR: &str = "lastError";
 }
 
+/// The subject prefix of a relay that is not given one.
+pub const DEFAULT_SUBJECT_PREFIX: &str = "outbox";
+
 /// Values of the `status` field.
 pub mod status {
     pub const PENDING: &str = "pending";
@@ -40,15 +51,18 @@ pub mod status {
 }
 
 /// NATS header names the relay sets itself. A document's own `headers` may not
-/// set these: the message id is what JetStream deduplicates by, and the
-/// `Outbox-*` headers must describe the document they came from.
+/// set any `Nats-*` header: the message id is what JetStream deduplicates
+/// by, and the others steer the server (`Nats-Expected-Last-Sequence`,
+/// `Nats-Rollup`, `Nats-TTL`, ...), so only the relay may send them. Nor may
+/// it set `Outbox-*`, which must describe the document they came from.
 pub mod header {
     pub const MSG_ID: &str = "Nats-Msg-Id";
     pub const TYPE: &str = "Outbox-Type";
     pub const CORRELATION_ID: &str = "Outbox-Correlation-Id";
     pub const KEY: &str = "Outbox-Key";
     pub const CONTENT_TYPE: &str = "Content-Type";
-    pub(crate) const RESERVED_PREFIX: &str = "Outbox-";
+    /// Prefixes of the header names reserved to the relay.
+    pub const RESERVED_PREFIXES: [&str; 2] = ["Nats-", "Outbox-"];
 }
 
 const JSON: &str = "application/json";
@@ -98,29 +112,74 @@ impl OutboxMessage {
 }
 
 /// The outcome of reading one outbox document: its `_id` (needed to mark it
-/// whatever happens) and either the message or the reason it is undeliverable.
+/// whatever happens), either the message or the reason it is undeliverable,
+/// and the relay's own record of earlier attempts.
 #[derive(Debug, Clone)]
 pub struct Decoded {
     pub id: Bson,
     pub message: Result<OutboxMessage, ContractViolation>,
+    /// The `attempts` field exactly as stored (absent: `None`), whatever
+    /// its type: a write that records another attempt matches it, so two
+    /// processors cannot both count from the same value.
+    pub attempts: Option<Bson>,
+}
+
+impl Decoded {
+    /// Attempts made so far. A value the relay did not write (a string, a
+    /// fraction, a negative number) counts as none: the relay overwrites it
+    /// with its own count rather than trusting it.
+    pub fn attempts_made(&self) -> u32 {
+        let counted = match &self.attempts {
+            Some(Bson::Int32(n)) => i64::from(*n),
+            Some(Bson::Int64(n)) => *n,
+            _ => 0,
+        };
+        u32::try_from(counted).unwrap_or(0)
+    }
 }
 
 /// What decoding needs to know besides the document.
 #[derive(Debug, Clone)]
 pub struct DecodeRules {
-    /// Subject prefix for documents without an explicit `subject`.
-    pub subject_prefix: String,
+    /// Where messages may go, and the prefix of their default subject.
+    pub subjects: SubjectRules,
     /// The broker's largest accepted message, headers included.
     pub max_payload: usize,
 }
 
 impl DecodeRules {
+    /// Rules for a relay publishing under `subjects` to a broker that takes
+    /// messages of up to `max_payload` bytes.
+    pub fn new(subjects: SubjectRules, max_payload: usize) -> Self {
+        DecodeRules {
+            subjects,
+            max_payload,
+        }
+    }
+
+    /// The rules every relay holds, whatever its configuration: any subject
+    /// outside NATS's reserved space, any size. What a writer checks when
+    /// it is not told the relay's own rules.
+    pub fn any_relay() -> Self {
+        let subjects =
+            SubjectRules::under(DEFAULT_SUBJECT_PREFIX).and_then(|rules| rules.allow(">"));
+        DecodeRules {
+            // Both are constants that pass the checks.
+            subjects: subjects.unwrap_or_else(|_| unreachable!("the default rules are valid")),
+            max_payload: usize::MAX,
+        }
+    }
+
     /// Decodes one outbox document as inserted (the change event's
     /// `fullDocument`, or a document read by a sweep).
     pub fn decode(&self, document: &Document) -> Decoded {
         let id = document.get(field::ID).cloned().unwrap_or(Bson::Null);
         let message = self.to_message(&id, document);
-        Decoded { id, message }
+        Decoded {
+            id,
+            message,
+            attempts: document.get(field::ATTEMPTS).cloned(),
+        }
     }
 
     fn to_message(&self, id: &Bson, doc: &Document) -> Result<OutboxMessage, ContractViolation> {
@@ -138,9 +197,9 @@ impl DecodeRules {
         validate_type(&message_type)?;
         let subject = match optional_string(doc, field::SUBJECT)? {
             Some(subject) => subject,
-            None => format!("{}.{}", self.subject_prefix, message_type),
+            None => self.subjects.default_subject(&message_type),
         };
-        validate_subject(&subject)?;
+        self.subjects.check(&subject)?;
         let (body, content_type) = encode_payload(doc.get(field::PAYLOAD))?;
 
         let mut headers = vec![
@@ -192,30 +251,6 @@ pub fn validate_type(message_type: &str) -> Result<(), ContractViolation> {
     Ok(())
 }
 
-/// Checks a subject the relay publishes to: dot-separated tokens, none empty,
-/// no whitespace or control characters, and no wildcards (`*`, `>`), which
-/// NATS would treat as a pattern rather than an address.
-pub fn validate_subject(subject: &str) -> Result<(), ContractViolation> {
-    let bad = |why: &str| {
-        Err(ContractViolation::new(format!(
-            "invalid subject {subject:?}: {why}"
-        )))
-    };
-    if subject.is_empty() {
-        return bad("it is empty");
-    }
-    if subject.split('.').any(str::is_empty) {
-        return bad("it has an empty token (leading, trailing or doubled '.')");
-    }
-    if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return bad("it contains whitespace or a control character");
-    }
-    if subject.contains(['*', '>']) {
-        return bad("it contains a wildcard ('*' or '>')");
-    }
-    Ok(())
-}
-
 /// Checks one header as NATS carries it: a name of visible ASCII without ':',
 /// a value without line breaks, and none of the names the relay reserves.
 pub fn validate_header(name: &str, value: &str) -> Result<(), ContractViolation> {
@@ -235,13 +270,14 @@ pub fn validate_header(name: &str, value: &str) -> Result<(), ContractViolation>
 /// Checks a header that an application asks for, as opposed to one the relay adds.
 pub(crate) fn validate_own_header(name: &str, value: &str) -> Result<(), ContractViolation> {
     validate_header(name, value)?;
-    let reserved = name.eq_ignore_ascii_case(header::MSG_ID)
-        || name
-            .get(..header::RESERVED_PREFIX.len())
-            .is_some_and(|p| p.eq_ignore_ascii_case(header::RESERVED_PREFIX));
+    let reserved = header::RESERVED_PREFIXES.iter().any(|prefix| {
+        name.get(..prefix.len())
+            .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
+    });
     if reserved {
         return Err(ContractViolation::new(format!(
-            "header {name:?} is set by the relay and may not be given in headers"
+            "header {name:?} is reserved to the relay (every Nats-* and Outbox-* header) and may \
+             not be given in headers"
         )));
     }
     Ok(())
@@ -341,10 +377,8 @@ mod tests {
     use bson::{doc, Binary};
 
     fn rules() -> DecodeRules {
-        DecodeRules {
-            subject_prefix: "outbox".into(),
-            max_payload: 1024,
-        }
+        let subjects = SubjectRules::under("outbox").and_then(|r| r.allow("a.>"));
+        DecodeRules::new(subjects.expect("rules"), 1024)
     }
 
     fn decode(document: Document) -> Result<OutboxMessage, ContractViolation> {
@@ -408,11 +442,11 @@ mod tests {
 
     #[test]
     fn subjects_are_validated() {
-        for good in ["a", "a.b.c", "orders-v2.created_1"] {
+        for good in ["a", "a.b.c", "orders-v2.created_1", "a\u{a0}b"] {
             assert!(validate_subject(good).is_ok(), "{good}");
         }
         for bad in [
-            "", ".a", "a.", "a..b", "a b", "a\tb", "a.*", "a.>", "a*b", "a\u{7}",
+            "", ".a", "a.", "a..b", "a b", "a\tb", "a.*", "a.>", "a*b", "a\u{7}", "a\u{85}",
         ] {
             assert!(validate_subject(bad).is_err(), "{bad:?}");
         }
@@ -424,6 +458,9 @@ mod tests {
         for name in [
             "Nats-Msg-Id",
             "nats-msg-id",
+            "Nats-Expected-Last-Sequence",
+            "NATS-ROLLUP",
+            "Nats-TTL",
             "Outbox-Type",
             "outbox-anything",
         ] {

@@ -1,0 +1,86 @@
+//! The document contract as a MongoDB `$jsonSchema`, for `--install-validator`.
+//!
+//! The schema says in the database what the decoder says in the relay, so a
+//! writer in any language has a malformed insert refused in its own
+//! transaction instead of dead-lettered later. It is built from the same
+//! rules and limits as the decoder ([`SubjectRules`], the header rules), and
+//! a test holds the two to the same verdicts on a table of documents.
+
+use bson::{doc, Bson, Document};
+
+use super::subject::{SubjectRules, MAX_SUBJECT_CHARS};
+use super::{field, status};
+
+/// Subject tokens: none empty, no space, control character or wildcard
+/// (the same characters [`validate_subject`](super::validate_subject) refuses).
+const TOKENS: &str = r"^[^.*> \x00-\x1f\x7f-\x9f]+(\.[^.*> \x00-\x1f\x7f-\x9f]+)*$";
+/// What NATS keeps for itself: `$…` and `_INBOX` subjects.
+const RESERVED: &str = r"^(\$|_INBOX(\.|$))";
+/// A header value or other string sent as one: no line breaks.
+const ONE_LINE: &str = "^[^\r\n]*$";
+/// Header names the relay sets itself, in any letter case.
+const RESERVED_HEADERS: &str = "^([Nn][Aa][Tt][Ss]|[Oo][Uu][Tt][Bb][Oo][Xx])-";
+/// A header name holding anything but visible ASCII other than ':'.
+const BAD_HEADER_NAME: &str = "(^$|[^!-9;-~])";
+
+/// The document contract as a `$jsonSchema`, for the relay's subject rules.
+pub fn contract_schema(subjects: &SubjectRules) -> Document {
+    let string = doc! { "bsonType": "string" };
+    let one_line = doc! { "bsonType": "string", "pattern": ONE_LINE };
+    let date = doc! { "bsonType": "date" };
+    let never = doc! { "not": {} };
+    let permitted: Vec<Bson> = subjects
+        .permitted_regexes()
+        .into_iter()
+        .map(|regex| Bson::Document(doc! { "pattern": regex }))
+        .collect();
+    // The default subject is `<prefix>.<type>`, so a type may take what
+    // the prefix and its dot leave of the subject's length.
+    let type_chars = MAX_SUBJECT_CHARS.saturating_sub(subjects.prefix().chars().count() + 1);
+    doc! {
+        "bsonType": "object",
+        "required": [field::ID, field::TYPE, field::PAYLOAD, field::STATUS],
+        "properties": {
+            field::ID: { "bsonType": "objectId" },
+            field::TYPE: {
+                "bsonType": "string",
+                "minLength": 1,
+                "maxLength": bson_len(type_chars),
+                "pattern": TOKENS,
+            },
+            field::PAYLOAD: { "bsonType": ["object", "binData", "string"] },
+            field::STATUS: { "enum": [status::PENDING, status::PROCESSED, status::FAILED] },
+            field::CREATED_AT: date.clone(),
+            field::CORRELATION_ID: one_line.clone(),
+            field::KEY: one_line.clone(),
+            field::HEADERS: {
+                "bsonType": "object",
+                "patternProperties": {
+                    RESERVED_HEADERS: never.clone(),
+                    BAD_HEADER_NAME: never,
+                },
+                "additionalProperties": one_line,
+            },
+            field::SUBJECT: {
+                "bsonType": "string",
+                "maxLength": bson_len(MAX_SUBJECT_CHARS),
+                "allOf": [
+                    { "pattern": TOKENS },
+                    { "not": { "pattern": RESERVED } },
+                    { "anyOf": permitted },
+                ],
+            },
+            field::ATTEMPTS: { "bsonType": ["int", "long"] },
+            field::NEXT_ATTEMPT_AT: date.clone(),
+            field::LOCK_ID: { "bsonType": "objectId" },
+            field::LOCKED_AT: date.clone(),
+            field::PROCESSED_AT: date.clone(),
+            field::FAILED_AT: date,
+            field::LAST_ERROR: string,
+        },
+    }
+}
+
+fn bson_len(chars: usize) -> i64 {
+    i64::try_from(chars).unwrap_or(i64::MAX)
+}
