@@ -133,6 +133,15 @@ pub struct Readiness {
     pub conditions: Vec<String>,
 }
 
+/// A pause of delivery, reported until dropped.
+pub(crate) struct PausedDelivery(Metrics);
+
+impl Drop for PausedDelivery {
+    fn drop(&mut self) {
+        self.0 .0.delivery_paused.dec();
+    }
+}
+
 /// Seconds in the histograms' buckets: 100 µs doubling to about 26 s.
 fn latency_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.0001, 2.0, 19)
@@ -159,6 +168,10 @@ struct Inner {
     reconnects: Family<ServerLabel, Counter>,
     stream_resumes: Counter,
     history_lost: Counter,
+    stream_ended: Counter,
+    unmarkable: Counter,
+    delivery_paused: Gauge,
+    pause_reason: Mutex<Option<String>>,
     publish_ack: Histogram,
     commit_to_publish: Histogram,
     pending: Gauge,
@@ -199,6 +212,10 @@ impl Metrics {
             reconnects: Family::default(),
             stream_resumes: Counter::default(),
             history_lost: Counter::default(),
+            stream_ended: Counter::default(),
+            unmarkable: Counter::default(),
+            delivery_paused: Gauge::default(),
+            pause_reason: Mutex::new(None),
             publish_ack: Histogram::new(latency_buckets()),
             commit_to_publish: Histogram::new(latency_buckets()),
             pending: Gauge::default(),
@@ -280,6 +297,27 @@ impl Metrics {
     /// The stored position could not be resumed from: a catch-up pass runs.
     pub(crate) fn history_lost(&self) {
         self.0.history_lost.inc();
+    }
+
+    /// The change stream ended (the collection or its database was
+    /// dropped or renamed, or the server closed the cursor).
+    pub(crate) fn stream_ended(&self) {
+        self.0.stream_ended.inc();
+    }
+
+    /// A message could not be written at all (not even marked failed).
+    pub(crate) fn unmarkable(&self) {
+        self.0.unmarkable.inc();
+    }
+
+    /// Delivery is paused because the broker takes no message, until the
+    /// returned guard is dropped. Readiness reports it.
+    pub(crate) fn pause_delivery(&self, why: impl Into<String>) -> PausedDelivery {
+        self.0.delivery_paused.inc();
+        if let Ok(mut reason) = self.0.pause_reason.lock() {
+            *reason = Some(why.into());
+        }
+        PausedDelivery(self.clone())
     }
 
     /// The stream returned an event that committed at `at`.
@@ -389,6 +427,9 @@ impl Metrics {
         });
         let role = self.role();
         let role_ready = matches!(role, Role::Standby | Role::Tailing | Role::Polling);
+        let paused = (inner.delivery_paused.get() > 0)
+            .then(|| inner.pause_reason.lock().ok().and_then(|r| r.clone()))
+            .map(|reason| reason.unwrap_or_default());
         let conditions = vec![
             format!(
                 "mongodb: {}",
@@ -403,9 +444,13 @@ impl Metrics {
                 }
             ),
             format!("role: {}", role.describe()),
+            match &paused {
+                Some(reason) => format!("delivery: paused: {reason}"),
+                None => "delivery: flowing".to_owned(),
+            },
         ];
         Readiness {
-            ready: mongodb && nats != Some(false) && role_ready,
+            ready: mongodb && nats != Some(false) && role_ready && paused.is_none(),
             conditions,
         }
     }
@@ -470,6 +515,23 @@ impl Inner {
             "history_lost",
             "Times the stored position could not be resumed and a catch-up pass ran",
             self.history_lost.clone(),
+        );
+        registry.register(
+            "change_stream_ended",
+            "Times the change stream ended (collection or database dropped or renamed, cursor \
+             closed) and was reopened",
+            self.stream_ended.clone(),
+        );
+        registry.register(
+            "unmarkable",
+            "Messages the relay could not update at all (not even to mark them failed), left \
+             pending and skipped",
+            self.unmarkable.clone(),
+        );
+        registry.register(
+            "delivery_paused",
+            "Publish stages paused because the broker takes no message (0 while delivery flows)",
+            self.delivery_paused.clone(),
         );
         registry.register_with_unit(
             "publish_ack",

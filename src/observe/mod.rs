@@ -14,6 +14,7 @@ mod server;
 
 pub(crate) use collector::collect;
 pub use collector::Collector;
+pub(crate) use metrics::PausedDelivery;
 pub use metrics::{FailureKind, Metrics, Origin, Readiness, Role, Server};
 pub use server::{serve, Endpoints};
 

@@ -6,7 +6,10 @@
 //! await their acknowledgements together. Errors are sorted by whose fault
 //! they are ([`PublishError`]), because each kind is handled differently: a
 //! broken message is failed, a refused one is retried later, and a broker
-//! fault pauses delivery without charging any message an attempt.
+//! fault pauses delivery without charging any message an attempt. Where a
+//! failure could be either the broker's or the message's, the stage asks
+//! the broker ([`Publisher::probe`]) rather than guess: one message must
+//! not stall the rest, and a broker outage must not dead-letter them all.
 
 mod nats;
 pub(crate) mod stage;
@@ -36,6 +39,23 @@ pub enum PublishError {
     /// The broker is unreachable or unable to take any message now.
     #[error("broker unavailable: {0}")]
     Unavailable(String),
+    /// Nothing took the message's subject (no JetStream stream captures it,
+    /// or JetStream did not answer): this message's refusal if the broker
+    /// takes other messages, an outage if it does not.
+    #[error("nothing takes the subject: {0}")]
+    Uncaptured(String),
+}
+
+/// What a [`Publisher::probe`] found out about the broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// The broker takes messages (for NATS: the relay's own stream answers
+    /// and has room), so a failure of one message is that message's own.
+    Takes,
+    /// The broker takes no message now; the text says why.
+    TakesNone(String),
+    /// The publisher cannot tell; failures count as outages.
+    Unknown,
 }
 
 /// The acknowledgement of a message already sent.
@@ -56,4 +76,11 @@ pub trait Publisher: Send + Sync + 'static {
 
     /// The largest message, headers included, the broker takes.
     fn max_payload(&self) -> usize;
+
+    /// Whether the broker takes messages at all now. Asked, at most once
+    /// per backoff step, while a publish keeps failing in a way that could
+    /// be the broker's fault or the message's. The default cannot tell.
+    fn probe(&self) -> BoxFuture<'_, Health> {
+        Box::pin(std::future::ready(Health::Unknown))
+    }
 }

@@ -10,7 +10,7 @@ use async_nats::jetstream::{self, context::PublishErrorKind, ErrorCode};
 use async_nats::{ConnectOptions, Event, HeaderMap};
 use futures::future::{BoxFuture, FutureExt};
 
-use super::{Ack, AckFuture, PublishError, Publisher};
+use super::{Ack, AckFuture, Health, PublishError, Publisher};
 use crate::config::{redact_uri, NatsMode, RelayConfig};
 use crate::contract::{ContractViolation, OutboxMessage};
 use crate::error::{CheckKind, Error, Result};
@@ -23,7 +23,15 @@ pub struct NatsPublisher {
     jetstream: Option<jetstream::Context>,
     ack_timeout: Duration,
     denials: Denials,
+    /// The relay's own subjects (`<prefix>.>`), whose stream the probe asks after.
+    own_subjects: Option<String>,
+    /// The last probe's answer, reused for [`PROBE_REUSE`].
+    probed: Arc<Mutex<Option<(Instant, Health)>>>,
 }
+
+/// How long one probe's answer stands, so a run of failing messages costs
+/// the broker one API request a second, not one a message.
+const PROBE_REUSE: Duration = Duration::from_secs(1);
 
 /// Subjects the server recently refused publishes to.
 ///
@@ -79,6 +87,7 @@ impl NatsPublisher {
         metrics.watch_nats(client.clone());
         let mut publisher = Self::from_client(client, config.nats_mode, config.ack_timeout);
         publisher.denials = denials;
+        publisher.own_subjects = Some(format!("{}.>", config.subject_prefix));
         Ok(publisher)
     }
 
@@ -100,6 +109,8 @@ impl NatsPublisher {
             jetstream,
             ack_timeout,
             denials: Denials::default(),
+            own_subjects: None,
+            probed: Arc::default(),
         }
     }
 
@@ -137,6 +148,65 @@ impl NatsPublisher {
             }
         }
         .boxed())
+    }
+
+    /// Asks the broker whether it takes messages, reusing a recent answer.
+    async fn probe_cached(&self) -> Health {
+        if let Ok(probed) = self.probed.lock() {
+            if let Some((at, health)) = probed.as_ref() {
+                if at.elapsed() < PROBE_REUSE {
+                    return health.clone();
+                }
+            }
+        }
+        let health = match &self.jetstream {
+            Some(context) => tokio::time::timeout(self.ack_timeout, self.probe_jetstream(context))
+                .await
+                .unwrap_or_else(|_| {
+                    Health::TakesNone(format!(
+                        "JetStream did not answer within {:?}",
+                        self.ack_timeout
+                    ))
+                }),
+            None => match self.client.connection_state() {
+                async_nats::connection::State::Connected => Health::Takes,
+                state => Health::TakesNone(format!("the NATS connection is {state}")),
+            },
+        };
+        if let Ok(mut probed) = self.probed.lock() {
+            *probed = Some((Instant::now(), health.clone()));
+        }
+        health
+    }
+
+    /// JetStream takes messages if it answers and the relay's own stream
+    /// exists and has room (or, without a prefix to ask after, if the
+    /// account answers).
+    async fn probe_jetstream(&self, context: &jetstream::Context) -> Health {
+        let Some(subjects) = &self.own_subjects else {
+            return match context.query_account().await {
+                Ok(_) => Health::Takes,
+                Err(e) => Health::TakesNone(format!("JetStream does not answer: {e}")),
+            };
+        };
+        let name = match context.stream_by_subject(subjects.clone()).await {
+            Ok(name) => name,
+            Err(e) => {
+                return Health::TakesNone(format!(
+                    "no JetStream stream captures the relay's subjects {subjects} ({e})"
+                ))
+            }
+        };
+        let info = match context.get_stream(&name).await {
+            Ok(stream) => stream.cached_info().clone(),
+            Err(e) => return Health::TakesNone(format!("stream {name:?} does not answer: {e}")),
+        };
+        match full(&info) {
+            Some(limit) => Health::TakesNone(format!(
+                "stream {name:?} is full ({limit}) and discards new messages"
+            )),
+            None => Health::Takes,
+        }
     }
 
     async fn send_core(&self, message: &OutboxMessage) -> Result<AckFuture, PublishError> {
@@ -182,6 +252,29 @@ impl Publisher for NatsPublisher {
     fn max_payload(&self) -> usize {
         self.client.server_info().max_payload
     }
+
+    fn probe(&self) -> BoxFuture<'_, Health> {
+        self.probe_cached().boxed()
+    }
+}
+
+/// The limit a stream that discards new messages has reached, if any.
+fn full(info: &jetstream::stream::Info) -> Option<String> {
+    let (config, state) = (&info.config, &info.state);
+    if config.discard != jetstream::stream::DiscardPolicy::New {
+        return None;
+    }
+    let reached = |limit: i64, value: u64| u64::try_from(limit).is_ok_and(|l| l > 0 && value >= l);
+    if reached(config.max_messages, state.messages) {
+        return Some(format!(
+            "{} of {} messages",
+            state.messages, config.max_messages
+        ));
+    }
+    if reached(config.max_bytes, state.bytes) {
+        return Some(format!("{} of {} bytes", state.bytes, config.max_bytes));
+    }
+    None
 }
 
 /// Connects to NATS the way the relay does: credentials in the URL are
@@ -287,9 +380,8 @@ fn classify_jetstream(error: async_nats::jetstream::context::PublishError) -> Pu
         PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
             PublishError::Refused(detail)
         }
-        PublishErrorKind::StreamNotFound => PublishError::Unavailable(format!(
-            "no JetStream stream captures the subject ({detail}); create one, or start the \
-             relay with --create-stream NAME"
+        PublishErrorKind::StreamNotFound => PublishError::Uncaptured(format!(
+            "no JetStream stream captures the subject ({detail})"
         )),
         PublishErrorKind::TimedOut
         | PublishErrorKind::BrokenPipe
@@ -299,12 +391,23 @@ fn classify_jetstream(error: async_nats::jetstream::context::PublishError) -> Pu
                 .source()
                 .and_then(|s| s.downcast_ref::<async_nats::jetstream::Error>());
             match api_error {
-                Some(api) if broker_side(api.error_code()) => PublishError::Unavailable(detail),
+                Some(api) if broker_side(api.error_code()) || stream_full(api) => {
+                    PublishError::Unavailable(detail)
+                }
                 Some(_) => PublishError::Refused(detail),
                 None => PublishError::Unavailable(detail),
             }
         }
     }
+}
+
+/// A stream that discards new messages refusing one because it is full: it
+/// will refuse every other message too, so the broker is at fault. (A
+/// per-subject limit refuses that subject's messages only.)
+fn stream_full(error: &async_nats::jetstream::Error) -> bool {
+    let text = error.to_string().to_ascii_lowercase();
+    (text.contains("maximum messages exceeded") || text.contains("maximum bytes exceeded"))
+        && !text.contains("per subject")
 }
 
 /// JetStream API errors that mean the service, not the message, is at fault.
