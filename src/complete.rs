@@ -7,7 +7,14 @@
 //! interval, so a restart repeats at most one interval of work and never
 //! skips any. Every update matches `status: "pending"` (and the sweep's
 //! `lockId` where it claimed the message), so a late or repeated completion
-//! cannot overwrite a newer state.
+//! cannot overwrite a newer state; a refusal or a failure also matches the
+//! attempts it was read with, and no claim where it holds none.
+//!
+//! No document can wedge the stage. Writes are retried only while the
+//! failure may pass (the network, an election, a conflict); a failure of
+//! the document itself (its type, its size, a validator) is not retried: a
+//! batch that hits one is marked document by document, and a document that
+//! takes no update at all is logged, counted and skipped.
 
 use std::collections::HashMap;
 use std::future::IntoFuture;
@@ -15,7 +22,6 @@ use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use mongodb::change_stream::event::ResumeToken;
-use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -23,10 +29,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::CheckpointStore;
 use crate::config::RetryPolicy;
-use crate::contract::{field, status};
+use crate::contract::{field, status, Decoded};
+use crate::error::{brief, is_document_error};
 use crate::observe::{FailureKind, Metrics};
-use crate::pipeline::{Finished, Tally, Verdict};
-use crate::retry::until_ok;
+use crate::pipeline::{Finished, Tally, Unmarkable, Verdict};
+use crate::retry::{until_ok, until_settled};
 
 /// Records verdicts and checkpoints.
 pub(crate) struct CompletionStage {
@@ -40,6 +47,8 @@ pub(crate) struct CompletionStage {
     /// stop's grace time). Until then, writes are retried.
     pub abandon: CancellationToken,
     pub metrics: Metrics,
+    /// Messages no write can change, for the sweep to skip.
+    pub unmarkable: Unmarkable,
 }
 
 /// A stream position waiting to be written, with the time it was reached.
@@ -129,28 +138,28 @@ impl CompletionStage {
         let mut tally = Tally::default();
         let mut delivered: HashMap<Option<ObjectId>, Vec<Bson>> = HashMap::new();
         for finished in batch {
-            let Some(id) = finished.work.id() else {
+            let (work, claim) = (&finished.work, finished.work.claim);
+            let Some(message) = &work.message else {
                 continue;
             };
-            let claim = finished.work.claim;
             match &finished.verdict {
-                Verdict::Delivered => delivered.entry(claim).or_default().push(id.clone()),
+                Verdict::Delivered => delivered.entry(claim).or_default().push(message.id.clone()),
                 Verdict::Rejected(violation) => {
                     let reason = violation.to_string();
-                    self.mark_failed(id, claim, &reason, FailureKind::Rejected, now)
-                        .await?;
-                    tally.failed += 1;
-                }
-                Verdict::Refused(reason) => {
-                    match self.schedule_retry(id, claim, reason, now).await? {
-                        Retry::Scheduled => {
-                            self.metrics.retried();
-                            tally.retried += 1;
-                        }
-                        Retry::GaveUp => tally.failed += 1,
-                        Retry::NotOurs => {}
+                    let failed = fail(&reason, None, now);
+                    if self.decide(message, claim, &failed, &reason).await? {
+                        self.metrics.failed(FailureKind::Rejected);
+                        tally.failed += 1;
                     }
                 }
+                Verdict::Refused(reason) => match self.refuse(message, claim, reason, now).await? {
+                    Retry::Scheduled => {
+                        self.metrics.retried();
+                        tally.retried += 1;
+                    }
+                    Retry::GaveUp => tally.failed += 1,
+                    Retry::NotOurs => {}
+                },
                 Verdict::Passed => {}
             }
         }
@@ -161,113 +170,183 @@ impl CompletionStage {
         Some(tally)
     }
 
+    /// Marks delivered messages processed with one update. Should the batch
+    /// hold a document no update can change, each is marked on its own, so
+    /// that one cannot hold back the rest.
     async fn mark_processed(
         &self,
         ids: Vec<Bson>,
         claim: Option<ObjectId>,
         now: DateTime,
     ) -> Option<()> {
-        let filter = still_ours(doc! { "$in": ids }, claim);
         let update = doc! {
             "$set": { field::STATUS: status::PROCESSED, field::PROCESSED_AT: now },
             "$unset": unlock(),
         };
-        let marked = self
-            .write("MongoDB marking processed", filter, update)
-            .await?;
-        self.metrics.processed(marked);
-        Some(())
-    }
-
-    async fn mark_failed(
-        &self,
-        id: &Bson,
-        claim: Option<ObjectId>,
-        reason: &str,
-        kind: FailureKind,
-        now: DateTime,
-    ) -> Option<()> {
-        tracing::warn!(id = %id, reason, "outbox message failed");
-        let filter = still_ours(id.clone(), claim);
-        let update = doc! {
-            "$set": {
-                field::STATUS: status::FAILED,
-                field::FAILED_AT: now,
-                field::LAST_ERROR: reason,
-            },
-            "$unset": unlock(),
-        };
-        if self.write("MongoDB marking failed", filter, update).await? > 0 {
-            self.metrics.failed(kind);
+        let filter = still_ours(doc! { "$in": &ids }, claim);
+        match self
+            .write("MongoDB marking processed", filter, &update)
+            .await?
+        {
+            Ok(marked) => self.metrics.processed(marked),
+            Err(_) => {
+                // The smallest change that records the delivery.
+                let least = doc! { "$set": { field::STATUS: status::PROCESSED } };
+                for id in ids {
+                    let filter = still_ours(id.clone(), claim);
+                    if self.write_one(&id, filter, &[&update, &least]).await? {
+                        self.metrics.processed(1);
+                    }
+                }
+            }
         }
         Some(())
     }
 
-    /// Counts an attempt against a refused message and either schedules the
-    /// next one or, with none left, fails the message.
-    async fn schedule_retry(
+    /// Records an attempt the broker refused: schedules the next, or with
+    /// none left fails the message. One conditional write that matches the
+    /// claim and the attempts read with the message, so it cannot change a
+    /// message another processor has delivered, claimed or counted meanwhile.
+    async fn refuse(
         &self,
-        id: &Bson,
+        message: &Decoded,
         claim: Option<ObjectId>,
         reason: &str,
         now: DateTime,
     ) -> Option<Retry> {
-        let filter = still_ours(id.clone(), claim);
-        let update = doc! {
-            "$inc": { field::ATTEMPTS: 1 },
-            "$set": { field::LAST_ERROR: reason },
-            "$unset": unlock(),
-        };
-        let counted = until_ok("MongoDB recording an attempt", &self.abandon, || {
-            self.outbox
-                .find_one_and_update(filter.clone(), update.clone())
-                .return_document(ReturnDocument::After)
-                .into_future()
-        })
-        .await?;
-        let Some(document) = counted else {
-            return Some(Retry::NotOurs);
-        };
-        let attempts = attempts_of(&document);
+        let attempts = message.attempts_made().saturating_add(1);
+        let stored = i32::try_from(attempts).unwrap_or(i32::MAX);
         if self.retry.exhausted(attempts) {
             let reason = format!("{reason} (gave up after {attempts} attempts)");
-            self.mark_failed(id, None, &reason, FailureKind::Exhausted, now)
-                .await?;
-            return Some(Retry::GaveUp);
+            let failed = fail(&reason, Some(stored), now);
+            let decided = self.decide(message, claim, &failed, &reason).await?;
+            if decided {
+                self.metrics.failed(FailureKind::Exhausted);
+            }
+            return Some(if decided {
+                Retry::GaveUp
+            } else {
+                Retry::NotOurs
+            });
         }
         let delay = self.retry.delay_after(attempts);
-        tracing::debug!(id = %id, attempts, ?delay, reason, "outbox message refused; will retry");
+        tracing::debug!(id = %message.id, attempts, ?delay, reason, "outbox message refused; will retry");
         let next = DateTime::from_millis(
             now.timestamp_millis()
                 .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
         );
-        let filter = doc! { field::ID: id.clone(), field::STATUS: status::PENDING };
-        let update = doc! { "$set": { field::NEXT_ATTEMPT_AT: next } };
-        self.write("MongoDB scheduling a retry", filter, update)
-            .await?;
-        Some(Retry::Scheduled)
+        let schedule = doc! {
+            "$set": {
+                field::ATTEMPTS: stored,
+                field::NEXT_ATTEMPT_AT: next,
+                field::LAST_ERROR: reason,
+            },
+            "$unset": unlock(),
+        };
+        let decided = self.decide(message, claim, &schedule, reason).await?;
+        Some(if decided {
+            Retry::Scheduled
+        } else {
+            Retry::NotOurs
+        })
     }
 
-    /// Applies an update to every match, retrying until MongoDB takes it.
-    /// Returns how many documents it changed.
-    async fn write(&self, what: &'static str, filter: Document, update: Document) -> Option<u64> {
-        until_ok(what, &self.abandon, || {
-            self.outbox
-                .update_many(filter.clone(), update.clone())
-                .into_future()
-        })
-        .await
-        .map(|result| result.modified_count)
+    /// Applies a message's fate (`update`) with the fence of a decision:
+    /// still pending, held by this processor's claim or by none, and with
+    /// the attempts it was read with. A document that cannot take the update
+    /// is failed with the least change that says so. Returns whether the
+    /// message was ours to decide.
+    async fn decide(
+        &self,
+        message: &Decoded,
+        claim: Option<ObjectId>,
+        update: &Document,
+        reason: &str,
+    ) -> Option<bool> {
+        if update_sets_failed(update) {
+            tracing::warn!(id = %message.id, reason, "outbox message failed");
+        }
+        let mut filter = still_ours(message.id.clone(), claim);
+        if claim.is_none() {
+            filter.insert(field::LOCK_ID, Bson::Null);
+        }
+        match &message.attempts {
+            Some(attempts) => filter.insert(field::ATTEMPTS, attempts.clone()),
+            None => filter.insert(field::ATTEMPTS, doc! { "$exists": false }),
+        };
+        // Should the document not take its fate, fail it with the reason,
+        // or else with the least change that takes it out of pending.
+        let failed = fail(reason, None, DateTime::now());
+        let least = doc! { "$set": { field::STATUS: status::FAILED } };
+        let fallbacks: &[&Document] = if update_sets_failed(update) {
+            &[update, &least]
+        } else {
+            &[update, &failed, &least]
+        };
+        self.write_one(&message.id, filter, fallbacks).await
+    }
+
+    /// Applies the first of `updates` the document takes. A document that
+    /// takes none is recorded as unmarkable. Returns whether a document
+    /// matched; `None` if the relay gave up waiting for MongoDB.
+    async fn write_one(&self, id: &Bson, filter: Document, updates: &[&Document]) -> Option<bool> {
+        let mut last_error = None;
+        for update in updates {
+            match self
+                .write("MongoDB recording a verdict", filter.clone(), update)
+                .await?
+            {
+                Ok(changed) => return Some(changed > 0),
+                Err(error) => last_error = Some(error),
+            }
+        }
+        let why = last_error.map(|e| brief(&e)).unwrap_or_default();
+        self.unmarkable.add(id, &why, &self.metrics);
+        Some(false)
+    }
+
+    /// Applies an update to every match, retrying what may pass. Returns how
+    /// many documents it changed, or the error of a document no retry can
+    /// mend; `None` if the relay gave up waiting for MongoDB.
+    async fn write(
+        &self,
+        what: &'static str,
+        filter: Document,
+        update: &Document,
+    ) -> Option<Result<u64, mongodb::error::Error>> {
+        let written = until_settled(
+            what,
+            &self.abandon,
+            || {
+                self.outbox
+                    .update_many(filter.clone(), update.clone())
+                    .into_future()
+            },
+            is_document_error,
+        )
+        .await?;
+        Some(written.map(|result| result.modified_count))
     }
 }
 
-fn attempts_of(document: &Document) -> u32 {
-    let attempts = match document.get(field::ATTEMPTS) {
-        Some(Bson::Int32(n)) => i64::from(*n),
-        Some(Bson::Int64(n)) => *n,
-        _ => 1,
+/// The update that fails a message, with its reason (and attempts, when
+/// the failure used the last one).
+fn fail(reason: &str, attempts: Option<i32>, now: DateTime) -> Document {
+    let mut fields = doc! {
+        field::STATUS: status::FAILED,
+        field::FAILED_AT: now,
+        field::LAST_ERROR: reason,
     };
-    u32::try_from(attempts).unwrap_or(u32::MAX)
+    if let Some(attempts) = attempts {
+        fields.insert(field::ATTEMPTS, attempts);
+    }
+    doc! { "$set": fields, "$unset": unlock() }
+}
+
+fn update_sets_failed(update: &Document) -> bool {
+    update
+        .get_document("$set")
+        .is_ok_and(|set| set.get_str(field::STATUS) == Ok(status::FAILED))
 }
 
 /// Matches messages still pending and, if a sweep claimed them, still held

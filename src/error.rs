@@ -50,6 +50,10 @@ pub enum Error {
     #[error("{message}")]
     Check { kind: CheckKind, message: String },
 
+    /// A bounded run (`sweep --once`) gave up waiting for the servers.
+    #[error("gave up: {0}")]
+    GaveUp(String),
+
     /// A graceful stop did not finish in time.
     #[error("shutdown did not finish within {0:?}; undelivered messages stay pending and are delivered after restart")]
     ShutdownTimeout(Duration),
@@ -91,11 +95,12 @@ impl CheckKind {
 
 impl Error {
     /// The process exit code for this error: a failed check's own code,
-    /// 2 for a bad setting, 1 otherwise.
+    /// 2 for a bad setting, 9 for a bounded run that gave up, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Check { kind, .. } => kind.exit_code(),
             Error::Config(_) => 2,
+            Error::GaveUp(_) => 9,
             _ => 1,
         }
     }
@@ -142,4 +147,27 @@ pub(crate) fn brief(error: &mongodb::error::Error) -> String {
             }
         }
     }
+}
+
+/// Whether a MongoDB write failed because of the documents it touched, so
+/// that no retry of the same write can succeed: a type mismatch, a
+/// validator's refusal, a document over 16 MiB, and the like. Anything else
+/// (network, elections, write conflicts, timeouts, a missing permission)
+/// concerns the server or the deployment and is worth retrying.
+pub(crate) fn is_document_error(error: &mongodb::error::Error) -> bool {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    /// BadValue, TypeMismatch, DollarPrefixedFieldName (52), ImmutableField
+    /// (66), PathNotViable (28), ConflictingUpdateOperators (40),
+    /// DocumentValidationFailure (121), BSONObjectTooLarge (10334),
+    /// DuplicateKey (11000), Location17419 (document grew too large),
+    /// KeyTooLong (17280), Location16837 (path conflict).
+    const DOCUMENT_CODES: [i32; 12] = [
+        2, 14, 28, 40, 52, 66, 121, 10334, 11000, 16837, 17280, 17419,
+    ];
+    let code = match &*error.kind {
+        ErrorKind::Write(WriteFailure::WriteError(write)) => write.code,
+        ErrorKind::Command(command) => command.code,
+        _ => return false,
+    };
+    DOCUMENT_CODES.contains(&code)
 }

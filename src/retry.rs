@@ -72,8 +72,25 @@ pub(crate) async fn pause(backoff: &mut ExponentialBackoff, shutdown: &Cancellat
 pub(crate) async fn until_ok<T, E, F, Fut>(
     what: &'static str,
     shutdown: &CancellationToken,
-    mut attempt: F,
+    attempt: F,
 ) -> Option<T>
+where
+    E: Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    until_settled(what, shutdown, attempt, |_| false).await?.ok()
+}
+
+/// Runs `attempt` until it succeeds or fails in a way no retry can mend
+/// (`is_final`), backing off between tries of passing failures. Returns
+/// `None` if `shutdown` fires while waiting.
+pub(crate) async fn until_settled<T, E, F, Fut>(
+    what: &'static str,
+    shutdown: &CancellationToken,
+    mut attempt: F,
+    is_final: impl Fn(&E) -> bool,
+) -> Option<Result<T, E>>
 where
     E: Display,
     F: FnMut() -> Fut,
@@ -85,7 +102,11 @@ where
         match attempt().await {
             Ok(value) => {
                 outage.recovered();
-                return Some(value);
+                return Some(Ok(value));
+            }
+            Err(error) if is_final(&error) => {
+                outage.recovered();
+                return Some(Err(error));
             }
             Err(error) => {
                 outage.failed(&error);

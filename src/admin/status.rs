@@ -45,20 +45,29 @@ impl Depths {
 
 /// The creation time of the oldest pending message: the smallest `_id`
 /// among those never tried (the first entry of their index range) and
-/// among those awaiting a retry (a small set).
+/// among the rest, those awaiting a retry and misfits whose `nextAttemptAt`
+/// is not a date (a small set). Only ObjectIds tell a creation time; a
+/// pending document with another `_id` breaks the contract and is failed
+/// as soon as the relay reads it.
 async fn oldest_pending(outbox: &Collection<Document>) -> Result<Option<DateTime>> {
     let failed = |e| Error::mongo("finding the oldest pending message failed", e);
+    let any_object_id = doc! { "$gte": ObjectId::from_bytes([0; 12]) };
     let never_tried = outbox
-        .find_one(doc! { field::STATUS: status::PENDING, field::NEXT_ATTEMPT_AT: Bson::Null })
+        .find_one(doc! {
+            field::STATUS: status::PENDING,
+            field::NEXT_ATTEMPT_AT: Bson::Null,
+            field::ID: any_object_id.clone(),
+        })
         .sort(doc! { field::STATUS: 1, field::NEXT_ATTEMPT_AT: 1, field::ID: 1 })
         .projection(doc! { field::ID: 1 })
         .await
         .map_err(failed)?;
-    let retrying: Vec<Document> = outbox
+    let others: Vec<Document> = outbox
         .aggregate([
             doc! { "$match": {
                 field::STATUS: status::PENDING,
-                field::NEXT_ATTEMPT_AT: { "$type": "date" },
+                field::NEXT_ATTEMPT_AT: { "$ne": Bson::Null },
+                field::ID: any_object_id,
             } },
             doc! { "$group": { "_id": Bson::Null, "oldest": { "$min": "$_id" } } },
         ])
@@ -70,11 +79,7 @@ async fn oldest_pending(outbox: &Collection<Document>) -> Result<Option<DateTime
     let ids = never_tried
         .iter()
         .filter_map(|d| d.get_object_id(field::ID).ok())
-        .chain(
-            retrying
-                .iter()
-                .filter_map(|d| d.get_object_id("oldest").ok()),
-        );
+        .chain(others.iter().filter_map(|d| d.get_object_id("oldest").ok()));
     Ok(ids.map(|id: ObjectId| id.timestamp()).min())
 }
 
