@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use bson::oid::ObjectId;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use outbox_relay::admin::dlq::Selection;
-use outbox_relay::config::{parse_duration, parse_metrics_addr, FileConfig};
+use outbox_relay::config::{parse_bytes, parse_duration, parse_metrics_addr, FileConfig};
 use outbox_relay::{Error, NatsMode, RelayConfig, RelayMode, Result};
 
 #[derive(Debug, Parser)]
@@ -226,6 +226,9 @@ pub struct SweepArgs {
     /// One pass over everything due, then exit (the only way a sweep runs alone for now).
     #[arg(long, required = true)]
     pub once: bool,
+    /// Give up (exit code 9) if the servers keep the sweep from finishing this long, e.g. during an outage [default: 60s].
+    #[arg(long, env = "OUTBOX_GIVE_UP_AFTER")]
+    pub give_up_after: Option<String>,
     #[command(flatten)]
     pub settings: RunArgs,
 }
@@ -285,6 +288,9 @@ pub struct RunArgs {
     /// Most messages marked with one update [default: 500].
     #[arg(long, env = "OUTBOX_BATCH_SIZE")]
     pub batch_size: Option<usize>,
+    /// Most bytes of messages read and not yet recorded; sources wait beyond it, e.g. 64MiB [default: 64MiB].
+    #[arg(long, env = "OUTBOX_MAX_BUFFERED_BYTES")]
+    pub max_buffered_bytes: Option<String>,
     /// How often the resume token is written while messages flow [default: 500ms].
     #[arg(long, env = "OUTBOX_CHECKPOINT_INTERVAL")]
     pub checkpoint_interval: Option<String>,
@@ -395,6 +401,9 @@ impl RunArgs {
             self.max_in_flight.or(file.max_in_flight),
         );
         set(&mut config.batch_size, self.batch_size.or(file.batch_size));
+        if let Some(bytes) = self.max_buffered_bytes.or(file.max_buffered_bytes) {
+            config.max_buffered_bytes = parse_bytes("max-buffered-bytes", &bytes)?;
+        }
         let mode = self.mode.map(|m| match m {
             RelayModeArg::Push => RelayMode::Push,
             RelayModeArg::Poll => RelayMode::Poll,

@@ -6,6 +6,7 @@
 //! the checked result the relay runs with.
 
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
@@ -81,6 +82,9 @@ pub struct RelayConfig {
     pub max_in_flight: usize,
     /// Most messages marked processed with one update.
     pub batch_size: usize,
+    /// Most bytes of messages read and not yet recorded, across the relay's
+    /// stages; sources wait for room beyond it.
+    pub max_buffered_bytes: u64,
     /// How often the resume token is written while messages flow.
     pub checkpoint_interval: Duration,
     /// How long the server holds an empty change-stream read open.
@@ -185,6 +189,7 @@ impl RelayConfig {
             create_stream: None,
             max_in_flight: 256,
             batch_size: 500,
+            max_buffered_bytes: 64 << 20,
             checkpoint_interval: Duration::from_millis(500),
             max_await_time: Duration::from_millis(500),
             idle_checkpoint_interval: Duration::from_secs(10),
@@ -232,6 +237,83 @@ impl RelayConfig {
         Ok(rules)
     }
 
+    /// Every count setting with its allowed range. The batch size bounds a
+    /// mark's `$in` list (10,000 ids stay far under 16 MiB) and a sweep's
+    /// reads; the in-flight limit bounds unacknowledged publishes.
+    fn counts(&self) -> [(&'static str, u64, RangeInclusive<u64>); 4] {
+        [
+            (
+                "max-buffered-bytes",
+                self.max_buffered_bytes,
+                1 << 20..=u64::from(u32::MAX),
+            ),
+            ("max-in-flight", self.max_in_flight as u64, 1..=65_536),
+            ("batch-size", self.batch_size as u64, 1..=10_000),
+            (
+                "max-attempts",
+                u64::from(self.retry.max_attempts),
+                1..=1_000,
+            ),
+        ]
+    }
+
+    /// Every duration setting with its allowed range: long enough to mean
+    /// something, short enough that no deadline computed from it overflows,
+    /// and a lease long enough that leadership does not flap.
+    fn durations(&self) -> Vec<(&'static str, Duration, RangeInclusive<Duration>)> {
+        const MS: Duration = Duration::from_millis(1);
+        const MINUTE: Duration = Duration::from_secs(60);
+        const HOUR: Duration = Duration::from_secs(3600);
+        const DAY: Duration = Duration::from_secs(86_400);
+        let mut durations = vec![
+            ("checkpoint-interval", self.checkpoint_interval, MS..=HOUR),
+            ("max-await-time", self.max_await_time, MS..=10 * MINUTE),
+            (
+                "idle-checkpoint-interval",
+                self.idle_checkpoint_interval,
+                MS..=DAY,
+            ),
+            ("grace-period", self.grace_period, Duration::ZERO..=DAY),
+            ("ack-timeout", self.ack_timeout, MS..=10 * MINUTE),
+            (
+                "shutdown-timeout",
+                self.shutdown_timeout,
+                Duration::ZERO..=HOUR,
+            ),
+            ("sweep-interval", self.sweep_interval, MS..=DAY),
+            ("poll-interval", self.poll_interval, MS..=DAY),
+            ("lock-timeout", self.lock_timeout, MS..=DAY),
+            ("retry-initial-delay", self.retry.initial_delay, MS..=DAY),
+            ("retry-max-delay", self.retry.max_delay, MS..=30 * DAY),
+            (
+                "lease-duration",
+                self.lease.duration,
+                Duration::from_secs(1)..=HOUR,
+            ),
+            (
+                "lease-renew-interval",
+                self.lease.renew_interval,
+                10 * MS..=30 * MINUTE,
+            ),
+            (
+                "standby-poll-interval",
+                self.lease.standby_poll_interval,
+                MS..=MINUTE,
+            ),
+            ("collect-interval", self.collect_interval, MS..=DAY),
+            (
+                "oplog-headroom-warning",
+                self.oplog_headroom_warning,
+                Duration::ZERO..=365 * DAY,
+            ),
+        ];
+        if let Some(retention) = self.retention {
+            // TTL indexes count seconds in a 32-bit integer.
+            durations.push(("retention", retention, Duration::from_secs(1)..=3650 * DAY));
+        }
+        durations
+    }
+
     /// Checks the settings that do not need a server to check.
     pub fn validate(&self) -> Result<()> {
         let nonempty = [
@@ -252,36 +334,24 @@ impl RelayConfig {
             ));
         }
         self.subject_rules()?;
-        let positive = [
-            ("max-in-flight", self.max_in_flight),
-            ("batch-size", self.batch_size),
-        ];
-        for (name, value) in positive {
-            if value == 0 {
-                return Err(Error::Config(format!("{name} must be at least 1")));
+        for (name, value, range) in self.counts() {
+            if !range.contains(&value) {
+                return Err(Error::Config(format!(
+                    "{name} = {value} is out of range: it must be from {} to {}",
+                    range.start(),
+                    range.end()
+                )));
             }
         }
-        let durations = [
-            ("checkpoint-interval", self.checkpoint_interval),
-            ("max-await-time", self.max_await_time),
-            ("idle-checkpoint-interval", self.idle_checkpoint_interval),
-            ("ack-timeout", self.ack_timeout),
-            ("sweep-interval", self.sweep_interval),
-            ("poll-interval", self.poll_interval),
-            ("lock-timeout", self.lock_timeout),
-            ("retry-initial-delay", self.retry.initial_delay),
-            ("lease-duration", self.lease.duration),
-            ("lease-renew-interval", self.lease.renew_interval),
-            ("standby-poll-interval", self.lease.standby_poll_interval),
-            ("collect-interval", self.collect_interval),
-        ];
-        for (name, value) in durations {
-            if value.is_zero() {
-                return Err(Error::Config(format!("{name} must be longer than zero")));
+        for (name, value, range) in self.durations() {
+            if !range.contains(&value) {
+                return Err(Error::Config(format!(
+                    "{name} = {} is out of range: it must be from {} to {}",
+                    humantime::format_duration(value),
+                    humantime::format_duration(*range.start()),
+                    humantime::format_duration(*range.end())
+                )));
             }
-        }
-        if self.retention.is_some_and(|r| r < Duration::from_secs(1)) {
-            return Err(Error::Config("retention must be at least 1s".into()));
         }
         if self.lease.renew_interval * 2 > self.lease.duration {
             return Err(Error::Config(
@@ -289,9 +359,6 @@ impl RelayConfig {
                  can fail once and still land in time"
                     .into(),
             ));
-        }
-        if self.retry.max_attempts == 0 {
-            return Err(Error::Config("max-attempts must be at least 1".into()));
         }
         if self.retry.initial_delay > self.retry.max_delay {
             return Err(Error::Config(
@@ -318,6 +385,7 @@ pub struct FileConfig {
     pub create_stream: Option<String>,
     pub max_in_flight: Option<usize>,
     pub batch_size: Option<usize>,
+    pub max_buffered_bytes: Option<String>,
     pub checkpoint_interval: Option<String>,
     pub max_await_time: Option<String>,
     pub idle_checkpoint_interval: Option<String>,
@@ -359,6 +427,34 @@ pub fn parse_duration(setting: &str, value: &str) -> Result<Duration> {
             "{setting} = {value:?} is not a duration ({e}); write it like \"500ms\", \"10s\" or \"5m\""
         ))
     })
+}
+
+/// Parses a size in bytes: a number, optionally followed by KiB, MiB or GiB
+/// (or k, M, G, read the same way).
+pub fn parse_bytes(setting: &str, value: &str) -> Result<u64> {
+    let text = value.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "k" | "K" | "KiB" | "kB" | "KB" => 1 << 10,
+        "M" | "MiB" | "MB" => 1 << 20,
+        "G" | "GiB" | "GB" => 1 << 30,
+        _ => 0,
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .filter(|_| scale > 0)
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "{setting} = {value:?} is not a size; write it like \"67108864\", \"64MiB\" or \
+                 \"1GiB\""
+            ))
+        })
 }
 
 /// Parses `--metrics-addr`: a socket address such as "127.0.0.1:9464", or

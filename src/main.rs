@@ -4,6 +4,7 @@ mod cli;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use outbox_relay::Relay;
@@ -13,6 +14,7 @@ use tracing_subscriber::EnvFilter;
 use cli::{Cli, Command, DlqCommand, LogFormat};
 use outbox_relay::admin::dlq;
 use outbox_relay::admin::status::Status;
+use outbox_relay::config::parse_duration;
 use outbox_relay::{Error, RelayConfig, Result};
 
 fn main() -> ExitCode {
@@ -89,8 +91,12 @@ async fn execute(command: Command) -> Result<ExitCode> {
         }
         Command::Dlq(command) => dlq(command).await,
         Command::Sweep(args) => {
+            let give_up_after = match &args.give_up_after {
+                Some(value) => parse_duration("give-up-after", value)?,
+                None => Duration::from_secs(60),
+            };
             let relay = Relay::connect(args.settings.resolve()?).await?;
-            let tally = relay.sweep_once().await?;
+            let tally = relay.sweep_once(give_up_after).await?;
             println!(
                 "delivered {}, retried {}, failed {}",
                 tally.delivered, tally.retried, tally.failed

@@ -6,13 +6,14 @@
 //! source to completion, which is what lets the checkpoint advance to a
 //! token only once everything before it is done.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::{oid::ObjectId, Bson, DateTime, Document};
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::Collection;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -38,6 +39,9 @@ pub(crate) struct Work {
     /// when the server reported the position. Kept with the token, it tells
     /// how much oplog history remains before the token is lost.
     pub at: Option<DateTime>,
+    /// This work's share of the relay's byte budget, given back when the
+    /// work is dropped (after its verdict is recorded).
+    pub reserved: Option<OwnedSemaphorePermit>,
 }
 
 impl Work {
@@ -48,6 +52,7 @@ impl Work {
             token: Some(token),
             claim: None,
             at,
+            reserved: None,
         }
     }
 
@@ -58,6 +63,7 @@ impl Work {
             token: None,
             claim,
             at: None,
+            reserved: None,
         }
     }
 
@@ -69,11 +75,20 @@ impl Work {
             token: Some(token),
             claim: None,
             at,
+            reserved: None,
         }
     }
 
-    pub fn id(&self) -> Option<&Bson> {
-        self.message.as_ref().map(|m| &m.id)
+    /// Bytes this work holds in memory, roughly: its message on the wire,
+    /// or the reason it cannot be sent, plus its bookkeeping.
+    pub fn size(&self) -> usize {
+        const BOOKKEEPING: usize = 256;
+        let message = match self.message.as_ref().map(|m| &m.message) {
+            Some(Ok(message)) => message.wire_size(),
+            Some(Err(violation)) => violation.to_string().len(),
+            None => 0,
+        };
+        BOOKKEEPING.saturating_add(message)
     }
 
     /// Where the message was read, for the metrics.
@@ -131,6 +146,99 @@ impl std::ops::AddAssign for Tally {
     }
 }
 
+/// Messages that no write can change (over the size limit, refused by a
+/// validator), which the relay leaves pending and skips: the sweep does not
+/// claim or publish them again while this process runs.
+///
+/// Kept in memory and bounded: after a restart the relay tries such a
+/// message once more (JetStream drops the repeat within its duplicate
+/// window), and past the bound the oldest entries are forgotten.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Unmarkable(Arc<Mutex<HashMap<String, Bson>>>);
+
+impl Unmarkable {
+    /// The most messages remembered.
+    pub const LIMIT: usize = 1000;
+
+    /// Records a message no write could change; logs it the first time.
+    pub fn add(&self, id: &Bson, why: &str, metrics: &Metrics) {
+        let Ok(mut ids) = self.0.lock() else { return };
+        if ids.len() >= Self::LIMIT {
+            if let Some(first) = ids.keys().next().cloned() {
+                ids.remove(&first);
+            }
+        }
+        if ids.insert(id_key(id), id.clone()).is_none() {
+            metrics.unmarkable();
+            tracing::error!(
+                id = %id,
+                why,
+                "outbox message cannot be updated at all (not even marked failed): it stays \
+                 pending and this relay skips it; fix or delete the document"
+            );
+        }
+    }
+
+    pub fn contains(&self, id: &Bson) -> bool {
+        self.0.lock().is_ok_and(|ids| ids.contains_key(&id_key(id)))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().map_or(0, |ids| ids.len())
+    }
+}
+
+/// An `_id` as a key that tells its type too (`Int32(1)` is not `Int64(1)`).
+pub(crate) fn id_key(id: &Bson) -> String {
+    format!("{id:?}")
+}
+
+/// The bytes of work read but not yet recorded, shared by every pipeline of
+/// a relay: a source waits for room before it sends more, so memory follows
+/// the budget, not the size of a backlog or of its messages.
+#[derive(Debug, Clone)]
+pub(crate) struct Budget {
+    permits: Arc<Semaphore>,
+    bytes: u32,
+}
+
+impl Budget {
+    pub fn new(bytes: u32) -> Self {
+        let bytes = bytes.max(1);
+        Budget {
+            permits: Arc::new(Semaphore::new(bytes as usize)),
+            bytes,
+        }
+    }
+
+    /// Waits until `bytes` fit. Work larger than the whole budget waits
+    /// for all of it, and then goes alone.
+    async fn reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let wanted = u32::try_from(bytes)
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.bytes);
+        self.permits.clone().acquire_many_owned(wanted).await.ok()
+    }
+}
+
+/// The way into a pipeline: sends work once its bytes fit in the budget.
+#[derive(Debug, Clone)]
+pub(crate) struct Feed {
+    sender: mpsc::Sender<Work>,
+    budget: Budget,
+}
+
+/// The pipeline has stopped taking work.
+#[derive(Debug)]
+pub(crate) struct Closed;
+
+impl Feed {
+    pub async fn send(&self, mut work: Work) -> Result<(), Closed> {
+        work.reserved = Some(self.budget.reserve(work.size()).await.ok_or(Closed)?);
+        self.sender.send(work).await.map_err(|_| Closed)
+    }
+}
+
 /// Everything a publish stage and a completion stage need: one recipe for
 /// the change stream's long-lived pipeline and for each sweep pass.
 #[derive(Clone)]
@@ -142,6 +250,8 @@ pub(crate) struct Pipeline {
     pub checkpoint_interval: Duration,
     pub retry: RetryPolicy,
     pub metrics: Metrics,
+    pub unmarkable: Unmarkable,
+    pub budget: Budget,
     /// Graceful stop: ends waits for the broker.
     pub shutdown: CancellationToken,
     /// Publish nothing more, at once (the lease is lost).
@@ -152,7 +262,7 @@ pub(crate) struct Pipeline {
 
 /// A started pipeline: feed it work, drop the sender, await the tally.
 pub(crate) struct Running {
-    pub input: mpsc::Sender<Work>,
+    pub input: Feed,
     pub done: JoinHandle<Tally>,
 }
 
@@ -177,6 +287,7 @@ impl Pipeline {
             retry: self.retry.clone(),
             abandon: self.abandon.clone(),
             metrics: self.metrics.clone(),
+            unmarkable: self.unmarkable.clone(),
         };
         let publishing = tokio::spawn(publish.run(work, finished_tx));
         let done = tokio::spawn(async move {
@@ -186,6 +297,10 @@ impl Pipeline {
             }
             tally
         });
+        let input = Feed {
+            sender: input,
+            budget: self.budget.clone(),
+        };
         Running { input, done }
     }
 }

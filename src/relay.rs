@@ -28,11 +28,11 @@ use crate::contract::{DecodeRules, SubjectRules};
 use crate::error::{CheckKind, Error, Result};
 use crate::lease::{Lease, Term};
 use crate::observe::{self, Metrics, Role};
-use crate::pipeline::{Pipeline, Tally};
+use crate::pipeline::{Budget, Pipeline, Tally, Unmarkable};
 use crate::publish::{NatsPublisher, Publisher, StreamSetup};
 use crate::retry::until_ok;
 use crate::setup;
-use crate::source::change_stream::ChangeStreamSource;
+use crate::source::change_stream::{ChangeStreamSource, Prepare};
 use crate::source::sweep::Sweeper;
 
 /// A connected relay, ready to run.
@@ -42,6 +42,8 @@ pub struct Relay {
     database: Database,
     publisher: Arc<dyn Publisher>,
     metrics: Metrics,
+    unmarkable: Unmarkable,
+    budget: Budget,
 }
 
 impl Relay {
@@ -79,10 +81,12 @@ impl Relay {
         config.validate()?;
         Ok(Relay {
             subject_rules: config.subject_rules()?,
+            budget: Budget::new(u32::try_from(config.max_buffered_bytes).unwrap_or(u32::MAX)),
             config,
             database,
             publisher,
             metrics: Metrics::new(),
+            unmarkable: Unmarkable::default(),
         })
     }
 
@@ -225,6 +229,7 @@ impl Relay {
             idle_checkpoint_interval: config.idle_checkpoint_interval,
             grace_period: config.grace_period,
             metrics: self.metrics.clone(),
+            prepare: self.preparation(),
         };
         source.run(token, stream.input, term_over.clone()).await;
         if let Err(error) = stream.done.await {
@@ -233,11 +238,42 @@ impl Relay {
     }
 
     /// Sweeps until nothing due is left, once (`outbox-relay sweep --once`).
-    pub async fn sweep_once(&self) -> Result<Tally> {
-        let never = CancellationToken::new();
-        self.sweeper(self.pipeline(never.clone(), never))
+    /// Gives up if the servers keep it from finishing within `give_up_after`
+    /// (an outage of NATS or MongoDB): what it did not deliver stays pending,
+    /// and its claims are released.
+    pub async fn sweep_once(&self, give_up_after: Duration) -> Result<Tally> {
+        let deadline = CancellationToken::new();
+        let _cancel_on_return = deadline.clone().drop_guard();
+        let timer = deadline.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = timer.cancelled() => {}
+                _ = tokio::time::sleep(give_up_after) => timer.cancel(),
+            }
+        });
+        let drained = self
+            .sweeper(self.pipeline(deadline.clone(), deadline.clone()))
             .drain()
-            .await
+            .await;
+        if deadline.is_cancelled() {
+            return Err(Error::GaveUp(format!(
+                "the sweep did not finish within {} (is NATS or MongoDB down?); what it did not \
+                 deliver stays pending for the next sweep or relay (raise --give-up-after to \
+                 wait longer)",
+                humantime::format_duration(give_up_after)
+            )));
+        }
+        drained
+    }
+
+    /// What prepares the outbox collection again, for a change stream that
+    /// finds it dropped and recreated.
+    fn preparation(&self) -> Prepare {
+        let (database, config) = (self.database.clone(), self.config.clone());
+        Arc::new(move || {
+            let (database, config) = (database.clone(), config.clone());
+            Box::pin(async move { setup::prepare(&database, &config).await })
+        })
     }
 
     fn collector(&self) -> observe::Collector {
@@ -266,6 +302,8 @@ impl Relay {
             checkpoint_interval: config.checkpoint_interval,
             retry: config.retry.clone(),
             metrics: self.metrics.clone(),
+            unmarkable: self.unmarkable.clone(),
+            budget: self.budget.clone(),
             shutdown,
             halt: abandon.clone(),
             abandon,
@@ -285,6 +323,7 @@ impl Relay {
             batch_size: self.config.batch_size,
             lock_timeout: self.config.lock_timeout,
             grace_period,
+            max_pass_bytes: usize::try_from(self.config.max_buffered_bytes).unwrap_or(usize::MAX),
             pipeline,
         }
     }

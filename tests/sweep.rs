@@ -223,7 +223,7 @@ async fn a_stale_claim_is_taken_over_and_a_live_one_is_not() {
     let mut config = poll_config(&env);
     config.lock_timeout = Duration::from_secs(60);
     let relay = Relay::connect(config).await.unwrap();
-    let tally = relay.sweep_once().await.unwrap();
+    let tally = relay.sweep_once(common::WAIT).await.unwrap();
     assert_eq!(tally.delivered, 1);
     let stale_doc = env
         .outbox()
@@ -259,7 +259,7 @@ async fn a_processor_that_lost_its_claim_cannot_mark_the_message() {
     let a = Relay::connect(config_a).await.unwrap();
     private.stop();
     let id = write_orders(&env, 1).await[0];
-    let a_sweeps = tokio::spawn(async move { a.sweep_once().await });
+    let a_sweeps = tokio::spawn(async move { a.sweep_once(common::WAIT).await });
 
     let outbox = env.outbox();
     common::wait_until("A to claim the message", || {

@@ -14,7 +14,7 @@ mod subject;
 
 use std::fmt;
 
-use bson::{oid::ObjectId, spec::BinarySubtype, Bson, Document};
+use bson::{oid::ObjectId, spec::BinarySubtype, Bson, Document, RawDocument};
 use bytes::Bytes;
 
 pub use schema::contract_schema;
@@ -161,12 +161,31 @@ impl DecodeRules {
     /// outside NATS's reserved space, any size. What a writer checks when
     /// it is not told the relay's own rules.
     pub fn any_relay() -> Self {
-        let subjects =
-            SubjectRules::under(DEFAULT_SUBJECT_PREFIX).and_then(|rules| rules.allow(">"));
         DecodeRules {
-            // Both are constants that pass the checks.
-            subjects: subjects.unwrap_or_else(|_| unreachable!("the default rules are valid")),
+            subjects: SubjectRules::anything_unreserved(),
             max_payload: usize::MAX,
+        }
+    }
+
+    /// Decodes a document as the server sent it. One that cannot be read
+    /// at all (a string that is not UTF-8, say) is this document's failure,
+    /// not the failure of the read that brought it.
+    pub fn decode_raw(&self, raw: &RawDocument) -> Decoded {
+        match Document::try_from(raw) {
+            Ok(document) => self.decode(&document),
+            Err(error) => {
+                let field = |name: &str| {
+                    let value = raw.get(name).ok().flatten()?;
+                    Bson::try_from(value.to_raw_bson()).ok()
+                };
+                Decoded {
+                    id: field(field::ID).unwrap_or(Bson::Null),
+                    message: Err(ContractViolation::new(format!(
+                        "the document cannot be read as BSON: {error}"
+                    ))),
+                    attempts: field(field::ATTEMPTS),
+                }
+            }
         }
     }
 
@@ -514,6 +533,27 @@ mod tests {
                 "{document}: {error:?} lacks {expected:?}"
             );
         }
+    }
+
+    #[test]
+    fn an_unreadable_document_is_its_own_failure() {
+        let id = ObjectId::new();
+        let good = bson::to_vec(&doc! { "_id": id, "type": "t", "payload": "ab", "attempts": 2 })
+            .expect("encode");
+        let at = good
+            .windows(3)
+            .position(|w| w == b"ab\0")
+            .expect("the payload");
+        let mut bad = good.clone();
+        bad[at..at + 2].copy_from_slice(&[0xff, 0xfe]);
+        let raw = RawDocument::from_bytes(&bad).expect("well-formed BSON");
+        let decoded = rules().decode_raw(raw);
+        assert_eq!(decoded.id, Bson::ObjectId(id));
+        assert_eq!(decoded.attempts, Some(Bson::Int32(2)));
+        let error = decoded.message.expect_err("not UTF-8").to_string();
+        assert!(error.contains("cannot be read"), "{error}");
+        let raw = RawDocument::from_bytes(&good).expect("BSON");
+        assert!(rules().decode_raw(raw).message.is_ok());
     }
 
     #[test]

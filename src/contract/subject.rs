@@ -52,6 +52,14 @@ impl SubjectRules {
         Ok(self)
     }
 
+    /// Every subject outside NATS's reserved space, with the default prefix.
+    pub(crate) fn anything_unreserved() -> Self {
+        SubjectRules {
+            prefix: super::DEFAULT_SUBJECT_PREFIX.to_owned(),
+            allowed: vec![">".to_owned()],
+        }
+    }
+
     /// The subject prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix

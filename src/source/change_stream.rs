@@ -8,26 +8,36 @@
 //! catch-up pass so nothing committed in the gap is lost. On idle streams it
 //! still passes on the server's newest position now and then, so the stored
 //! token does not fall behind the oplog's history.
+//!
+//! A stream can also end: dropping or renaming the collection or its
+//! database invalidates it, and the server closes its cursor. The source
+//! notices at once, says so, waits (with backoff, idle) until the collection
+//! exists again, prepares it again (its indexes went with it), and reopens
+//! from that moment with a catch-up pass, so what was written since is
+//! delivered. Readiness is down meanwhile.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, DateTime, Document};
-use mongodb::change_stream::event::{ChangeStreamEvent, ResumeToken};
+use bson::{doc, oid::ObjectId, DateTime, Document, RawDocumentBuf};
+use futures::future::BoxFuture;
+use mongodb::change_stream::event::{ChangeStreamEvent, OperationType, ResumeToken};
 use mongodb::change_stream::ChangeStream;
 use mongodb::error::ErrorKind;
 use mongodb::Collection;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::catch_up;
-use crate::contract::{status, DecodeRules};
+use crate::contract::{field, status, DecodeRules};
 use crate::observe::{Metrics, Role};
-use crate::pipeline::Work;
+use crate::pipeline::{Feed, Work};
 use crate::retry::{pause, reconnect_backoff, until_ok, Outage};
 
-type Events = ChangeStream<ChangeStreamEvent<Document>>;
+/// Events carry the inserted document as the server sent it, so a document
+/// the driver cannot read fails alone instead of breaking the stream.
+type Events = ChangeStream<ChangeStreamEvent<RawDocumentBuf>>;
 
 /// The change-stream label servers put on errors a stream can resume after.
 const RESUMABLE_LABEL: &str = "ResumableChangeStreamError";
@@ -44,24 +54,65 @@ pub(crate) struct ChangeStreamSource {
     /// How long after a catch-up pass the stream may still repeat its messages.
     pub grace_period: Duration,
     pub metrics: Metrics,
+    /// Prepares the collection again after it was dropped and recreated.
+    pub prepare: Prepare,
 }
+
+/// Prepares the outbox collection (indexes, retention, validator).
+pub(crate) type Prepare = Arc<dyn Fn() -> BoxFuture<'static, crate::Result<()>> + Send + Sync>;
 
 impl ChangeStreamSource {
     /// Feeds the pipeline from the stream, starting after `token` (or from
     /// now), until shutdown. A broken stream is reopened where it stopped.
-    pub async fn run(
-        self,
-        token: Option<ResumeToken>,
-        output: mpsc::Sender<Work>,
-        shutdown: CancellationToken,
-    ) {
+    pub async fn run(self, token: Option<ResumeToken>, output: Feed, shutdown: CancellationToken) {
         let mut position = token;
         while let Some((events, caught_up)) = self.resume(position, &output, &shutdown).await {
             match self.tail(events, caught_up, &output, &shutdown).await {
                 Tail::Stopped => return,
                 Tail::Broken(last) => position = last,
+                Tail::Ended => {
+                    self.metrics.stream_ended();
+                    self.metrics.set_role_unless_stopping(Role::Leading);
+                    if !self.await_collection(&shutdown).await {
+                        return;
+                    }
+                    position = None;
+                }
             }
         }
+    }
+
+    /// Waits, with backoff, until the outbox collection exists again, then
+    /// prepares it. False if the relay stopped first.
+    async fn await_collection(&self, shutdown: &CancellationToken) -> bool {
+        let namespace = self.outbox.namespace();
+        tracing::error!(
+            %namespace,
+            "the change stream ended: the outbox collection or its database was dropped or \
+             renamed; waiting for it to exist again, then delivering what is pending in it"
+        );
+        let filter = doc! { "name": &namespace.coll };
+        let database = self.outbox.client().database(&namespace.db);
+        let mut backoff = reconnect_backoff();
+        loop {
+            match database
+                .list_collection_names()
+                .filter(filter.clone())
+                .await
+            {
+                Ok(names) if !names.is_empty() => break,
+                Ok(_) => {}
+                Err(error) => tracing::debug!(%error, "listing collections failed"),
+            }
+            if !pause(&mut backoff, shutdown).await {
+                return false;
+            }
+        }
+        if let Err(error) = (self.prepare)().await {
+            tracing::warn!(%error, "could not prepare the recreated outbox collection");
+        }
+        tracing::info!(%namespace, "the outbox collection exists again: reopening the change stream");
+        true
     }
 
     /// Opens the stream after `token` and, where the stream cannot replay
@@ -70,16 +121,17 @@ impl ChangeStreamSource {
     async fn resume(
         &self,
         token: Option<ResumeToken>,
-        output: &mpsc::Sender<Work>,
+        output: &Feed,
         shutdown: &CancellationToken,
     ) -> Option<(Events, CaughtUp)> {
+        let opened = DateTime::now();
         let (events, catch_up) = self.open_resuming(token, shutdown).await?;
         self.metrics.set_role_unless_stopping(Role::Tailing);
         if !catch_up {
             return Some((events, CaughtUp::none()));
         }
         let queued = until_ok("MongoDB catch-up pass", shutdown, || {
-            catch_up::run(&self.outbox, &self.rules, output, shutdown)
+            catch_up::run(&self.outbox, &self.rules, opened, output, shutdown)
         })
         .await??;
         tracing::info!(
@@ -103,10 +155,11 @@ impl ChangeStreamSource {
             .watch()
             .pipeline(new_messages())
             .max_await_time(self.max_await_time);
-        match token {
+        let events = match token {
             Some(token) => watch.start_after(token).await,
             None => watch.await,
-        }
+        };
+        events.map(ChangeStream::with_type)
     }
 
     /// Opens from `token`, retrying passing errors. Returns the stream and
@@ -169,7 +222,7 @@ impl ChangeStreamSource {
         &self,
         mut events: Events,
         mut caught_up: CaughtUp,
-        output: &mpsc::Sender<Work>,
+        output: &Feed,
         shutdown: &CancellationToken,
     ) -> Tail {
         let mut last = events.resume_token();
@@ -187,14 +240,22 @@ impl ChangeStreamSource {
                 next = events.next_if_any() => next,
             };
             let work = match next {
+                Ok(Some(event)) if event.operation_type == OperationType::Invalidate => {
+                    return Tail::Ended;
+                }
+                Ok(None) if !events.is_alive() => return Tail::Ended,
                 Ok(Some(event)) => {
                     let token = event.id;
                     last = Some(token.clone());
                     let at = commit_time(event.wall_time, event.cluster_time);
                     self.metrics.stream_event(at);
                     match event.full_document {
+                        // Left to the sweep, which reads the document itself.
+                        Some(document) if document.get(OVERSIZED).ok().flatten().is_some() => {
+                            Work::marker(token, at)
+                        }
                         Some(document) if !caught_up.repeats(&document) => {
-                            Work::from_stream(self.rules.decode(&document), token, at)
+                            Work::from_stream(self.rules.decode_raw(&document), token, at)
                         }
                         _ => Work::marker(token, at),
                     }
@@ -225,15 +286,36 @@ impl ChangeStreamSource {
     }
 }
 
-/// The stream's pipeline: inserts of pending messages. A document inserted
-/// in any other state (restored from a backup, copied from another outbox)
-/// is history, not news.
-pub(crate) fn new_messages() -> [Document; 1] {
-    [doc! { "$match": {
-        "operationType": "insert",
-        "fullDocument.status": status::PENDING,
-    } }]
+/// The stream's pipeline: inserts of pending messages, and the event that
+/// ends the stream. A document inserted in any other state (restored from a
+/// backup, copied from another outbox) is history, not news.
+///
+/// A change event may not exceed 16 MiB, and an event carrying a document
+/// near that size would break the stream at its position for good (MongoDB
+/// fails the read with `BSONObjectTooLarge`, and resuming meets the same
+/// event). So such a document comes as a stub of its `_id`, and the sweep,
+/// which reads the document itself, delivers or fails it.
+pub(crate) fn new_messages() -> [Document; 2] {
+    let full = "$fullDocument";
+    [
+        doc! { "$match": { "$or": [
+            { "operationType": "insert", "fullDocument.status": status::PENDING },
+            { "operationType": "invalidate" },
+        ] } },
+        doc! { "$addFields": { "fullDocument": { "$cond": [
+            { "$gt": [{ "$bsonSize": full }, LARGEST_DOCUMENT_IN_AN_EVENT] },
+            { field::ID: "$fullDocument._id", OVERSIZED: true },
+            full,
+        ] } } },
+    ]
 }
+
+/// The largest document an event carries whole: 16 MiB less room for the
+/// event's own fields (resume token, namespace, document key, times).
+const LARGEST_DOCUMENT_IN_AN_EVENT: i64 = (16 << 20) - (64 << 10);
+
+/// The field that marks the stub of a document too large for an event.
+const OVERSIZED: &str = "outboxRelayOversized";
 
 /// How tailing ended.
 enum Tail {
@@ -241,6 +323,8 @@ enum Tail {
     Stopped,
     /// The stream failed; reopen after this position.
     Broken(Option<ResumeToken>),
+    /// The stream ended for good (invalidated, or its cursor closed).
+    Ended,
 }
 
 /// The ids a catch-up pass queued, for a grace period after it.
@@ -271,7 +355,7 @@ impl CaughtUp {
     }
 
     /// Whether the pass already queued this document (each is matched once).
-    fn repeats(&mut self, document: &Document) -> bool {
+    fn repeats(&mut self, document: &RawDocumentBuf) -> bool {
         if self.ids.is_empty() {
             return false;
         }
@@ -280,7 +364,7 @@ impl CaughtUp {
             return false;
         }
         document
-            .get_object_id(crate::contract::field::ID)
+            .get_object_id(field::ID)
             .is_ok_and(|id| self.ids.remove(&id))
     }
 }

@@ -14,7 +14,8 @@
 //! `{status, nextAttemptAt, _id}` read in the index's order: messages never
 //! tried (`nextAttemptAt` missing) that are older than the grace period,
 //! which leaves the change stream time to deliver them first; and messages
-//! whose retry is due. The read names only indexed fields, so any planner
+//! whose retry is due. A pass with room left also looks for misfits, pending
+//! documents whose fields put them in neither range. The read names only indexed fields, so any planner
 //! serves it from the index; whether a candidate is free (unclaimed, or
 //! claimed longer ago than the lock timeout) is decided by the claim's
 //! conditional update, which is the authority anyway.
@@ -22,13 +23,13 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocumentBuf};
 use futures::TryStreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::contract::{field, status, DecodeRules};
-use crate::error::{Error, Result};
-use crate::pipeline::{Pipeline, Tally, Work};
+use crate::error::{brief, is_document_error, Error, Result};
+use crate::pipeline::{id_key, Pipeline, Tally, Work};
 use crate::retry::Outage;
 
 /// Runs sweep passes over one outbox collection.
@@ -40,6 +41,8 @@ pub struct Sweeper {
     pub(crate) lock_timeout: Duration,
     /// Never-tried messages younger than this are left to the change stream.
     pub(crate) grace_period: Duration,
+    /// The most bytes of documents one pass reads.
+    pub(crate) max_pass_bytes: usize,
 }
 
 /// The result of one pass.
@@ -49,7 +52,7 @@ pub struct Pass {
     pub tally: Tally,
     /// How many messages the pass claimed.
     pub claimed: u64,
-    /// The pass claimed a whole batch: more may be waiting.
+    /// The pass claimed a whole batch (or its bytes' worth): more may be waiting.
     pub full: bool,
 }
 
@@ -98,19 +101,21 @@ impl Sweeper {
     pub async fn pass(&self) -> Result<Pass> {
         let claim = ObjectId::new();
         let now = DateTime::now();
-        let [never_tried, retry_due] = candidate_queries(now, self.grace_period);
-        let mut documents = self.claim(never_tried, claim, now, self.batch_size).await?;
-        let room = self.batch_size - documents.len();
-        if room > 0 {
-            documents.extend(self.claim(retry_due, claim, now, room).await?);
+        let mut documents = Vec::new();
+        for query in candidate_queries(now, self.grace_period) {
+            let room = self.batch_size - documents.len();
+            if room == 0 {
+                break;
+            }
+            documents.extend(self.claim(query, claim, now, room).await?);
         }
         let claimed = documents.len() as u64;
         if claimed == 0 {
             return Ok(Pass::default());
         }
         let running = self.pipeline.start(None);
-        for document in &documents {
-            let work = Work::from_collection(self.rules.decode(document), Some(claim));
+        for (document, claim) in &documents {
+            let work = Work::from_collection(self.rules.decode_raw(document), *claim);
             if running.input.send(work).await.is_err() {
                 break;
             }
@@ -123,86 +128,138 @@ impl Sweeper {
         if tally.total() < claimed {
             self.release(claim).await?;
         }
+        let bytes: usize = documents.iter().map(|(d, _)| d.as_bytes().len()).sum();
         Ok(Pass {
             tally,
             claimed,
-            full: documents.len() == self.batch_size,
+            full: documents.len() == self.batch_size || bytes >= self.max_pass_bytes,
         })
     }
 
+    /// Reads up to `limit` documents matching `filter`, in `sort` order, and
+    /// no more than the pass's share of the byte budget; skips messages no
+    /// write can change.
+    async fn candidates(
+        &self,
+        filter: &Document,
+        sort: Document,
+        limit: usize,
+    ) -> Result<Vec<RawDocumentBuf>> {
+        let unmarkable = &self.pipeline.unmarkable;
+        let failed = |e| Error::mongo("sweep: reading due messages failed", e);
+        let mut cursor = self
+            .pipeline
+            .outbox
+            .clone_with_type::<RawDocumentBuf>()
+            .find(filter.clone())
+            .sort(sort)
+            .limit(i64::try_from(limit + unmarkable.len()).unwrap_or(i64::MAX))
+            .await
+            .map_err(failed)?;
+        let (mut candidates, mut bytes) = (Vec::new(), 0);
+        while candidates.len() < limit && bytes < self.max_pass_bytes {
+            let Some(document) = cursor.try_next().await.map_err(failed)? else {
+                break;
+            };
+            if raw_id(&document).is_some_and(|id| !unmarkable.contains(&id)) {
+                bytes += document.as_bytes().len();
+                candidates.push(document);
+            }
+        }
+        Ok(candidates)
+    }
+
     /// Claims up to `limit` documents matching `filter` that no live claim
-    /// holds, and returns those this claim got.
+    /// holds, and returns those this claim got, each with its claim. A
+    /// document that cannot take a claim (it is at the size limit, say) is
+    /// returned without one, so that it is still delivered or failed: the
+    /// fences of its completion (pending, unclaimed, its attempts) keep that
+    /// safe, and should two processors publish it, JetStream drops the repeat.
     async fn claim(
         &self,
         (mut filter, sort): (Document, Document),
         claim: ObjectId,
         now: DateTime,
         limit: usize,
-    ) -> Result<Vec<Document>> {
-        let candidates: Vec<Document> = self
-            .pipeline
-            .outbox
-            .find(filter.clone())
-            .sort(sort)
-            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
-            .await
-            .map_err(|e| Error::mongo("sweep: reading due messages failed", e))?
-            .try_collect()
-            .await
-            .map_err(|e| Error::mongo("sweep: reading due messages failed", e))?;
+    ) -> Result<Vec<(RawDocumentBuf, Option<ObjectId>)>> {
+        let candidates = self.candidates(&filter, sort, limit).await?;
         if candidates.is_empty() {
-            return Ok(candidates);
+            return Ok(Vec::new());
         }
-        let ids: Vec<Bson> = candidates
-            .iter()
-            .filter_map(|d| d.get(field::ID).cloned())
-            .collect();
-        filter.insert(field::ID, doc! { "$in": &ids });
+        let ids: Vec<Bson> = candidates.iter().filter_map(raw_id).collect();
         filter.insert(
             field::LOCKED_AT,
             doc! { "$not": { "$gte": before(now, self.lock_timeout) } },
         );
-        let claimed = self
-            .pipeline
-            .outbox
-            .update_many(
-                filter,
-                doc! { "$set": { field::LOCK_ID: claim, field::LOCKED_AT: now } },
-            )
-            .await
-            .map_err(|e| Error::mongo("sweep: claiming messages failed", e))?;
-        if claimed.modified_count == candidates.len() as u64 {
-            return Ok(candidates);
-        }
-        self.only_ours(candidates, ids, claim).await
+        let take = doc! { "$set": { field::LOCK_ID: claim, field::LOCKED_AT: now } };
+        let mut all = filter.clone();
+        all.insert(field::ID, doc! { "$in": &ids });
+        let (claimed, unclaimable) = match self.pipeline.outbox.update_many(all, take.clone()).await
+        {
+            Ok(claimed) => (claimed.modified_count, HashSet::new()),
+            Err(e) if is_document_error(&e) => self.claim_each(&filter, &take, &ids).await?,
+            Err(e) => return Err(Error::mongo("sweep: claiming messages failed", e)),
+        };
+        let ours = if claimed == candidates.len() as u64 {
+            ids.iter().map(id_key).collect()
+        } else {
+            self.held_by(ids, claim).await?
+        };
+        Ok(candidates
+            .into_iter()
+            .filter_map(|document| {
+                let key = id_key(&raw_id(&document)?);
+                match (ours.contains(&key), unclaimable.contains(&key)) {
+                    (true, _) => Some((document, Some(claim))),
+                    (false, true) => Some((document, None)),
+                    (false, false) => None,
+                }
+            })
+            .collect())
     }
 
-    /// Keeps the candidates this claim holds (others took the rest).
-    async fn only_ours(
+    /// Claims the candidates one by one, after a claim of them all failed
+    /// on a document no write can change. Returns how many were claimed,
+    /// and the keys of those that cannot take a claim.
+    async fn claim_each(
         &self,
-        candidates: Vec<Document>,
-        ids: Vec<Bson>,
-        claim: ObjectId,
-    ) -> Result<Vec<Document>> {
-        let ours: HashSet<ObjectId> = self
+        filter: &Document,
+        take: &Document,
+        ids: &[Bson],
+    ) -> Result<(u64, HashSet<String>)> {
+        let (mut claimed, mut unclaimable) = (0, HashSet::new());
+        for id in ids {
+            let mut one = filter.clone();
+            one.insert(field::ID, id.clone());
+            match self.pipeline.outbox.update_one(one, take.clone()).await {
+                Ok(result) => claimed += result.modified_count,
+                Err(e) if is_document_error(&e) => {
+                    tracing::warn!(%id, error = %brief(&e), "outbox message cannot take a claim");
+                    unclaimable.insert(id_key(id));
+                }
+                Err(e) => return Err(Error::mongo("sweep: claiming messages failed", e)),
+            }
+        }
+        Ok((claimed, unclaimable))
+    }
+
+    /// The keys of the candidates this claim holds (others took the rest).
+    async fn held_by(&self, ids: Vec<Bson>, claim: ObjectId) -> Result<HashSet<String>> {
+        let failed = |e| Error::mongo("sweep: reading claims failed", e);
+        let held: Vec<Document> = self
             .pipeline
             .outbox
             .find(doc! { field::ID: { "$in": ids }, field::LOCK_ID: claim })
             .projection(doc! { field::ID: 1 })
             .await
-            .map_err(|e| Error::mongo("sweep: reading claims failed", e))?
-            .try_collect::<Vec<Document>>()
+            .map_err(failed)?
+            .try_collect()
             .await
-            .map_err(|e| Error::mongo("sweep: reading claims failed", e))?
+            .map_err(failed)?;
+        Ok(held
             .iter()
-            .filter_map(|d| d.get_object_id(field::ID).ok())
-            .collect();
-        Ok(candidates
-            .into_iter()
-            .filter(|d| {
-                d.get_object_id(field::ID)
-                    .is_ok_and(|id| ours.contains(&id))
-            })
+            .filter_map(|d| d.get(field::ID))
+            .map(id_key)
             .collect())
     }
 
@@ -221,10 +278,13 @@ impl Sweeper {
     }
 }
 
-/// The sweep's two candidate reads, as `(filter, sort)`: never-tried
-/// messages older than `grace_period`, then retries due at `now`. Each is a
-/// range of the sweep index, sorted in its order.
-pub fn candidate_queries(now: DateTime, grace_period: Duration) -> [(Document, Document); 2] {
+/// The sweep's candidate reads, as `(filter, sort)`, in the order a pass
+/// takes them: never-tried messages older than `grace_period`, then retries
+/// due at `now`, each a range of the sweep index sorted in its order; then,
+/// with room left, misfits that neither range can find (an `_id` that is not
+/// an ObjectId, a `nextAttemptAt` that is not a date), so that whatever a
+/// writer put in a pending document, it is delivered or failed.
+pub fn candidate_queries(now: DateTime, grace_period: Duration) -> [(Document, Document); 3] {
     let mut never_tried = doc! {
         field::STATUS: status::PENDING,
         field::NEXT_ATTEMPT_AT: Bson::Null,
@@ -242,7 +302,28 @@ pub fn candidate_queries(now: DateTime, grace_period: Duration) -> [(Document, D
         field::NEXT_ATTEMPT_AT: { "$lte": now },
     };
     let order = doc! { field::STATUS: 1, field::NEXT_ATTEMPT_AT: 1, field::ID: 1 };
-    [(never_tried, order.clone()), (retry_due, order)]
+    [
+        (never_tried, order.clone()),
+        (retry_due, order.clone()),
+        (misfits(), order),
+    ]
+}
+
+/// Pending documents the index ranges cannot find.
+pub(crate) fn misfits() -> Document {
+    doc! {
+        field::STATUS: status::PENDING,
+        "$or": [
+            { field::ID: { "$not": { "$type": "objectId" } } },
+            { field::NEXT_ATTEMPT_AT: { "$exists": true, "$not": { "$type": ["date", "null"] } } },
+        ],
+    }
+}
+
+/// A document's `_id`, whatever its type.
+fn raw_id(document: &RawDocumentBuf) -> Option<Bson> {
+    let id = document.get(field::ID).ok().flatten()?;
+    Bson::try_from(id.to_raw_bson()).ok()
 }
 
 fn before(now: DateTime, age: Duration) -> DateTime {
