@@ -9,26 +9,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use bson::{doc, oid::ObjectId, DateTime, Document};
-use common::{free_port, wait_until, write_orders, MongoProcess, RelayProcess, TestEnv};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// GETs `path` with HTTP/1.0; the status code and body, or `None` if
-/// nothing answers yet.
-async fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut response = String::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response))
-        .await
-        .ok()?
-        .ok()?;
-    let status = response.split(' ').nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n")?.1.to_owned();
-    Some((status, body))
-}
+use common::{free_port, get, wait_until, write_orders, MongoProcess, RelayProcess, TestEnv};
 
 /// Parses the Prometheus text format strictly: every sample line is
 /// `name{labels} value`, and every sample belongs to a family with a TYPE.

@@ -411,6 +411,25 @@ impl Drop for NatsProcess {
     }
 }
 
+/// GETs `path` with HTTP/1.0; the status code and body, or `None` if
+/// nothing answers yet.
+pub async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response))
+        .await
+        .ok()?
+        .ok()?;
+    let status = response.split(' ').nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_owned();
+    Some((status, body))
+}
+
 /// A loopback port nothing listens on now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
