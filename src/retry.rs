@@ -79,7 +79,9 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    until_settled(what, shutdown, attempt, |_| false).await?.ok()
+    until_settled(what, shutdown, attempt, |_| false)
+        .await?
+        .ok()
 }
 
 /// Runs `attempt` until it succeeds or fails in a way no retry can mend

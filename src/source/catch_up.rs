@@ -16,7 +16,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocumentBuf};
 use futures::TryStreamExt;
 use mongodb::Collection;
 use tokio_util::sync::CancellationToken;
@@ -57,6 +57,7 @@ pub(crate) async fn run(
     let window = i64::try_from(REPEAT_WINDOW.as_millis()).unwrap_or(i64::MAX);
     let recent = opened.timestamp_millis().saturating_sub(window);
     let mut cursor = outbox
+        .clone_with_type::<RawDocumentBuf>()
         .find(due_filter(DateTime::now()))
         .sort(doc! { field::ID: 1 })
         .await
@@ -72,7 +73,7 @@ pub(crate) async fn run(
         else {
             return Ok(Some(queued));
         };
-        let decoded = rules.decode(&document);
+        let decoded = rules.decode_raw(&document);
         if let Bson::ObjectId(id) = decoded.id {
             let created = id.timestamp().timestamp_millis();
             if created >= recent && queued.len() < MAX_REMEMBERED {

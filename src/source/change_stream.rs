@@ -66,10 +66,23 @@ impl ChangeStreamSource {
     /// now), until shutdown. A broken stream is reopened where it stopped.
     pub async fn run(self, token: Option<ResumeToken>, output: Feed, shutdown: CancellationToken) {
         let mut position = token;
-        while let Some((events, caught_up)) = self.resume(position, &output, &shutdown).await {
+        let mut backoff = reconnect_backoff();
+        while let Some((events, caught_up)) =
+            self.resume(position.clone(), &output, &shutdown).await
+        {
             match self.tail(events, caught_up, &output, &shutdown).await {
                 Tail::Stopped => return,
-                Tail::Broken(last) => position = last,
+                // A stream that breaks again where it broke before is
+                // reopened with backoff, not in a tight loop.
+                Tail::Broken(last) if last == position => {
+                    if !pause(&mut backoff, &shutdown).await {
+                        return;
+                    }
+                }
+                Tail::Broken(last) => {
+                    backoff = reconnect_backoff();
+                    position = last;
+                }
                 Tail::Ended => {
                     self.metrics.stream_ended();
                     self.metrics.set_role_unless_stopping(Role::Leading);
