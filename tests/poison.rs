@@ -447,3 +447,61 @@ async fn a_dropped_collection_is_waited_for_and_delivery_resumes() {
 async fn a_dropped_database_is_waited_for_and_delivery_resumes() {
     dropped_under_a_running_relay(true).await;
 }
+
+#[tokio::test]
+async fn sweep_once_gives_up_on_a_broker_that_takes_nothing() {
+    let env = TestEnv::new().await;
+    env.jetstream
+        .publish(format!("{}.fill", env.prefix), "x".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    let mut config = env
+        .jetstream
+        .get_stream(&env.stream)
+        .await
+        .expect("the stream")
+        .cached_info()
+        .config
+        .clone();
+    config.max_messages = 1;
+    config.discard = jetstream::stream::DiscardPolicy::New;
+    env.jetstream
+        .update_stream(config)
+        .await
+        .expect("fill the stream");
+    let ids = write_orders(&env, 2).await;
+
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["sweep", "--once", "--give-up-after", "1s"])
+        .env("OUTBOX_MONGODB_URI", &env.mongodb_uri)
+        .env("OUTBOX_DATABASE", &env.name)
+        .env("OUTBOX_NATS_URL", &env.nats_url)
+        .env("OUTBOX_SUBJECT_PREFIX", &env.prefix)
+        .env("OUTBOX_GRACE_PERIOD", "0s")
+        .env("OUTBOX_METRICS_ADDR", "off")
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(WAIT, run)
+        .await
+        .expect("sweep --once ends by itself")
+        .expect("run outbox-relay");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(9), "{said}");
+    assert!(said.contains("gave up"), "{said}");
+    let untouched = doc! {
+        "_id": { "$in": &ids },
+        "status": "pending",
+        "lockId": { "$exists": false },
+        "attempts": { "$exists": false },
+    };
+    assert_eq!(
+        env.count(untouched).await,
+        2,
+        "uncharged, and the claims released"
+    );
+    env.drop().await;
+}

@@ -1,0 +1,212 @@
+//! One contract, three enforcers: the writer, the relay's decoder and the
+//! `--install-validator` schema must give every document the same verdict,
+//! or a message one accepts is a dead letter for another.
+
+mod common;
+
+use bson::{doc, oid::ObjectId, DateTime};
+use common::TestEnv;
+use outbox_relay::contract::{DecodeRules, SubjectRules};
+use outbox_relay::{Error, NewMessage, Outbox, Payload};
+
+fn message(message_type: &str) -> NewMessage {
+    NewMessage::new(message_type, Payload::Document(doc! { "n": 1 }))
+}
+
+/// Documents, each with whether the contract accepts it.
+fn table(prefix: &str) -> Vec<(String, NewMessage, bool)> {
+    let long = "a".repeat(600);
+    let longest_type = "t".repeat(512 - prefix.len() - 1);
+    let rows = [
+        ("a plain message", message("order.placed"), true),
+        (
+            "an explicit subject under the prefix",
+            message("t").subject(format!("{prefix}.x.y")),
+            true,
+        ),
+        (
+            "an allowed subject",
+            message("t").subject("billing.invoice"),
+            true,
+        ),
+        (
+            "a matching allowed pattern",
+            message("t").subject("audit.eu.events"),
+            true,
+        ),
+        (
+            "headers of its own",
+            message("t")
+                .header("traceparent", "00-1-2-01")
+                .header("Content-Type", "text/csv"),
+            true,
+        ),
+        (
+            "a key and a correlation id",
+            message("t").key("ключ-7").correlation_id("c-1"),
+            true,
+        ),
+        ("the longest type", message(&longest_type), true),
+        (
+            "a text payload",
+            NewMessage::new("t", Payload::Text("é".into())),
+            true,
+        ),
+        ("an empty type", message(""), false),
+        ("a type with a space", message("order placed"), false),
+        ("a type with a wildcard", message("order.*"), false),
+        (
+            "a type with a control character",
+            message("order\u{7}"),
+            false,
+        ),
+        (
+            "a type one character too long",
+            message(&format!("{longest_type}t")),
+            false,
+        ),
+        (
+            "a subject deleting a stream",
+            message("t").subject("$JS.API.STREAM.DELETE.ORDERS"),
+            false,
+        ),
+        (
+            "a key-value subject",
+            message("t").subject("$KV.bucket.key"),
+            false,
+        ),
+        (
+            "another client's inbox",
+            message("t").subject("_INBOX.abc.1"),
+            false,
+        ),
+        (
+            "a subject outside the allow-list",
+            message("t").subject("payroll.run"),
+            false,
+        ),
+        (
+            "a subject too long",
+            message("t").subject(format!("{prefix}.{long}")),
+            false,
+        ),
+        (
+            "a subject with an empty token",
+            message("t").subject(format!("{prefix}..x")),
+            false,
+        ),
+        (
+            "a subject that is only the prefix",
+            message("t").subject(prefix),
+            false,
+        ),
+        (
+            "a JetStream control header",
+            message("t").header("Nats-Expected-Last-Sequence", "1"),
+            false,
+        ),
+        (
+            "the message id header",
+            message("t").header("nats-msg-id", "x"),
+            false,
+        ),
+        (
+            "a relay header",
+            message("t").header("Outbox-Type", "x"),
+            false,
+        ),
+        (
+            "a header name with a space",
+            message("t").header("bad name", "x"),
+            false,
+        ),
+        (
+            "a header name with a colon",
+            message("t").header("a:b", "x"),
+            false,
+        ),
+        (
+            "a header value with a line break",
+            message("t").header("x", "a\r\nb"),
+            false,
+        ),
+        ("a key with a line break", message("t").key("a\nb"), false),
+        (
+            "a correlation id with a line break",
+            message("t").correlation_id("a\rb"),
+            false,
+        ),
+    ];
+    rows.into_iter()
+        .map(|(what, message, good)| (what.to_owned(), message, good))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_writer_the_decoder_and_the_validator_agree() {
+    let env = TestEnv::new().await;
+    let subjects = SubjectRules::under(&env.prefix)
+        .and_then(|rules| rules.allow("billing.>"))
+        .and_then(|rules| rules.allow("audit.*.events"))
+        .expect("valid rules");
+    let rules = DecodeRules::new(subjects.clone(), usize::MAX);
+    outbox_relay::setup::install_validator(&env.db, "validated", &subjects)
+        .await
+        .expect("install the validator");
+    let validated = env.db.collection::<bson::Document>("validated");
+    let writer = Outbox::with_collection(&env.db, "written").with_rules(rules.clone());
+
+    for (what, message, good) in table(&env.prefix) {
+        let document = message
+            .clone()
+            .into_document(ObjectId::new(), DateTime::now());
+        let decoder = rules.decode(&document).message.is_ok();
+        let schema = match validated.insert_one(document.clone()).await {
+            Ok(_) => true,
+            Err(error) => {
+                let refused = error.to_string().contains("Document failed validation");
+                assert!(refused, "{what}: {error}");
+                false
+            }
+        };
+        let mut session = env.client.start_session().await.expect("session");
+        session.start_transaction().await.expect("transaction");
+        let written = match writer.add(&mut session, message).await {
+            Ok(_) => true,
+            Err(Error::InvalidMessage(_)) => false,
+            Err(other) => panic!("{what}: {other}"),
+        };
+        session.abort_transaction().await.expect("abort");
+        assert_eq!(
+            (decoder, schema, written),
+            (good, good, good),
+            "{what}: decoder, validator and writer (expected {good}) on {document}"
+        );
+    }
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_writer_without_a_relays_rules_still_refuses_what_every_relay_refuses() {
+    let env = TestEnv::new().await;
+    let writer = Outbox::new(&env.db);
+    let mut session = env.client.start_session().await.expect("session");
+    session.start_transaction().await.expect("transaction");
+    for message in [
+        message("t").subject("$JS.API.STREAM.DELETE.ORDERS"),
+        message("t").subject("_INBOX.x"),
+        message("t").header("Nats-Rollup", "all"),
+    ] {
+        let refused = writer.add(&mut session, message).await;
+        assert!(
+            matches!(refused, Err(Error::InvalidMessage(_))),
+            "{refused:?}"
+        );
+    }
+    let accepted = writer
+        .add(&mut session, message("t").subject("anywhere.else"))
+        .await;
+    assert!(accepted.is_ok(), "{accepted:?}");
+    session.abort_transaction().await.expect("abort");
+    env.drop().await;
+}
