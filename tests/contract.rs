@@ -66,6 +66,11 @@ fn table(prefix: &str) -> Vec<(String, NewMessage, bool)> {
             false,
         ),
         (
+            "a bad type beside a good subject",
+            message("a b").subject(format!("{prefix}.x")),
+            false,
+        ),
+        (
             "a subject deleting a stream",
             message("t").subject("$JS.API.STREAM.DELETE.ORDERS"),
             false,

@@ -214,9 +214,14 @@ impl DecodeRules {
         };
         let message_type = required_string(doc, field::TYPE)?;
         validate_type(&message_type)?;
+        // The type must be able to end a subject even where the document
+        // names its own, so that one type means one thing everywhere (and
+        // the validator, which cannot look at both fields, agrees).
+        let default_subject = self.subjects.default_subject(&message_type);
+        validate_subject(&default_subject)?;
         let subject = match optional_string(doc, field::SUBJECT)? {
             Some(subject) => subject,
-            None => self.subjects.default_subject(&message_type),
+            None => default_subject,
         };
         self.subjects.check(&subject)?;
         let (body, content_type) = encode_payload(doc.get(field::PAYLOAD))?;
