@@ -324,6 +324,7 @@ impl Relay {
             lock_timeout: self.config.lock_timeout,
             grace_period,
             max_pass_bytes: usize::try_from(self.config.max_buffered_bytes).unwrap_or(usize::MAX),
+            misfits_read: Arc::default(),
             pipeline,
         }
     }

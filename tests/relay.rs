@@ -284,7 +284,7 @@ async fn malformed_documents_fail_with_a_reason_while_good_ones_flow() {
         ),
         (
             doc! { "type": "a b", "payload": {}, "status": "pending" },
-            "whitespace",
+            "a space or a control character",
         ),
         (
             doc! { "type": "ok", "subject": "x.>", "payload": {}, "status": "pending" },

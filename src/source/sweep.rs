@@ -15,13 +15,14 @@
 //! tried (`nextAttemptAt` missing) that are older than the grace period,
 //! which leaves the change stream time to deliver them first; and messages
 //! whose retry is due. A pass with room left also looks for misfits, pending
-//! documents whose fields put them in neither range. The read names only indexed fields, so any planner
+//! documents whose fields put them in neither range, at most once a minute. The read names only indexed fields, so any planner
 //! serves it from the index; whether a candidate is free (unclaimed, or
 //! claimed longer ago than the lock timeout) is decided by the claim's
 //! conditional update, which is the authority anyway.
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocumentBuf};
 use futures::TryStreamExt;
@@ -43,7 +44,14 @@ pub struct Sweeper {
     pub(crate) grace_period: Duration,
     /// The most bytes of documents one pass reads.
     pub(crate) max_pass_bytes: usize,
+    /// When the sweep last looked for misfits.
+    pub(crate) misfits_read: Arc<Mutex<Option<Instant>>>,
 }
+
+/// How often a sweep with room to spare looks for misfits: documents a
+/// writer's bug put outside both index ranges are rare, and finding them
+/// costs a scan of every pending entry.
+pub const MISFIT_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The result of one pass.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -102,9 +110,10 @@ impl Sweeper {
         let claim = ObjectId::new();
         let now = DateTime::now();
         let mut documents = Vec::new();
-        for query in candidate_queries(now, self.grace_period) {
+        let [never_tried, retry_due, misfits] = candidate_queries(now, self.grace_period);
+        for (query, always) in [(never_tried, true), (retry_due, true), (misfits, false)] {
             let room = self.batch_size - documents.len();
-            if room == 0 {
+            if room == 0 || !(always || self.misfits_due()) {
                 break;
             }
             documents.extend(self.claim(query, claim, now, room).await?);
@@ -134,6 +143,19 @@ impl Sweeper {
             claimed,
             full: documents.len() == self.batch_size || bytes >= self.max_pass_bytes,
         })
+    }
+
+    /// The misfit read, if it is due: at most once per [`MISFIT_INTERVAL`],
+    /// since no index range can serve it (it scans every pending entry).
+    fn misfits_due(&self) -> bool {
+        let Ok(mut last) = self.misfits_read.lock() else {
+            return false;
+        };
+        if last.is_some_and(|at| at.elapsed() < MISFIT_INTERVAL) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
     }
 
     /// Reads up to `limit` documents matching `filter`, in `sort` order, and
