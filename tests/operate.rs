@@ -4,7 +4,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -127,14 +127,8 @@ async fn endpoints_report_deliveries_depths_and_roles() {
 
 /// Runs `outbox-relay <args>` with the test's servers in the environment.
 fn relay_command(env: &TestEnv, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    common::relay_command(env)
         .args(args)
-        .env("OUTBOX_MONGODB_URI", &env.mongodb_uri)
-        .env("OUTBOX_DATABASE", &env.name)
-        .env("OUTBOX_NATS_URL", &env.nats_url)
-        .env("OUTBOX_SUBJECT_PREFIX", &env.prefix)
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
         .output()
         .expect("run outbox-relay")
 }

@@ -490,16 +490,10 @@ async fn sweep_once_gives_up_on_a_broker_that_takes_nothing() {
         .expect("fill the stream");
     let ids = write_orders(&env, 2).await;
 
-    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    let run = tokio::process::Command::from(common::relay_command(&env))
         .args(["sweep", "--once", "--give-up-after", "1s"])
-        .env("OUTBOX_MONGODB_URI", &env.mongodb_uri)
-        .env("OUTBOX_DATABASE", &env.name)
-        .env("OUTBOX_NATS_URL", &env.nats_url)
-        .env("OUTBOX_SUBJECT_PREFIX", &env.prefix)
         .env("OUTBOX_GRACE_PERIOD", "0s")
         .env("OUTBOX_METRICS_ADDR", "off")
-        .env("NO_COLOR", "1")
-        .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output();
     let output = tokio::time::timeout(WAIT, run)

@@ -565,6 +565,20 @@ pub fn logs_dir() -> PathBuf {
     dir
 }
 
+/// The `outbox-relay` binary, pointed at the test's servers, database and
+/// subjects, with no terminal.
+pub fn relay_command(env: &TestEnv) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    command
+        .env("OUTBOX_MONGODB_URI", &env.mongodb_uri)
+        .env("OUTBOX_DATABASE", &env.name)
+        .env("OUTBOX_NATS_URL", &env.nats_url)
+        .env("OUTBOX_SUBJECT_PREFIX", &env.prefix)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null());
+    command
+}
+
 /// A relay process with short lease timings, logging to `target/relay-logs`.
 pub struct RelayProcess {
     child: Child,
@@ -580,12 +594,8 @@ impl RelayProcess {
     pub fn start_with(env: &TestEnv, label: &str, settings: &[(&str, &str)]) -> Self {
         let log = logs_dir().join(format!("{}-{label}.log", env.name));
         let file = std::fs::File::create(&log).expect("relay log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        let child = relay_command(env)
             .arg("run")
-            .env("OUTBOX_MONGODB_URI", &env.mongodb_uri)
-            .env("OUTBOX_DATABASE", &env.name)
-            .env("OUTBOX_NATS_URL", &env.nats_url)
-            .env("OUTBOX_SUBJECT_PREFIX", &env.prefix)
             .env("OUTBOX_CHECKPOINT_INTERVAL", "100ms")
             .env("OUTBOX_MAX_AWAIT_TIME", "200ms")
             .env("OUTBOX_ACK_TIMEOUT", "1s")
