@@ -32,7 +32,7 @@ use crate::config::RetryPolicy;
 use crate::contract::{field, status, Decoded};
 use crate::error::{brief, is_document_error};
 use crate::observe::{FailureKind, Metrics};
-use crate::pipeline::{Finished, Tally, Unmarkable, Verdict};
+use crate::pipeline::{Finished, LastDelivery, Tally, Unmarkable, Verdict};
 use crate::retry::{until_ok, until_settled};
 
 /// Records verdicts and checkpoints.
@@ -49,6 +49,8 @@ pub(crate) struct CompletionStage {
     pub metrics: Metrics,
     /// Messages no write can change, for the sweep to skip.
     pub unmarkable: Unmarkable,
+    /// When the relay last delivered anything: evidence the broker works.
+    pub deliveries: LastDelivery,
 }
 
 /// A stream position waiting to be written, with the time it was reached.
@@ -152,14 +154,16 @@ impl CompletionStage {
                         tally.failed += 1;
                     }
                 }
-                Verdict::Refused(reason) => match self.refuse(message, claim, reason, now).await? {
-                    Retry::Scheduled => {
-                        self.metrics.retried();
-                        tally.retried += 1;
+                Verdict::Refused { reason, own } => {
+                    match self.refuse(message, claim, reason, *own, now).await? {
+                        Retry::Scheduled => {
+                            self.metrics.retried();
+                            tally.retried += 1;
+                        }
+                        Retry::GaveUp => tally.failed += 1,
+                        Retry::NotOurs => {}
                     }
-                    Retry::GaveUp => tally.failed += 1,
-                    Retry::NotOurs => {}
-                },
+                }
                 Verdict::Passed => {}
             }
         }
@@ -193,7 +197,7 @@ impl CompletionStage {
                 // The smallest change that records the delivery.
                 let least = doc! { "$set": { field::STATUS: status::PROCESSED } };
                 for id in ids {
-                    let filter = still_ours(id.clone(), claim);
+                    let filter = still_ours(doc! { "$eq": &id }, claim);
                     if self.write_one(&id, filter, &[&update, &least]).await? {
                         self.metrics.processed(1);
                     }
@@ -207,16 +211,26 @@ impl CompletionStage {
     /// none left fails the message. One conditional write that matches the
     /// claim and the attempts read with the message, so it cannot change a
     /// message another processor has delivered, claimed or counted meanwhile.
+    ///
+    /// A message out of attempts is failed only on evidence that the fault
+    /// is its own: the broker was found to take other messages when it was
+    /// refused (`own`), or the relay delivered something within the evidence
+    /// window. Without it, the broker may be refusing everything (a
+    /// permission lost for every subject), and failing would dead-letter the
+    /// outbox one message at a time; the message is tried again after the
+    /// longest retry delay instead.
     async fn refuse(
         &self,
         message: &Decoded,
         claim: Option<ObjectId>,
         reason: &str,
+        own: bool,
         now: DateTime,
     ) -> Option<Retry> {
         let attempts = message.attempts_made().saturating_add(1);
         let stored = i32::try_from(attempts).unwrap_or(i32::MAX);
-        if self.retry.exhausted(attempts) {
+        let exhausted = self.retry.exhausted(attempts);
+        if exhausted && (own || self.deliveries.within(self.evidence_window())) {
             let reason = format!("{reason} (gave up after {attempts} attempts)");
             let failed = fail(&reason, Some(stored), now);
             let decided = self.decide(message, claim, &failed, &reason).await?;
@@ -229,7 +243,24 @@ impl CompletionStage {
                 Retry::NotOurs
             });
         }
-        let delay = self.retry.delay_after(attempts);
+        let (delay, reason) = if exhausted {
+            self.metrics.dead_letter_held();
+            let window = humantime::format_duration(self.evidence_window());
+            tracing::warn!(
+                id = %message.id,
+                attempts,
+                reason,
+                "outbox message is out of attempts, but the broker took no other message in the \
+                 last {window}: not failing it, since the fault may be the broker's"
+            );
+            let held = format!(
+                "{reason} (out of attempts; not failed, as the broker took no other message in \
+                 the last {window})"
+            );
+            (self.retry.max_delay, held)
+        } else {
+            (self.retry.delay_after(attempts), reason.to_owned())
+        };
         tracing::debug!(id = %message.id, attempts, ?delay, reason, "outbox message refused; will retry");
         let next = DateTime::from_millis(
             now.timestamp_millis()
@@ -239,16 +270,22 @@ impl CompletionStage {
             "$set": {
                 field::ATTEMPTS: stored,
                 field::NEXT_ATTEMPT_AT: next,
-                field::LAST_ERROR: reason,
+                field::LAST_ERROR: &reason,
             },
             "$unset": unlock(),
         };
-        let decided = self.decide(message, claim, &schedule, reason).await?;
+        let decided = self.decide(message, claim, &schedule, &reason).await?;
         Some(if decided {
             Retry::Scheduled
         } else {
             Retry::NotOurs
         })
+    }
+
+    /// How recent a delivery must be to show that the broker takes messages:
+    /// the longest retry delay, and at least a minute.
+    fn evidence_window(&self) -> Duration {
+        self.retry.max_delay.max(Duration::from_secs(60))
     }
 
     /// Applies a message's fate (`update`) with the fence of a decision:
@@ -266,12 +303,14 @@ impl CompletionStage {
         if update_sets_failed(update) {
             tracing::warn!(id = %message.id, reason, "outbox message failed");
         }
-        let mut filter = still_ours(message.id.clone(), claim);
+        let mut filter = still_ours(doc! { "$eq": &message.id }, claim);
         if claim.is_none() {
             filter.insert(field::LOCK_ID, Bson::Null);
         }
+        // `$eq`, so that a value a writer stored (`{"$exists": false}`, say)
+        // is compared, never read as an operator.
         match &message.attempts {
-            Some(attempts) => filter.insert(field::ATTEMPTS, attempts.clone()),
+            Some(attempts) => filter.insert(field::ATTEMPTS, doc! { "$eq": attempts.clone() }),
             None => filter.insert(field::ATTEMPTS, doc! { "$exists": false }),
         };
         // Should the document not take its fate, fail it with the reason,
@@ -351,9 +390,10 @@ fn update_sets_failed(update: &Document) -> bool {
 
 /// Matches messages still pending and, if a sweep claimed them, still held
 /// by that claim: the fence that stops a processor which lost a message from
-/// writing over its state.
-pub(crate) fn still_ours(id: impl Into<Bson>, claim: Option<ObjectId>) -> Document {
-    let mut filter = doc! { field::ID: id.into(), field::STATUS: status::PENDING };
+/// writing over its state. `ids` is an operator (`$eq`, `$in`), so that an
+/// `_id` a writer chose is compared, never read as an operator itself.
+fn still_ours(ids: Document, claim: Option<ObjectId>) -> Document {
+    let mut filter = doc! { field::ID: ids, field::STATUS: status::PENDING };
     if let Some(claim) = claim {
         filter.insert(field::LOCK_ID, claim);
     }

@@ -95,6 +95,13 @@ async fn execute(command: Command) -> Result<ExitCode> {
                 Some(value) => parse_duration("give-up-after", value)?,
                 None => Duration::from_secs(60),
             };
+            let range = Duration::from_secs(1)..=Duration::from_secs(86_400);
+            if !range.contains(&give_up_after) {
+                return Err(Error::Config(format!(
+                    "give-up-after = {} is out of range: it must be from 1s to 1day",
+                    humantime::format_duration(give_up_after)
+                )));
+            }
             let relay = Relay::connect(args.settings.resolve()?).await?;
             let tally = relay.sweep_once(give_up_after).await?;
             println!(

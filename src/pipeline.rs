@@ -6,7 +6,8 @@
 //! source to completion, which is what lets the checkpoint advance to a
 //! token only once everything before it is done.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -109,7 +110,12 @@ pub(crate) enum Verdict {
     /// The message breaks the contract; no retry can help.
     Rejected(ContractViolation),
     /// The broker refused this message in a way that may pass later.
-    Refused(String),
+    Refused {
+        reason: String,
+        /// The broker was found to take other messages meanwhile (the
+        /// probe said so), so the refusal is this message's own.
+        own: bool,
+    },
     /// Nothing to deliver: a bare stream position.
     Passed,
 }
@@ -154,7 +160,14 @@ impl std::ops::AddAssign for Tally {
 /// message once more (JetStream drops the repeat within its duplicate
 /// window), and past the bound the oldest entries are forgotten.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Unmarkable(Arc<Mutex<HashMap<String, Bson>>>);
+pub(crate) struct Unmarkable(Arc<Mutex<Remembered>>);
+
+/// Ids by key, and their keys in the order they were added.
+#[derive(Debug, Default)]
+struct Remembered {
+    ids: HashMap<String, Bson>,
+    order: VecDeque<String>,
+}
 
 impl Unmarkable {
     /// The most messages remembered.
@@ -162,35 +175,64 @@ impl Unmarkable {
 
     /// Records a message no write could change; logs it the first time.
     pub fn add(&self, id: &Bson, why: &str, metrics: &Metrics) {
-        let Ok(mut ids) = self.0.lock() else { return };
-        if ids.len() >= Self::LIMIT {
-            if let Some(first) = ids.keys().next().cloned() {
-                ids.remove(&first);
+        let Ok(mut remembered) = self.0.lock() else {
+            return;
+        };
+        let key = id_key(id);
+        if remembered.ids.contains_key(&key) {
+            return;
+        }
+        if remembered.order.len() >= Self::LIMIT {
+            if let Some(oldest) = remembered.order.pop_front() {
+                remembered.ids.remove(&oldest);
             }
         }
-        if ids.insert(id_key(id), id.clone()).is_none() {
-            metrics.unmarkable();
-            tracing::error!(
-                id = %id,
-                why,
-                "outbox message cannot be updated at all (not even marked failed): it stays \
-                 pending and this relay skips it; fix or delete the document"
-            );
-        }
+        remembered.ids.insert(key.clone(), id.clone());
+        remembered.order.push_back(key);
+        metrics.unmarkable();
+        tracing::error!(
+            id = %id,
+            why,
+            "outbox message cannot be updated at all (not even marked failed): it stays \
+             pending and this relay skips it; fix or delete the document"
+        );
     }
 
     pub fn contains(&self, id: &Bson) -> bool {
-        self.0.lock().is_ok_and(|ids| ids.contains_key(&id_key(id)))
+        self.0
+            .lock()
+            .is_ok_and(|remembered| remembered.ids.contains_key(&id_key(id)))
     }
 
     pub fn len(&self) -> usize {
-        self.0.lock().map_or(0, |ids| ids.len())
+        self.0.lock().map_or(0, |remembered| remembered.order.len())
     }
 }
 
 /// An `_id` as a key that tells its type too (`Int32(1)` is not `Int64(1)`).
 pub(crate) fn id_key(id: &Bson) -> String {
     format!("{id:?}")
+}
+
+/// When the relay last delivered a message, across its pipelines: the
+/// evidence that the broker takes messages, without which a refused
+/// message is not dead-lettered (the broker may be refusing everything).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LastDelivery(Arc<AtomicI64>);
+
+impl LastDelivery {
+    /// Records a delivery now.
+    pub fn now(&self) {
+        self.0
+            .store(DateTime::now().timestamp_millis(), Ordering::Relaxed);
+    }
+
+    /// Whether the relay delivered anything within `window` of now.
+    pub fn within(&self, window: Duration) -> bool {
+        let last = self.0.load(Ordering::Relaxed);
+        let window = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+        last > 0 && DateTime::now().timestamp_millis().saturating_sub(last) <= window
+    }
 }
 
 /// The bytes of work read but not yet recorded, shared by every pipeline of
@@ -252,6 +294,7 @@ pub(crate) struct Pipeline {
     pub metrics: Metrics,
     pub unmarkable: Unmarkable,
     pub budget: Budget,
+    pub deliveries: LastDelivery,
     /// Graceful stop: ends waits for the broker.
     pub shutdown: CancellationToken,
     /// Publish nothing more, at once (the lease is lost).
@@ -278,6 +321,7 @@ impl Pipeline {
             shutdown: self.shutdown.clone(),
             halt: self.halt.clone(),
             metrics: self.metrics.clone(),
+            deliveries: self.deliveries.clone(),
         };
         let complete = CompletionStage {
             outbox: self.outbox.clone(),
@@ -288,6 +332,7 @@ impl Pipeline {
             abandon: self.abandon.clone(),
             metrics: self.metrics.clone(),
             unmarkable: self.unmarkable.clone(),
+            deliveries: self.deliveries.clone(),
         };
         let publishing = tokio::spawn(publish.run(work, finished_tx));
         let done = tokio::spawn(async move {

@@ -28,7 +28,7 @@ use crate::contract::{DecodeRules, SubjectRules};
 use crate::error::{CheckKind, Error, Result};
 use crate::lease::{Lease, Term};
 use crate::observe::{self, Metrics, Role};
-use crate::pipeline::{Budget, Pipeline, Tally, Unmarkable};
+use crate::pipeline::{Budget, LastDelivery, Pipeline, Tally, Unmarkable};
 use crate::publish::{NatsPublisher, Publisher, StreamSetup};
 use crate::retry::until_ok;
 use crate::setup;
@@ -44,6 +44,7 @@ pub struct Relay {
     metrics: Metrics,
     unmarkable: Unmarkable,
     budget: Budget,
+    deliveries: LastDelivery,
 }
 
 impl Relay {
@@ -87,6 +88,7 @@ impl Relay {
             publisher,
             metrics: Metrics::new(),
             unmarkable: Unmarkable::default(),
+            deliveries: LastDelivery::default(),
         })
     }
 
@@ -304,6 +306,7 @@ impl Relay {
             metrics: self.metrics.clone(),
             unmarkable: self.unmarkable.clone(),
             budget: self.budget.clone(),
+            deliveries: self.deliveries.clone(),
             shutdown,
             halt: abandon.clone(),
             abandon,

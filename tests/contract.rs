@@ -65,6 +65,22 @@ fn table(prefix: &str) -> Vec<(String, NewMessage, bool)> {
             message(&format!("{longest_type}t")),
             false,
         ),
+        ("a type ending in a line break", message("t\n"), false),
+        (
+            "a subject ending in a line break",
+            message("t").subject(format!("{prefix}.a\n")),
+            false,
+        ),
+        (
+            "a header value ending in a line break",
+            message("t").header("x", "a\n"),
+            false,
+        ),
+        (
+            "a key ending in a line break",
+            message("t").key("k\n"),
+            false,
+        ),
         (
             "a bad type beside a good subject",
             message("a b").subject(format!("{prefix}.x")),

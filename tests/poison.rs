@@ -203,6 +203,21 @@ async fn poison_documents_fail_alone_while_good_messages_flow() {
             doc! { "subject": format!("{uncaptured}.b"), "attempts": 2.5 },
             "gave up after 2 attempts",
         ),
+        // Relay fields a writer forged to dodge the relay's fences: an
+        // operator where a count belongs, a claim that never goes stale.
+        (
+            doc! { "type": "a b", "attempts": { "$exists": false } },
+            "a space or a control character",
+        ),
+        (
+            doc! {
+                "type": "a b",
+                "lockId": ObjectId::new(),
+                "lockedAt": bson::DateTime::parse_rfc3339_str("2999-01-01T00:00:00Z")
+                    .expect("a date"),
+            },
+            "a space or a control character",
+        ),
     ];
     let mut poison = Vec::new();
     for (extra, reason) in cases {
@@ -488,10 +503,12 @@ async fn sweep_once_gives_up_on_a_broker_that_takes_nothing() {
         .update_stream(config)
         .await
         .expect("fill the stream");
-    let ids = write_orders(&env, 2).await;
+    let ids = write_orders(&env, 3).await;
 
+    // One message a pass, so that passes come back full until the end.
     let run = tokio::process::Command::from(common::relay_command(&env))
         .args(["sweep", "--once", "--give-up-after", "1s"])
+        .env("OUTBOX_BATCH_SIZE", "1")
         .env("OUTBOX_GRACE_PERIOD", "0s")
         .env("OUTBOX_METRICS_ADDR", "off")
         .kill_on_drop(true)
@@ -511,8 +528,42 @@ async fn sweep_once_gives_up_on_a_broker_that_takes_nothing() {
     };
     assert_eq!(
         env.count(untouched).await,
-        2,
+        3,
         "uncharged, and the claims released"
     );
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_broker_that_refuses_every_message_dead_letters_none() {
+    let env = TestEnv::new().await;
+    // The relay's user may publish nothing under the prefix any more.
+    let nats = common::NatsProcess::start_with(
+        &format!(
+            "authorization {{ users: [ {{ user: relay, password: secret, permissions: \
+             {{ publish: {{ allow: [\">\"], deny: [\"{}.>\"] }} }} }} ] }}",
+            env.prefix
+        ),
+        Some("relay"),
+    )
+    .await;
+    env.create_stream_on(&nats.url()).await;
+    let ids = write_orders(&env, 3).await;
+    let mut config = quick(&env);
+    config.nats_url = nats.url();
+    config.mode = RelayMode::Poll;
+    config.poll_interval = Duration::from_millis(100);
+    let relay = Observed::start(config).await;
+
+    wait_until("every message to run out of attempts", || async {
+        relay.sample("outbox_dead_letters_held_total") >= ids.len() as f64
+    })
+    .await;
+    assert_eq!(env.count(doc! { "status": "failed" }).await, 0);
+    let held = find(&env, ids[0]).await;
+    let error = held.get_str("lastError").unwrap_or_default();
+    assert!(error.contains("not failed"), "{held}");
+    relay.assert_alive().await;
+    relay.stop().await;
     env.drop().await;
 }

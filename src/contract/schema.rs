@@ -16,8 +16,11 @@ use super::{field, status};
 const TOKENS: &str = r"^[^.*> \x00-\x1f\x7f-\x9f]+(\.[^.*> \x00-\x1f\x7f-\x9f]+)*$";
 /// What NATS keeps for itself: `$…` and `_INBOX` subjects.
 const RESERVED: &str = r"^(\$|_INBOX(\.|$))";
-/// A header value or other string sent as one: no line breaks.
-const ONE_LINE: &str = "^[^\r\n]*$";
+/// A line break anywhere. (An anchored `^[^\r\n]*$` would not do: `$`
+/// also matches before a final line break.)
+const LINE_BREAK: &str = "[\r\n]";
+/// A control character anywhere, for the same reason.
+const CONTROL: &str = r"[\x00-\x1f\x7f-\x9f]";
 /// Header names the relay sets itself, in any letter case.
 const RESERVED_HEADERS: &str = "^([Nn][Aa][Tt][Ss]|[Oo][Uu][Tt][Bb][Oo][Xx])-";
 /// A header name holding anything but visible ASCII other than ':'.
@@ -26,7 +29,11 @@ const BAD_HEADER_NAME: &str = "(^$|[^!-9;-~])";
 /// The document contract as a `$jsonSchema`, for the relay's subject rules.
 pub fn contract_schema(subjects: &SubjectRules) -> Document {
     let string = doc! { "bsonType": "string" };
-    let one_line = doc! { "bsonType": "string", "pattern": ONE_LINE };
+    let one_line = doc! { "bsonType": "string", "not": { "pattern": LINE_BREAK } };
+    let tokens = [
+        doc! { "pattern": TOKENS },
+        doc! { "not": { "pattern": CONTROL } },
+    ];
     let date = doc! { "bsonType": "date" };
     let never = doc! { "not": {} };
     let permitted: Vec<Bson> = subjects
@@ -46,7 +53,7 @@ pub fn contract_schema(subjects: &SubjectRules) -> Document {
                 "bsonType": "string",
                 "minLength": 1,
                 "maxLength": bson_len(type_chars),
-                "pattern": TOKENS,
+                "allOf": tokens.to_vec(),
             },
             field::PAYLOAD: { "bsonType": ["object", "binData", "string"] },
             field::STATUS: { "enum": [status::PENDING, status::PROCESSED, status::FAILED] },
@@ -65,7 +72,8 @@ pub fn contract_schema(subjects: &SubjectRules) -> Document {
                 "bsonType": "string",
                 "maxLength": bson_len(MAX_SUBJECT_CHARS),
                 "allOf": [
-                    { "pattern": TOKENS },
+                    tokens[0].clone(),
+                    tokens[1].clone(),
                     { "not": { "pattern": RESERVED } },
                     { "anyOf": permitted },
                 ],

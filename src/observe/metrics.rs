@@ -170,6 +170,7 @@ struct Inner {
     history_lost: Counter,
     stream_ended: Counter,
     unmarkable: Counter,
+    dead_letters_held: Counter,
     delivery_paused: Gauge,
     pause_reason: Mutex<Option<String>>,
     publish_ack: Histogram,
@@ -214,6 +215,7 @@ impl Metrics {
             history_lost: Counter::default(),
             stream_ended: Counter::default(),
             unmarkable: Counter::default(),
+            dead_letters_held: Counter::default(),
             delivery_paused: Gauge::default(),
             pause_reason: Mutex::new(None),
             publish_ack: Histogram::new(latency_buckets()),
@@ -308,6 +310,12 @@ impl Metrics {
     /// A message could not be written at all (not even marked failed).
     pub(crate) fn unmarkable(&self) {
         self.0.unmarkable.inc();
+    }
+
+    /// A message out of attempts was not failed for lack of evidence that
+    /// the broker takes other messages.
+    pub(crate) fn dead_letter_held(&self) {
+        self.0.dead_letters_held.inc();
     }
 
     /// Delivery is paused because the broker takes no message, until the
@@ -527,6 +535,12 @@ impl Inner {
             "Messages the relay could not update at all (not even to mark them failed), left \
              pending and skipped",
             self.unmarkable.clone(),
+        );
+        registry.register(
+            "dead_letters_held",
+            "Messages out of attempts not failed, because the broker took no other message \
+             recently (it may be refusing everything); tried again after the longest retry delay",
+            self.dead_letters_held.clone(),
         );
         registry.register(
             "delivery_paused",

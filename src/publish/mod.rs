@@ -49,8 +49,9 @@ pub enum PublishError {
 /// What a [`Publisher::probe`] found out about the broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Health {
-    /// The broker takes messages (for NATS: the relay's own stream answers
-    /// and has room), so a failure of one message is that message's own.
+    /// The broker takes messages there (for NATS: the stream capturing the
+    /// subject answers and has room, or no stream captures it while the
+    /// relay's own stream does), so a failure of one message is its own.
     Takes,
     /// The broker takes no message now; the text says why.
     TakesNone(String),
@@ -77,10 +78,12 @@ pub trait Publisher: Send + Sync + 'static {
     /// The largest message, headers included, the broker takes.
     fn max_payload(&self) -> usize;
 
-    /// Whether the broker takes messages at all now. Asked, at most once
-    /// per backoff step, while a publish keeps failing in a way that could
-    /// be the broker's fault or the message's. The default cannot tell.
-    fn probe(&self) -> BoxFuture<'_, Health> {
+    /// Whether the broker takes messages now where a message to `subject`
+    /// would go. Asked, at most once per backoff step, while a publish fails
+    /// in a way that could be the broker's fault or the message's. The
+    /// default cannot tell.
+    fn probe<'a>(&'a self, subject: &'a str) -> BoxFuture<'a, Health> {
+        let _ = subject;
         Box::pin(std::future::ready(Health::Unknown))
     }
 }

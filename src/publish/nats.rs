@@ -25,8 +25,8 @@ pub struct NatsPublisher {
     denials: Denials,
     /// The relay's own subjects (`<prefix>.>`), whose stream the probe asks after.
     own_subjects: Option<String>,
-    /// The last probe's answer, reused for [`PROBE_REUSE`].
-    probed: Arc<Mutex<Option<(Instant, Health)>>>,
+    /// Recent probe answers by subject, each reused for [`PROBE_REUSE`].
+    probed: Arc<Mutex<HashMap<String, (Instant, Health)>>>,
 }
 
 /// How long one probe's answer stands, so a run of failing messages costs
@@ -150,62 +150,60 @@ impl NatsPublisher {
         .boxed())
     }
 
-    /// Asks the broker whether it takes messages, reusing a recent answer.
-    async fn probe_cached(&self) -> Health {
+    /// Asks the broker whether it takes messages for `subject`, reusing a
+    /// recent answer.
+    async fn probe_cached(&self, subject: &str) -> Health {
         if let Ok(probed) = self.probed.lock() {
-            if let Some((at, health)) = probed.as_ref() {
+            if let Some((at, health)) = probed.get(subject) {
                 if at.elapsed() < PROBE_REUSE {
                     return health.clone();
                 }
             }
         }
         let health = match &self.jetstream {
-            Some(context) => tokio::time::timeout(self.ack_timeout, self.probe_jetstream(context))
-                .await
-                .unwrap_or_else(|_| {
-                    Health::TakesNone(format!(
-                        "JetStream did not answer within {:?}",
-                        self.ack_timeout
-                    ))
-                }),
+            Some(context) => {
+                let probe = self.probe_jetstream(context, subject);
+                tokio::time::timeout(self.ack_timeout, probe)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Health::TakesNone(format!(
+                            "JetStream did not answer within {:?}",
+                            self.ack_timeout
+                        ))
+                    })
+            }
             None => match self.client.connection_state() {
                 async_nats::connection::State::Connected => Health::Takes,
                 state => Health::TakesNone(format!("the NATS connection is {state}")),
             },
         };
         if let Ok(mut probed) = self.probed.lock() {
-            *probed = Some((Instant::now(), health.clone()));
+            probed.retain(|_, (at, _)| at.elapsed() < PROBE_REUSE);
+            probed.insert(subject.to_owned(), (Instant::now(), health.clone()));
         }
         health
     }
 
-    /// JetStream takes messages if it answers and the relay's own stream
-    /// exists and has room (or, without a prefix to ask after, if the
-    /// account answers).
-    async fn probe_jetstream(&self, context: &jetstream::Context) -> Health {
+    /// JetStream takes messages for `subject` if the stream capturing it
+    /// answers and has room. If no stream captures it, the broker still
+    /// takes messages (and the subject is the message's fault) when the
+    /// relay's own stream answers and has room, or, without a prefix to ask
+    /// after, when the account answers.
+    async fn probe_jetstream(&self, context: &jetstream::Context, subject: &str) -> Health {
+        if let Ok(name) = context.stream_by_subject(subject).await {
+            return stream_health(context, &name).await;
+        }
         let Some(subjects) = &self.own_subjects else {
             return match context.query_account().await {
                 Ok(_) => Health::Takes,
                 Err(e) => Health::TakesNone(format!("JetStream does not answer: {e}")),
             };
         };
-        let name = match context.stream_by_subject(subjects.clone()).await {
-            Ok(name) => name,
-            Err(e) => {
-                return Health::TakesNone(format!(
-                    "no JetStream stream captures the relay's subjects {subjects} ({e})"
-                ))
-            }
-        };
-        let info = match context.get_stream(&name).await {
-            Ok(stream) => stream.cached_info().clone(),
-            Err(e) => return Health::TakesNone(format!("stream {name:?} does not answer: {e}")),
-        };
-        match full(&info) {
-            Some(limit) => Health::TakesNone(format!(
-                "stream {name:?} is full ({limit}) and discards new messages"
+        match context.stream_by_subject(subjects.clone()).await {
+            Ok(name) => stream_health(context, &name).await,
+            Err(e) => Health::TakesNone(format!(
+                "no JetStream stream captures the relay's subjects {subjects} ({e})"
             )),
-            None => Health::Takes,
         }
     }
 
@@ -253,8 +251,21 @@ impl Publisher for NatsPublisher {
         self.client.server_info().max_payload
     }
 
-    fn probe(&self) -> BoxFuture<'_, Health> {
-        self.probe_cached().boxed()
+    fn probe<'a>(&'a self, subject: &'a str) -> BoxFuture<'a, Health> {
+        self.probe_cached(subject).boxed()
+    }
+}
+
+/// Whether a stream answers and has room.
+async fn stream_health(context: &jetstream::Context, name: &str) -> Health {
+    match context.get_stream(name).await {
+        Ok(stream) => match full(stream.cached_info()) {
+            Some(limit) => Health::TakesNone(format!(
+                "stream {name:?} is full ({limit}) and discards new messages"
+            )),
+            None => Health::Takes,
+        },
+        Err(e) => Health::TakesNone(format!("stream {name:?} does not answer: {e}")),
     }
 }
 

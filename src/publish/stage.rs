@@ -9,17 +9,16 @@
 //! A failure is either the broker's (it takes no message: delivery pauses,
 //! no attempt is charged) or the message's (it is refused: an attempt is
 //! charged and every other message goes on). Where the publisher cannot
-//! tell which, the stage finds out:
-//! - a failure that could be either (nothing took the subject, a timeout)
-//!   is checked with [`Publisher::probe`]: if the broker takes messages,
-//!   the failure is the message's own (at once where nothing took the
-//!   subject, after a few tries otherwise); if not, it is an outage;
-//! - a run of [`REFUSAL_STORM`] refusals with nothing delivered between them
-//!   (a permission lost for every subject, say) is the broker refusing
-//!   everything: the messages are held, uncharged, and sent again with
-//!   backoff until the broker takes one of them.
+//! tell which (nothing took the subject, a timeout), the stage asks
+//! [`Publisher::probe`] about the stream of the message's subject: if the
+//! broker takes messages there, the failure is the message's own, at once;
+//! if not, it is an outage and delivery pauses, reported to readiness.
 //!
-//! While paused, the stage reports it to readiness.
+//! A refusal the publisher reports directly (a permission denied, say) may
+//! still be the broker refusing everything; the stage cannot know, so it
+//! charges the attempt, and the completion stage dead-letters the message
+//! only with evidence that the broker takes other messages (see
+//! [`LastDelivery`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -33,16 +32,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Ack, Health, PublishError, Publisher};
 use crate::observe::{Metrics, Origin, PausedDelivery};
-use crate::pipeline::{Finished, Verdict, Work};
+use crate::pipeline::{Finished, LastDelivery, Verdict, Work};
 use crate::retry::{pause, reconnect_backoff, Outage};
-
-/// Refusals in a row, with nothing delivered between them, that make the
-/// stage take a refusal for the broker refusing every message.
-pub(crate) const REFUSAL_STORM: usize = 16;
-
-/// Tries after which a failure that may be the broker's (a timeout, say)
-/// counts as the message's own, when the broker takes other messages.
-const OWN_FAILURE_TRIES: usize = 3;
 
 /// One try at publishing a unit of work.
 struct Attempt {
@@ -56,27 +47,12 @@ struct Attempt {
 }
 
 impl Attempt {
-    /// Work not sent yet, to be sent with the next round of a pause.
-    fn unsent(work: Work) -> Self {
-        Attempt {
-            work,
-            result: Err(PublishError::Unavailable("not sent yet".into())),
-            waited: Duration::ZERO,
-            own: false,
-        }
-    }
-
     /// The failure may be the broker's: find out before charging anyone.
     fn in_doubt(&self) -> bool {
         matches!(
             self.result,
             Err(PublishError::Unavailable(_) | PublishError::Uncaptured(_))
         )
-    }
-
-    /// A refusal that could be the broker refusing everything.
-    fn unexplained_refusal(&self) -> bool {
-        !self.own && matches!(self.result, Err(PublishError::Refused(_)))
     }
 
     fn delivered(&self) -> bool {
@@ -87,8 +63,9 @@ impl Attempt {
     }
 
     /// The verdict, recorded in the metrics if the broker took the message.
-    fn finish(self, metrics: &Metrics) -> Finished {
+    fn finish(self, metrics: &Metrics, deliveries: &LastDelivery) -> Finished {
         if let (true, Ok(ack)) = (self.delivered(), &self.result) {
+            deliveries.now();
             let origin = self.work.origin();
             metrics.published(origin, self.waited, ack.duplicate);
             if let (Origin::Stream, Some(committed)) = (origin, self.work.at) {
@@ -100,36 +77,14 @@ impl Attempt {
             (Some(Err(violation)), _) => Verdict::Rejected(violation.clone()),
             (Some(Ok(_)), Ok(_)) => Verdict::Delivered,
             (Some(Ok(_)), Err(PublishError::Invalid(violation))) => Verdict::Rejected(violation),
-            (Some(Ok(_)), Err(error)) => Verdict::Refused(error.to_string()),
+            (Some(Ok(_)), Err(error)) => Verdict::Refused {
+                reason: error.to_string(),
+                own: self.own,
+            },
         };
         Finished {
             work: self.work,
             verdict,
-        }
-    }
-}
-
-/// Refusals in a row with nothing delivered between them.
-#[derive(Debug, Default)]
-struct Streak {
-    refused: usize,
-    /// Verdicts still to come that were settled by a pause that ended with a
-    /// delivery: their refusals are their own and must not start another.
-    exempt: usize,
-}
-
-impl Streak {
-    /// Whether this attempt's refusal makes the run a storm.
-    fn trips(&self, attempt: &Attempt) -> bool {
-        self.exempt == 0 && attempt.unexplained_refusal() && self.refused + 1 >= REFUSAL_STORM
-    }
-
-    fn record(&mut self, attempt: &Attempt) {
-        self.exempt = self.exempt.saturating_sub(1);
-        if attempt.delivered() {
-            self.refused = 0;
-        } else if attempt.unexplained_refusal() {
-            self.refused += 1;
         }
     }
 }
@@ -148,51 +103,43 @@ pub(crate) struct PublishStage {
     /// collected. What was queued stays pending for the next leader.
     pub halt: CancellationToken,
     pub metrics: Metrics,
-}
-
-/// What the stage keeps between attempts.
-struct State {
-    input: mpsc::Receiver<Work>,
-    input_open: bool,
-    in_flight: InFlight,
-    outage: Outage,
-    streak: Streak,
+    /// When the relay last delivered anything, for the completion stage.
+    pub deliveries: LastDelivery,
 }
 
 impl PublishStage {
-    pub async fn run(self, input: mpsc::Receiver<Work>, output: mpsc::Sender<Finished>) {
-        let mut state = State {
-            input,
-            input_open: true,
-            in_flight: InFlight::new(),
-            outage: Outage::new("NATS publishing"),
-            streak: Streak::default(),
-        };
-        while state.input_open || !state.in_flight.is_empty() {
+    pub async fn run(self, mut input: mpsc::Receiver<Work>, output: mpsc::Sender<Finished>) {
+        let mut in_flight = InFlight::new();
+        let mut input_open = true;
+        let mut outage = Outage::new("NATS publishing");
+        while input_open || !in_flight.is_empty() {
             tokio::select! {
                 biased;
-                _ = self.halt.cancelled(), if state.input_open => state.input_open = false,
-                Some(attempt) = state.in_flight.next(), if !state.in_flight.is_empty() => {
-                    let forwarded = if attempt.in_doubt() || state.streak.trips(&attempt) {
-                        self.recover(attempt, &mut state, &output).await
+                _ = self.halt.cancelled(), if input_open => input_open = false,
+                Some(attempt) = in_flight.next(), if !in_flight.is_empty() => {
+                    let forwarded = if attempt.in_doubt() {
+                        self.recover(attempt, &mut in_flight, &mut outage, &output).await
                     } else {
-                        state.streak.record(&attempt);
-                        output.send(attempt.finish(&self.metrics)).await.is_ok()
+                        self.forward(attempt, &output).await
                     };
                     if !forwarded {
                         return;
                     }
                 }
-                work = state.input.recv(),
-                    if state.input_open && state.in_flight.len() < self.max_in_flight =>
-                {
+                work = input.recv(), if input_open && in_flight.len() < self.max_in_flight => {
                     match work {
-                        Some(work) => state.in_flight.push_back(self.start(work).await),
-                        None => state.input_open = false,
+                        Some(work) => in_flight.push_back(self.start(work).await),
+                        None => input_open = false,
                     }
                 }
             }
         }
+    }
+
+    /// Passes the verdict on; false if completion has gone.
+    async fn forward(&self, attempt: Attempt, output: &mpsc::Sender<Finished>) -> bool {
+        let finished = attempt.finish(&self.metrics, &self.deliveries);
+        output.send(finished).await.is_ok()
     }
 
     /// Sends the message (if any) and returns the future of its attempt.
@@ -222,30 +169,19 @@ impl PublishStage {
     async fn recover(
         &self,
         failed: Attempt,
-        state: &mut State,
+        in_flight: &mut InFlight,
+        outage: &mut Outage,
         output: &mpsc::Sender<Finished>,
     ) -> bool {
         let mut held = VecDeque::from([failed]);
-        while let Some(attempt) = state.in_flight.next().await {
+        while let Some(attempt) = in_flight.next().await {
             held.push_back(attempt);
         }
         while let Some(attempt) = held.pop_front() {
-            let Some(attempt) = self.settle(attempt, &mut state.outage).await else {
+            let Some(attempt) = self.settle(attempt, outage).await else {
                 return false;
             };
-            if state.streak.trips(&attempt) {
-                held.push_front(attempt);
-                if !self.ride_out_refusals(&mut held, state).await {
-                    return false;
-                }
-                state.streak = Streak {
-                    refused: 0,
-                    exempt: held.len(),
-                };
-                continue;
-            }
-            state.streak.record(&attempt);
-            if output.send(attempt.finish(&self.metrics)).await.is_err() {
+            if !self.forward(attempt, output).await {
                 return false;
             }
         }
@@ -257,24 +193,23 @@ impl PublishStage {
     /// stopped first.
     async fn settle(&self, mut attempt: Attempt, outage: &mut Outage) -> Option<Attempt> {
         let mut backoff = reconnect_backoff();
-        let mut own_failures = 0;
         let mut paused: Option<PausedDelivery> = None;
         while attempt.in_doubt() {
-            let Err(error) = &attempt.result else { break };
-            match self.publisher.probe().await {
+            let (Err(error), Some(Ok(message))) = (
+                &attempt.result,
+                attempt.work.message.as_ref().map(|m| &m.message),
+            ) else {
+                break;
+            };
+            match self.publisher.probe(&message.subject).await {
                 Health::Takes => {
-                    own_failures += 1;
-                    let uncaptured = matches!(error, PublishError::Uncaptured(_));
-                    if uncaptured || own_failures >= OWN_FAILURE_TRIES {
-                        attempt.result = Err(PublishError::Refused(format!(
-                            "{error}, while the broker takes other messages"
-                        )));
-                        attempt.own = true;
-                        break;
-                    }
+                    attempt.result = Err(PublishError::Refused(format!(
+                        "{error}, while the broker takes other messages"
+                    )));
+                    attempt.own = true;
+                    break;
                 }
                 Health::TakesNone(why) => {
-                    own_failures = 0;
                     outage.failed(&format!("{error} ({why})"));
                     paused.get_or_insert_with(|| self.metrics.pause_delivery(why));
                 }
@@ -292,46 +227,6 @@ impl PublishStage {
             outage.recovered();
         }
         Some(attempt)
-    }
-
-    /// The broker refuses message after message: holds them all (and what
-    /// waits in the input, up to the in-flight limit), uncharged, and sends
-    /// them again with backoff until the broker takes one. Returns false if
-    /// the relay stopped first.
-    async fn ride_out_refusals(&self, held: &mut VecDeque<Attempt>, state: &mut State) -> bool {
-        let reason = match held.front().map(|a| &a.result) {
-            Some(Err(error)) => error.to_string(),
-            _ => String::new(),
-        };
-        let why = format!(
-            "the broker refused {REFUSAL_STORM} messages in a row and took none ({reason}); \
-             holding them without charging attempts until it takes one"
-        );
-        state.outage.failed(&why);
-        let _paused = self.metrics.pause_delivery(why);
-        let mut backoff = reconnect_backoff();
-        loop {
-            while state.input_open && held.len() < self.max_in_flight {
-                match state.input.try_recv() {
-                    Ok(work) => held.push_back(Attempt::unsent(work)),
-                    Err(_) => break,
-                }
-            }
-            if !self.wait(&mut backoff).await {
-                return false;
-            }
-            let mut round = InFlight::new();
-            for attempt in held.drain(..) {
-                round.push_back(self.start(attempt.work).await);
-            }
-            while let Some(attempt) = round.next().await {
-                held.push_back(attempt);
-            }
-            if held.iter().any(Attempt::delivered) {
-                state.outage.recovered();
-                return true;
-            }
-        }
     }
 
     /// Waits the next backoff step. False if the relay must stop publishing.
@@ -401,7 +296,7 @@ mod tests {
             usize::MAX
         }
 
-        fn probe(&self) -> BoxFuture<'_, Health> {
+        fn probe<'a>(&'a self, _subject: &'a str) -> BoxFuture<'a, Health> {
             let health = self.health.lock().unwrap().clone();
             future::ready(health.unwrap_or(Health::Takes)).boxed()
         }
@@ -411,24 +306,28 @@ mod tests {
         input: mpsc::Sender<Work>,
         output: mpsc::Receiver<Finished>,
         halt: CancellationToken,
+        deliveries: LastDelivery,
     }
 
     fn start(publisher: Arc<Scripted>) -> Running {
         let (input, work) = mpsc::channel(1024);
         let (finished, output) = mpsc::channel(1024);
         let halt = CancellationToken::new();
+        let deliveries = LastDelivery::default();
         let stage = PublishStage {
             publisher,
             max_in_flight: 64,
             shutdown: CancellationToken::new(),
             halt: halt.clone(),
             metrics: Metrics::new(),
+            deliveries: deliveries.clone(),
         };
         tokio::spawn(stage.run(work, finished));
         Running {
             input,
             output,
             halt,
+            deliveries,
         }
     }
 
@@ -474,9 +373,13 @@ mod tests {
     fn refused(verdicts: &[(String, Verdict)]) -> Vec<&str> {
         verdicts
             .iter()
-            .filter(|(_, v)| matches!(v, Verdict::Refused(_)))
+            .filter(|(_, v)| matches!(v, Verdict::Refused { .. }))
             .map(|(s, _)| s.as_str())
             .collect()
+    }
+
+    fn own(verdict: &Verdict) -> bool {
+        matches!(verdict, Verdict::Refused { own: true, .. })
     }
 
     #[tokio::test(start_paused = true)]
@@ -493,6 +396,10 @@ mod tests {
             "verdicts keep their order"
         );
         assert_eq!(refused(&verdicts), ["poison"]);
+        assert!(
+            own(&verdicts[1].1),
+            "the probe showed it is the message's own"
+        );
         assert_eq!(broker.sends_to("poison"), 1, "refused at once, not retried");
     }
 
@@ -522,38 +429,15 @@ mod tests {
         stage.send(&["slow", "a"]).await;
         let verdicts = stage.verdicts(2).await;
         assert_eq!(refused(&verdicts), ["slow"]);
-        assert_eq!(broker.sends_to("slow"), OWN_FAILURE_TRIES);
+        assert!(own(&verdicts[0].1));
+        assert_eq!(broker.sends_to("slow"), 1, "refused at once, not retried");
         assert!(matches!(verdicts[1].1, Verdict::Delivered));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn refusing_everything_pauses_instead_of_dead_lettering_everything() {
+    async fn refusals_are_charged_one_by_one_while_the_rest_go_on() {
         let broker = Arc::new(Scripted::default());
-        broker.fail_all(
-            Some(PublishError::Refused("permission denied".into())),
-            Health::Takes,
-        );
-        let mut stage = start(broker.clone());
-        let subjects: Vec<String> = (0..40).map(|n| format!("s{n}")).collect();
-        let names: Vec<&str> = subjects.iter().map(String::as_str).collect();
-        stage.send(&names).await;
-        let charged = stage.verdicts(REFUSAL_STORM - 1).await;
-        assert_eq!(refused(&charged).len(), REFUSAL_STORM - 1);
-        assert!(
-            stage.quiet_for(Duration::from_secs(600)).await,
-            "a storm of refusals charges no more messages"
-        );
-        broker.fail_all(None, Health::Takes);
-        let rest = stage.verdicts(40 - (REFUSAL_STORM - 1)).await;
-        assert!(refused(&rest).is_empty(), "{rest:?}");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_run_of_refusals_among_good_messages_is_charged_and_the_rest_go_on() {
-        let broker = Arc::new(Scripted::default());
-        let mut subjects: Vec<String> = (0..REFUSAL_STORM + 4)
-            .map(|n| format!("denied{n}"))
-            .collect();
+        let mut subjects: Vec<String> = (0..40).map(|n| format!("denied{n}")).collect();
         for subject in &subjects {
             broker.answer(subject, PublishError::Refused("permission denied".into()));
         }
@@ -561,9 +445,18 @@ mod tests {
         let mut stage = start(broker.clone());
         let names: Vec<&str> = subjects.iter().map(String::as_str).collect();
         stage.send(&names).await;
+        assert!(!stage.deliveries.within(Duration::from_secs(3600)));
         let verdicts = stage.verdicts(subjects.len()).await;
-        assert_eq!(refused(&verdicts).len(), REFUSAL_STORM + 4);
+        assert_eq!(refused(&verdicts).len(), 40);
+        assert!(
+            verdicts.iter().all(|(_, v)| !own(v)),
+            "a direct refusal proves nothing about the broker"
+        );
         assert!(matches!(verdicts.last(), Some((s, Verdict::Delivered)) if s == "good"));
+        assert!(
+            stage.deliveries.within(Duration::from_secs(3600)),
+            "a delivery is recorded as evidence that the broker works"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -109,14 +109,16 @@ impl Sweeper {
     pub async fn pass(&self) -> Result<Pass> {
         let claim = ObjectId::new();
         let now = DateTime::now();
-        let mut documents = Vec::new();
+        let mut documents: Vec<(RawDocumentBuf, Option<ObjectId>)> = Vec::new();
         let [never_tried, retry_due, misfits] = candidate_queries(now, self.grace_period);
         for (query, always) in [(never_tried, true), (retry_due, true), (misfits, false)] {
             let room = self.batch_size - documents.len();
-            if room == 0 || !(always || self.misfits_due()) {
+            let read: usize = documents.iter().map(|(d, _)| d.as_bytes().len()).sum();
+            let bytes = self.max_pass_bytes.saturating_sub(read);
+            if room == 0 || bytes == 0 || !(always || self.misfits_due()) {
                 break;
             }
-            documents.extend(self.claim(query, claim, now, room).await?);
+            documents.extend(self.claim(query, claim, now, room, bytes).await?);
         }
         let claimed = documents.len() as u64;
         if claimed == 0 {
@@ -137,11 +139,15 @@ impl Sweeper {
         if tally.total() < claimed {
             self.release(claim).await?;
         }
+        // Only a pass that finished what it claimed may be followed at once:
+        // one that was cut short (a stop, a broker that takes nothing) would
+        // otherwise claim and release the same messages in a tight loop.
         let bytes: usize = documents.iter().map(|(d, _)| d.as_bytes().len()).sum();
+        let whole = documents.len() == self.batch_size || bytes >= self.max_pass_bytes;
         Ok(Pass {
             tally,
             claimed,
-            full: documents.len() == self.batch_size || bytes >= self.max_pass_bytes,
+            full: whole && tally.total() == claimed,
         })
     }
 
@@ -159,13 +165,14 @@ impl Sweeper {
     }
 
     /// Reads up to `limit` documents matching `filter`, in `sort` order, and
-    /// no more than the pass's share of the byte budget; skips messages no
-    /// write can change.
+    /// about `max_bytes` of them at most (the first always); skips messages
+    /// no write can change.
     async fn candidates(
         &self,
         filter: &Document,
         sort: Document,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<RawDocumentBuf>> {
         let unmarkable = &self.pipeline.unmarkable;
         let failed = |e| Error::mongo("sweep: reading due messages failed", e);
@@ -179,7 +186,7 @@ impl Sweeper {
             .await
             .map_err(failed)?;
         let (mut candidates, mut bytes) = (Vec::new(), 0);
-        while candidates.len() < limit && bytes < self.max_pass_bytes {
+        while candidates.len() < limit && bytes < max_bytes {
             let Some(document) = cursor.try_next().await.map_err(failed)? else {
                 break;
             };
@@ -203,15 +210,22 @@ impl Sweeper {
         claim: ObjectId,
         now: DateTime,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<(RawDocumentBuf, Option<ObjectId>)>> {
-        let candidates = self.candidates(&filter, sort, limit).await?;
+        let candidates = self.candidates(&filter, sort, limit, max_bytes).await?;
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
         let ids: Vec<Bson> = candidates.iter().filter_map(raw_id).collect();
+        // A claim is live only if taken within the lock timeout of now, on
+        // either side (clocks differ): a `lockedAt` far in the future, which
+        // no processor wrote, must not hide a message for ever.
         filter.insert(
             field::LOCKED_AT,
-            doc! { "$not": { "$gte": before(now, self.lock_timeout) } },
+            doc! { "$not": {
+                "$gte": before(now, self.lock_timeout),
+                "$lte": after(now, self.lock_timeout),
+            } },
         );
         let take = doc! { "$set": { field::LOCK_ID: claim, field::LOCKED_AT: now } };
         let mut all = filter.clone();
@@ -252,7 +266,7 @@ impl Sweeper {
         let (mut claimed, mut unclaimable) = (0, HashSet::new());
         for id in ids {
             let mut one = filter.clone();
-            one.insert(field::ID, id.clone());
+            one.insert(field::ID, doc! { "$eq": id });
             match self.pipeline.outbox.update_one(one, take.clone()).await {
                 Ok(result) => claimed += result.modified_count,
                 Err(e) if is_document_error(&e) => {
@@ -351,6 +365,11 @@ fn raw_id(document: &RawDocumentBuf) -> Option<Bson> {
 fn before(now: DateTime, age: Duration) -> DateTime {
     let millis = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
     DateTime::from_millis(now.timestamp_millis().saturating_sub(millis))
+}
+
+fn after(now: DateTime, span: Duration) -> DateTime {
+    let millis = i64::try_from(span.as_millis()).unwrap_or(i64::MAX);
+    DateTime::from_millis(now.timestamp_millis().saturating_add(millis))
 }
 
 /// The smallest ObjectId of the second `time` falls in: every id generated
