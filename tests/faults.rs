@@ -283,21 +283,9 @@ impl Servers {
         }
     }
 
-    /// A test environment on these servers, with its collections and the
-    /// outbox's indexes created before relays and writers start (see
-    /// README, SecantusDB: its index builds can miss concurrent inserts).
+    /// A test environment on these servers.
     async fn env(&self) -> TestEnv {
-        let env = TestEnv::on(&self.mongo.uri(), &self.nats.url()).await;
-        for collection in ["outbox", "orders"] {
-            env.db
-                .create_collection(collection)
-                .await
-                .expect("create a collection");
-        }
-        outbox_relay::setup::ensure_indexes(&env.outbox(), None)
-            .await
-            .expect("create the outbox's indexes");
-        env
+        TestEnv::on(&self.mongo.uri(), &self.nats.url()).await
     }
 }
 

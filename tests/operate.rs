@@ -327,10 +327,6 @@ async fn readiness_follows_nats_and_a_short_oplog_is_reported() {
         common::NatsProcess::start().await,
     );
     let env = TestEnv::on(&mongo.uri(), &nats.url()).await;
-    // Collections first, as the fault suite does (README, SecantusDB).
-    for collection in ["outbox", "orders"] {
-        env.db.create_collection(collection).await.unwrap();
-    }
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut settings = metrics_settings(&addr).to_vec();

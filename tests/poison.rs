@@ -323,10 +323,12 @@ async fn a_document_no_update_can_change_is_skipped_not_published_again_and_agai
     let env = TestEnv::new().await;
     // A validator that lets a `stuck` document be nothing but pending.
     env.db
-        .create_collection("outbox")
-        .validator(doc! { "$or": [ { "stuck": { "$exists": false } }, { "status": "pending" } ] })
+        .run_command(doc! {
+            "collMod": "outbox",
+            "validator": { "$or": [ { "stuck": { "$exists": false } }, { "status": "pending" } ] },
+        })
         .await
-        .expect("create the outbox with a validator");
+        .expect("give the outbox a validator");
     let sightings = Sightings::watch(&env).await;
     let (stuck, document) = pending(doc! { "stuck": true });
     env.outbox().insert_one(document).await.expect("insert");

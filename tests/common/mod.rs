@@ -76,6 +76,18 @@ impl TestEnv {
             .await
             .expect("create the test stream");
         let db = client.database(&name);
+        // Collections and the outbox's indexes exist before any relay or
+        // writer starts: SecantusDB's index builds can miss inserts that
+        // race them (README, SecantusDB), and a document missing from the
+        // index is invisible to every query the index serves.
+        for collection in ["outbox", "orders"] {
+            db.create_collection(collection)
+                .await
+                .expect("create a collection");
+        }
+        outbox_relay::setup::ensure_indexes(&db.collection("outbox"), None)
+            .await
+            .expect("create the outbox's indexes");
         TestEnv {
             mongodb_uri: mongodb_uri.to_owned(),
             nats_url: nats_url.to_owned(),
