@@ -257,7 +257,7 @@ impl CompletionStage {
                 "{reason} (out of attempts; not failed, as the broker took no other message in \
                  the last {window})"
             );
-            (self.retry.max_delay, held)
+            (self.retry.max_delay.max(self.evidence_window()), held)
         } else {
             (self.retry.delay_after(attempts), reason.to_owned())
         };
@@ -283,7 +283,8 @@ impl CompletionStage {
     }
 
     /// How recent a delivery must be to show that the broker takes messages:
-    /// the longest retry delay, and at least a minute.
+    /// the longest retry delay, and at least a minute. A held message waits
+    /// as long before it is tried again.
     fn evidence_window(&self) -> Duration {
         self.retry.max_delay.max(Duration::from_secs(60))
     }

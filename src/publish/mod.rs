@@ -53,6 +53,11 @@ pub enum Health {
     /// subject answers and has room, or no stream captures it while the
     /// relay's own stream does), so a failure of one message is its own.
     Takes,
+    /// Where the message goes takes nothing now (a stream other than the
+    /// relay's own is full or down), but the broker takes the relay's other
+    /// messages: the failure is that destination's, so the message is
+    /// refused and the rest go on.
+    TakesOthers(String),
     /// The broker takes no message now; the text says why.
     TakesNone(String),
     /// The publisher cannot tell; failures count as outages.

@@ -184,15 +184,27 @@ impl NatsPublisher {
         health
     }
 
-    /// JetStream takes messages for `subject` if the stream capturing it
-    /// answers and has room. If no stream captures it, the broker still
-    /// takes messages (and the subject is the message's fault) when the
-    /// relay's own stream answers and has room, or, without a prefix to ask
-    /// after, when the account answers.
+    /// Whether JetStream takes messages for `subject`: the stream capturing
+    /// it answers and has room. If no stream captures it, the subject is
+    /// the message's fault when the relay's own stream takes messages. If
+    /// its stream is full or down while the relay's own stream is not, only
+    /// that destination is at fault.
     async fn probe_jetstream(&self, context: &jetstream::Context, subject: &str) -> Health {
-        if let Ok(name) = context.stream_by_subject(subject).await {
-            return stream_health(context, &name).await;
+        let own = self.own_health(context).await;
+        let Ok(name) = context.stream_by_subject(subject).await else {
+            return own;
+        };
+        match (stream_health(context, &name).await, own) {
+            (Health::Takes, _) => Health::Takes,
+            (Health::TakesNone(why), Health::Takes) => Health::TakesOthers(why),
+            (_, own) => own,
         }
+    }
+
+    /// Whether the relay's own stream (the one capturing `<prefix>.>`)
+    /// answers and has room; without a prefix to ask after, whether the
+    /// account answers.
+    async fn own_health(&self, context: &jetstream::Context) -> Health {
         let Some(subjects) = &self.own_subjects else {
             return match context.query_account().await {
                 Ok(_) => Health::Takes,

@@ -191,9 +191,15 @@ impl PublishStage {
     /// Tries one attempt again until its failure is no longer in doubt:
     /// delivered, refused, or found to be its own. `None` if the relay
     /// stopped first.
+    ///
+    /// A failure is the message's own only if it fails again after the
+    /// probe found its destination taking messages: a failure from before
+    /// (the acknowledgements in flight when the broker went away) says
+    /// nothing about the message, so the message is first sent again.
     async fn settle(&self, mut attempt: Attempt, outage: &mut Outage) -> Option<Attempt> {
         let mut backoff = reconnect_backoff();
         let mut paused: Option<PausedDelivery> = None;
+        let mut sent_while_taken = false;
         while attempt.in_doubt() {
             let (Err(error), Some(Ok(message))) = (
                 &attempt.result,
@@ -202,23 +208,33 @@ impl PublishStage {
                 break;
             };
             match self.publisher.probe(&message.subject).await {
-                Health::Takes => {
+                Health::Takes if sent_while_taken => {
                     attempt.result = Err(PublishError::Refused(format!(
                         "{error}, while the broker takes other messages"
                     )));
                     attempt.own = true;
                     break;
                 }
+                Health::Takes => sent_while_taken = true,
+                Health::TakesOthers(why) => {
+                    attempt.result = Err(PublishError::Refused(format!("{error} ({why})")));
+                    break;
+                }
                 Health::TakesNone(why) => {
+                    sent_while_taken = false;
                     outage.failed(&format!("{error} ({why})"));
                     paused.get_or_insert_with(|| self.metrics.pause_delivery(why));
                 }
                 Health::Unknown => {
+                    sent_while_taken = false;
                     outage.failed(error);
                     paused.get_or_insert_with(|| self.metrics.pause_delivery(error.to_string()));
                 }
             }
-            if !self.wait(&mut backoff).await {
+            if !sent_while_taken && !self.wait(&mut backoff).await {
+                return None;
+            }
+            if self.halt.is_cancelled() {
                 return None;
             }
             attempt = self.start(attempt.work).await.await;
@@ -400,7 +416,11 @@ mod tests {
             own(&verdicts[1].1),
             "the probe showed it is the message's own"
         );
-        assert_eq!(broker.sends_to("poison"), 1, "refused at once, not retried");
+        assert_eq!(
+            broker.sends_to("poison"),
+            2,
+            "sent once more after the probe, then refused"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -411,14 +431,16 @@ mod tests {
             Health::TakesNone("JetStream does not answer".into()),
         );
         let mut stage = start(broker.clone());
-        stage.send(&["a", "b", "c"]).await;
+        stage.send(&["a", "b", "c", "d", "e"]).await;
         assert!(stage.quiet_for(Duration::from_secs(60)).await);
         assert!(broker.sends_to("a") > 2, "the stage keeps trying");
         broker.fail_all(None, Health::Takes);
-        let verdicts = stage.verdicts(3).await;
+        // Those held behind the first failed while the broker was away: they
+        // are sent again, not blamed for it.
+        let verdicts = stage.verdicts(5).await;
         assert!(refused(&verdicts).is_empty(), "{verdicts:?}");
         let order: Vec<&str> = verdicts.iter().map(|(s, _)| s.as_str()).collect();
-        assert_eq!(order, ["a", "b", "c"]);
+        assert_eq!(order, ["a", "b", "c", "d", "e"]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -430,7 +452,7 @@ mod tests {
         let verdicts = stage.verdicts(2).await;
         assert_eq!(refused(&verdicts), ["slow"]);
         assert!(own(&verdicts[0].1));
-        assert_eq!(broker.sends_to("slow"), 1, "refused at once, not retried");
+        assert_eq!(broker.sends_to("slow"), 2, "sent once more, then refused");
         assert!(matches!(verdicts[1].1, Verdict::Delivered));
     }
 
@@ -457,6 +479,22 @@ mod tests {
             stage.deliveries.within(Duration::from_secs(3600)),
             "a delivery is recorded as evidence that the broker works"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_destination_that_takes_nothing_refuses_its_messages_alone() {
+        let broker = Arc::new(Scripted::default());
+        broker.answer("audit.x", PublishError::Unavailable("stream full".into()));
+        broker.fail_all(None, Health::TakesOthers("stream AUDIT is full".into()));
+        let mut stage = start(broker.clone());
+        stage.send(&["a", "audit.x", "b"]).await;
+        let verdicts = stage.verdicts(3).await;
+        assert_eq!(refused(&verdicts), ["audit.x"]);
+        assert!(
+            !own(&verdicts[1].1),
+            "the destination's fault proves nothing"
+        );
+        assert_eq!(broker.sends_to("audit.x"), 1);
     }
 
     #[tokio::test(start_paused = true)]

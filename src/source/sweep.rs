@@ -218,28 +218,34 @@ impl Sweeper {
         }
         let ids: Vec<Bson> = candidates.iter().filter_map(raw_id).collect();
         // A claim is live only if taken within the lock timeout of now, on
-        // either side (clocks differ): a `lockedAt` far in the future, which
-        // no processor wrote, must not hide a message for ever.
-        filter.insert(
-            field::LOCKED_AT,
-            doc! { "$not": {
-                "$gte": before(now, self.lock_timeout),
-                "$lte": after(now, self.lock_timeout),
-            } },
-        );
+        // either side (clocks differ): a `lockedAt` far in the future, or an
+        // array of dates, which no processor wrote, must not hide a message.
+        let free = doc! { "$or": [
+            { field::LOCKED_AT: { "$exists": false } },
+            { field::LOCKED_AT: { "$not": { "$type": "date" } } },
+            { field::LOCKED_AT: { "$lt": before(now, self.lock_timeout) } },
+            { field::LOCKED_AT: { "$gt": after(now, self.lock_timeout) } },
+        ] };
+        filter.insert("$and", vec![free]);
         let take = doc! { "$set": { field::LOCK_ID: claim, field::LOCKED_AT: now } };
         let mut all = filter.clone();
         all.insert(field::ID, doc! { "$in": &ids });
-        let (claimed, unclaimable) = match self.pipeline.outbox.update_many(all, take.clone()).await
-        {
-            Ok(claimed) => (claimed.modified_count, HashSet::new()),
-            Err(e) if is_document_error(&e) => self.claim_each(&filter, &take, &ids).await?,
-            Err(e) => return Err(Error::mongo("sweep: claiming messages failed", e)),
+        // Misfit ids (not ObjectIds) are claimed one by one with `$eq`: in
+        // an `$in` list a regular expression would match other documents.
+        let misfit = ids.iter().any(|id| !matches!(id, Bson::ObjectId(_)));
+        let batch = match misfit {
+            true => None,
+            false => Some(self.pipeline.outbox.update_many(all, take.clone()).await),
         };
-        let ours = if claimed == candidates.len() as u64 {
-            ids.iter().map(id_key).collect()
-        } else {
-            self.held_by(ids, claim).await?
+        let (ours, unclaimable) = match batch {
+            Some(Ok(claimed)) if claimed.modified_count == candidates.len() as u64 => {
+                (ids.iter().map(id_key).collect(), HashSet::new())
+            }
+            Some(Ok(_)) => (self.held_by(ids, claim).await?, HashSet::new()),
+            Some(Err(e)) if !is_document_error(&e) => {
+                return Err(Error::mongo("sweep: claiming messages failed", e));
+            }
+            Some(Err(_)) | None => self.claim_each(&filter, &take, &ids, claim).await?,
         };
         Ok(candidates
             .into_iter()
@@ -254,21 +260,35 @@ impl Sweeper {
             .collect())
     }
 
-    /// Claims the candidates one by one, after a claim of them all failed
-    /// on a document no write can change. Returns how many were claimed,
-    /// and the keys of those that cannot take a claim.
+    /// Claims the candidates one by one (after a claim of them all failed
+    /// on a document no write can change, or for misfit ids). Returns the
+    /// keys of those claimed, and of those that cannot take a claim.
+    ///
+    /// A failed claim of them all may have claimed those before the bad
+    /// document already (updates stop at the first failure), so a document
+    /// that holds this claim counts as claimed.
     async fn claim_each(
         &self,
         filter: &Document,
         take: &Document,
         ids: &[Bson],
-    ) -> Result<(u64, HashSet<String>)> {
-        let (mut claimed, mut unclaimable) = (0, HashSet::new());
+        claim: ObjectId,
+    ) -> Result<(HashSet<String>, HashSet<String>)> {
+        let (mut claimed, mut unclaimable) = (HashSet::new(), HashSet::new());
         for id in ids {
             let mut one = filter.clone();
             one.insert(field::ID, doc! { "$eq": id });
+            let held = doc! { field::ID: { "$eq": id }, field::LOCK_ID: claim };
             match self.pipeline.outbox.update_one(one, take.clone()).await {
-                Ok(result) => claimed += result.modified_count,
+                Ok(result) if result.modified_count > 0 => {
+                    claimed.insert(id_key(id));
+                }
+                Ok(_) => {
+                    let holds = self.pipeline.outbox.count_documents(held).await;
+                    if holds.map_err(|e| Error::mongo("sweep: reading claims failed", e))? > 0 {
+                        claimed.insert(id_key(id));
+                    }
+                }
                 Err(e) if is_document_error(&e) => {
                     tracing::warn!(%id, error = %brief(&e), "outbox message cannot take a claim");
                     unclaimable.insert(id_key(id));
