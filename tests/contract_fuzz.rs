@@ -687,6 +687,29 @@ struct Input {
     subject: Option<String>,
 }
 
+/// The parts of an [`Input`], in field order, as strategies produce them.
+type Parts = (
+    String,
+    Payload,
+    Option<String>,
+    Option<String>,
+    BTreeMap<String, String>,
+    Option<String>,
+);
+
+impl From<Parts> for Input {
+    fn from((message_type, payload, correlation_id, key, headers, subject): Parts) -> Self {
+        Input {
+            message_type,
+            payload,
+            correlation_id,
+            key,
+            headers,
+            subject,
+        }
+    }
+}
+
 impl Input {
     fn build(&self) -> NewMessage {
         let mut message = NewMessage::new(self.message_type.clone(), self.payload.clone());
@@ -751,16 +774,7 @@ fn valid_input() -> impl Strategy<Value = Input> {
         proptest::collection::btree_map(valid_header_name(), line_text(40), 0..=4),
         proptest::option::of(tokens().prop_map(|tokens| format!("outbox.{tokens}"))),
     )
-        .prop_map(
-            |(message_type, payload, correlation_id, key, headers, subject)| Input {
-                message_type,
-                payload,
-                correlation_id,
-                key,
-                headers,
-                subject,
-            },
-        )
+        .prop_map(Input::from)
 }
 
 /// Text an application might pass, by mistake or on purpose.
@@ -803,16 +817,7 @@ fn any_input() -> impl Strategy<Value = Input> {
         ),
         proptest::option::of(prop_oneof![hostile_text(), subject_text()]),
     )
-        .prop_map(
-            |(message_type, payload, correlation_id, key, headers, subject)| Input {
-                message_type,
-                payload,
-                correlation_id,
-                key,
-                headers,
-                subject,
-            },
-        )
+        .prop_map(Input::from)
 }
 
 fn header_value_of<'a>(message: &'a OutboxMessage, name: &str) -> Option<&'a str> {
