@@ -45,7 +45,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rate: u32 = setting("DEMO_RATE", 300);
     let seconds: u64 = setting("DEMO_SECONDS", 10);
 
-    let client = outbox_relay::relay::connect_mongodb(&mongodb_uri).await?;
+    let client = outbox_relay::connect::connect_mongodb(&mongodb_uri).await?;
     let db = client.database(&database);
     let nats = async_nats::connect(&nats_url).await?;
     let mut subscription = nats.subscribe(format!("{prefix}.>")).await?;

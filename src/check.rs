@@ -18,9 +18,9 @@ use std::time::Duration;
 use async_nats::jetstream;
 
 use crate::config::{redact_uri, NatsMode, RelayConfig};
+use crate::connect::connect_mongodb;
 use crate::error::{CheckKind, Error, Result};
 use crate::publish::connect_nats;
-use crate::relay::connect_mongodb;
 use crate::setup;
 
 /// One check's outcome: what was found, or why it failed.

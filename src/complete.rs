@@ -32,8 +32,8 @@ use crate::config::RetryPolicy;
 use crate::contract::{field, status, Decoded};
 use crate::error::{brief, is_document_error};
 use crate::observe::{FailureKind, Metrics};
-use crate::pipeline::{Finished, LastDelivery, Tally, Unmarkable, Verdict};
 use crate::retry::{until_ok, until_settled};
+use crate::work::{Finished, LastDelivery, Tally, Unmarkable, Verdict};
 
 /// Records verdicts and checkpoints.
 pub(crate) struct CompletionStage {

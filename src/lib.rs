@@ -5,14 +5,31 @@
 //! on the outbox collection and publishes each message to NATS the moment it
 //! commits, then marks it processed and records how far it got.
 //!
+//! # Layout
+//!
 //! A message's path through the crate, one module per stage:
-//! - [`contract`]: the outbox document and its mapping onto a NATS message;
+//! - [`contract`]: the outbox document, the subjects and headers it may
+//!   name, its mapping onto a NATS message, and the same rules as a schema;
 //! - [`source`]: the change stream with its catch-up pass, and the sweep;
 //! - [`publish`]: the broker interface, NATS, and the pipelined publish stage;
 //! - `complete` and [`checkpoint`]: marking messages and keeping the resume token;
+//! - `work`: what flows between the stages, and what they share (a leaf:
+//!   it imports no stage);
+//! - `pipeline`: a publish stage and a completion stage joined by channels;
+//! - [`relay`]: the stages wired together, with leadership and graceful shutdown.
+//!
+//! Around them:
+//! - [`writer`]: adding messages inside an application's transaction;
+//! - [`config`]: the settings, their defaults, ranges and file form;
+//! - [`connect`]: connecting to MongoDB as every command does;
 //! - [`setup`]: indexes, retention and the validator of the outbox collection;
 //! - [`lease`]: which of several relays leads, fenced by a term;
-//! - [`relay`]: the stages wired together, with graceful shutdown.
+//! - [`check`]: the start-up checks and their exit codes;
+//! - [`observe`]: metrics, health endpoints and the collector;
+//! - [`admin`]: the `status` and `dlq` commands;
+//! - [`bench`](mod@bench): the latency and drain benchmark;
+//! - `retry`: waiting out a server, shared by every stage;
+//! - [`error`]: the library's error kinds.
 
 pub mod admin;
 pub mod bench;
@@ -20,6 +37,7 @@ pub mod check;
 pub mod checkpoint;
 mod complete;
 pub mod config;
+pub mod connect;
 pub mod contract;
 pub mod error;
 pub mod lease;
@@ -30,12 +48,13 @@ pub mod relay;
 mod retry;
 pub mod setup;
 pub mod source;
+mod work;
 pub mod writer;
 
 pub use config::{NatsMode, RelayConfig, RelayMode, RetryPolicy};
 pub use contract::{ContractViolation, OutboxMessage};
 pub use error::{CheckKind, Error, Result};
 pub use observe::Metrics;
-pub use pipeline::Tally;
 pub use relay::Relay;
+pub use work::Tally;
 pub use writer::{MessageType, NewMessage, Outbox, Payload};

@@ -207,7 +207,7 @@ fn confirm(question: &str) -> Result<bool> {
 }
 
 async fn open_database(config: &RelayConfig) -> Result<mongodb::Database> {
-    let client = outbox_relay::relay::connect_mongodb(&config.mongodb_uri).await?;
+    let client = outbox_relay::connect::connect_mongodb(&config.mongodb_uri).await?;
     Ok(client.database(&config.database))
 }
 

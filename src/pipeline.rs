@@ -1,285 +1,24 @@
-//! What flows between the stages of the relay.
-//!
-//! Sources turn outbox documents into [`Work`]; the publish stage turns work
-//! into [`Finished`] work with a [`Verdict`]; the completion stage records
-//! verdicts in MongoDB and moves the checkpoint. Work keeps its order from
-//! source to completion, which is what lets the checkpoint advance to a
-//! token only once everything before it is done.
+//! The stages assembled: a publish stage and a completion stage joined by
+//! bounded channels, one recipe for the change stream's long-lived pipeline
+//! and for each sweep pass. Channel capacity follows `--batch-size`, so a
+//! slow stage holds back the one before it rather than piling up memory.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{oid::ObjectId, Bson, DateTime, Document};
-use mongodb::change_stream::event::ResumeToken;
+use bson::Document;
 use mongodb::Collection;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::CheckpointStore;
 use crate::complete::CompletionStage;
 use crate::config::RetryPolicy;
-use crate::contract::{ContractViolation, Decoded};
-use crate::observe::{Metrics, Origin};
+use crate::observe::Metrics;
 use crate::publish::stage::PublishStage;
 use crate::publish::Publisher;
-
-/// One unit of work: a message to deliver, a resume token to record once all
-/// earlier work is done, or both.
-#[derive(Debug)]
-pub(crate) struct Work {
-    /// The message, if this work carries one.
-    pub message: Option<Decoded>,
-    /// The change-stream position just after this work, if it came from the stream.
-    pub token: Option<ResumeToken>,
-    /// The claim (`lockId`) a sweep holds on the message; completion must match it.
-    pub claim: Option<ObjectId>,
-    /// When the stream position was reached: the event's commit time, or
-    /// when the server reported the position. Kept with the token, it tells
-    /// how much oplog history remains before the token is lost.
-    pub at: Option<DateTime>,
-    /// This work's share of the relay's byte budget, given back when the
-    /// work is dropped (after its verdict is recorded).
-    pub reserved: Option<OwnedSemaphorePermit>,
-}
-
-impl Work {
-    /// A message from the change stream, committed at `at`.
-    pub fn from_stream(message: Decoded, token: ResumeToken, at: Option<DateTime>) -> Self {
-        Work {
-            message: Some(message),
-            token: Some(token),
-            claim: None,
-            at,
-            reserved: None,
-        }
-    }
-
-    /// A message read from the collection rather than the stream.
-    pub fn from_collection(message: Decoded, claim: Option<ObjectId>) -> Self {
-        Work {
-            message: Some(message),
-            token: None,
-            claim,
-            at: None,
-            reserved: None,
-        }
-    }
-
-    /// A stream position with no message (the stream moved past other events
-    /// or was idle), reached at `at`.
-    pub fn marker(token: ResumeToken, at: Option<DateTime>) -> Self {
-        Work {
-            message: None,
-            token: Some(token),
-            claim: None,
-            at,
-            reserved: None,
-        }
-    }
-
-    /// Bytes this work holds in memory, roughly: its message on the wire,
-    /// or the reason it cannot be sent, plus its bookkeeping.
-    pub fn size(&self) -> usize {
-        const BOOKKEEPING: usize = 256;
-        let message = match self.message.as_ref().map(|m| &m.message) {
-            Some(Ok(message)) => message.wire_size(),
-            Some(Err(violation)) => violation.to_string().len(),
-            None => 0,
-        };
-        BOOKKEEPING.saturating_add(message)
-    }
-
-    /// Where the message was read, for the metrics.
-    pub fn origin(&self) -> Origin {
-        match (&self.token, &self.claim) {
-            (Some(_), _) => Origin::Stream,
-            (None, Some(_)) => Origin::Sweep,
-            (None, None) => Origin::CatchUp,
-        }
-    }
-}
-
-/// What became of one unit of work.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Verdict {
-    /// The broker accepted the message.
-    Delivered,
-    /// The message breaks the contract; no retry can help.
-    Rejected(ContractViolation),
-    /// The broker refused this message in a way that may pass later.
-    Refused {
-        reason: String,
-        /// The broker was found to take other messages meanwhile (the
-        /// probe said so), so the refusal is this message's own.
-        own: bool,
-    },
-    /// Nothing to deliver: a bare stream position.
-    Passed,
-}
-
-/// Work with its verdict, on its way to completion.
-#[derive(Debug)]
-pub(crate) struct Finished {
-    pub work: Work,
-    pub verdict: Verdict,
-}
-
-/// What became of the messages of a pipeline run, by kind.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Tally {
-    /// Published and marked `processed`.
-    pub delivered: u64,
-    /// Refused by the broker and scheduled for another attempt.
-    pub retried: u64,
-    /// Marked `failed`: broken, or out of attempts.
-    pub failed: u64,
-}
-
-impl Tally {
-    pub fn total(&self) -> u64 {
-        self.delivered + self.retried + self.failed
-    }
-}
-
-impl std::ops::AddAssign for Tally {
-    fn add_assign(&mut self, other: Tally) {
-        self.delivered += other.delivered;
-        self.retried += other.retried;
-        self.failed += other.failed;
-    }
-}
-
-/// Messages that no write can change (over the size limit, refused by a
-/// validator), which the relay leaves pending and skips: the sweep does not
-/// claim or publish them again while this process runs.
-///
-/// Kept in memory and bounded: after a restart the relay tries such a
-/// message once more (JetStream drops the repeat within its duplicate
-/// window), and past the bound the oldest entries are forgotten.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Unmarkable(Arc<Mutex<Remembered>>);
-
-/// Ids by key, and their keys in the order they were added.
-#[derive(Debug, Default)]
-struct Remembered {
-    ids: HashMap<String, Bson>,
-    order: VecDeque<String>,
-}
-
-impl Unmarkable {
-    /// The most messages remembered.
-    pub const LIMIT: usize = 1000;
-
-    /// Records a message no write could change; logs it the first time.
-    pub fn add(&self, id: &Bson, why: &str, metrics: &Metrics) {
-        let Ok(mut remembered) = self.0.lock() else {
-            return;
-        };
-        let key = id_key(id);
-        if remembered.ids.contains_key(&key) {
-            return;
-        }
-        if remembered.order.len() >= Self::LIMIT {
-            if let Some(oldest) = remembered.order.pop_front() {
-                remembered.ids.remove(&oldest);
-            }
-        }
-        remembered.ids.insert(key.clone(), id.clone());
-        remembered.order.push_back(key);
-        metrics.unmarkable();
-        tracing::error!(
-            id = %id,
-            why,
-            "outbox message cannot be updated at all (not even marked failed): it stays \
-             pending and this relay skips it; fix or delete the document"
-        );
-    }
-
-    pub fn contains(&self, id: &Bson) -> bool {
-        self.0
-            .lock()
-            .is_ok_and(|remembered| remembered.ids.contains_key(&id_key(id)))
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.lock().map_or(0, |remembered| remembered.order.len())
-    }
-}
-
-/// An `_id` as a key that tells its type too (`Int32(1)` is not `Int64(1)`).
-pub(crate) fn id_key(id: &Bson) -> String {
-    format!("{id:?}")
-}
-
-/// When the relay last delivered a message, across its pipelines: the
-/// evidence that the broker takes messages, without which a refused
-/// message is not dead-lettered (the broker may be refusing everything).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct LastDelivery(Arc<AtomicI64>);
-
-impl LastDelivery {
-    /// Records a delivery now.
-    pub fn now(&self) {
-        self.0
-            .store(DateTime::now().timestamp_millis(), Ordering::Relaxed);
-    }
-
-    /// Whether the relay delivered anything within `window` of now.
-    pub fn within(&self, window: Duration) -> bool {
-        let last = self.0.load(Ordering::Relaxed);
-        let window = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
-        last > 0 && DateTime::now().timestamp_millis().saturating_sub(last) <= window
-    }
-}
-
-/// The bytes of work read but not yet recorded, shared by every pipeline of
-/// a relay: a source waits for room before it sends more, so memory follows
-/// the budget, not the size of a backlog or of its messages.
-#[derive(Debug, Clone)]
-pub(crate) struct Budget {
-    permits: Arc<Semaphore>,
-    bytes: u32,
-}
-
-impl Budget {
-    pub fn new(bytes: u32) -> Self {
-        let bytes = bytes.max(1);
-        Budget {
-            permits: Arc::new(Semaphore::new(bytes as usize)),
-            bytes,
-        }
-    }
-
-    /// Waits until `bytes` fit. Work larger than the whole budget waits
-    /// for all of it, and then goes alone.
-    async fn reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
-        let wanted = u32::try_from(bytes)
-            .unwrap_or(u32::MAX)
-            .clamp(1, self.bytes);
-        self.permits.clone().acquire_many_owned(wanted).await.ok()
-    }
-}
-
-/// The way into a pipeline: sends work once its bytes fit in the budget.
-#[derive(Debug, Clone)]
-pub(crate) struct Feed {
-    sender: mpsc::Sender<Work>,
-    budget: Budget,
-}
-
-/// The pipeline has stopped taking work.
-#[derive(Debug)]
-pub(crate) struct Closed;
-
-impl Feed {
-    pub async fn send(&self, mut work: Work) -> Result<(), Closed> {
-        work.reserved = Some(self.budget.reserve(work.size()).await.ok_or(Closed)?);
-        self.sender.send(work).await.map_err(|_| Closed)
-    }
-}
+use crate::work::{Budget, Feed, LastDelivery, Tally, Unmarkable};
 
 /// Everything a publish stage and a completion stage need: one recipe for
 /// the change stream's long-lived pipeline and for each sweep pass.
@@ -342,10 +81,7 @@ impl Pipeline {
             }
             tally
         });
-        let input = Feed {
-            sender: input,
-            budget: self.budget.clone(),
-        };
+        let input = Feed::new(input, self.budget.clone());
         Running { input, done }
     }
 }

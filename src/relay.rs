@@ -16,24 +16,24 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::doc;
-use mongodb::options::ClientOptions;
-use mongodb::{Client, Database};
+use mongodb::Database;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::CheckpointStore;
-use crate::config::{redact_uri, RelayConfig, RelayMode};
+use crate::config::{RelayConfig, RelayMode};
+use crate::connect::connect_mongodb_observed;
 use crate::contract::{DecodeRules, SubjectRules};
-use crate::error::{CheckKind, Error, Result};
+use crate::error::{Error, Result};
 use crate::lease::{Lease, Term};
 use crate::observe::{self, Metrics, Role};
-use crate::pipeline::{Budget, LastDelivery, Pipeline, Tally, Unmarkable};
+use crate::pipeline::Pipeline;
 use crate::publish::{NatsPublisher, Publisher, StreamSetup};
 use crate::retry::until_ok;
 use crate::setup;
 use crate::source::change_stream::{ChangeStreamSource, Prepare};
 use crate::source::sweep::Sweeper;
+use crate::work::{Budget, LastDelivery, Tally, Unmarkable};
 
 /// A connected relay, ready to run.
 pub struct Relay {
@@ -363,62 +363,4 @@ fn abandon_after(shutdown: &CancellationToken, grace: Duration) -> CancellationT
         }
     });
     abandon
-}
-
-/// Connects to MongoDB and checks that it is a replica set or a sharded
-/// cluster, since change streams and transactions need one.
-pub async fn connect_mongodb(uri: &str) -> Result<Client> {
-    connect_mongodb_observed(uri, None).await
-}
-
-/// [`connect_mongodb`], reporting whether the server is reachable to `metrics`.
-pub(crate) async fn connect_mongodb_observed(
-    uri: &str,
-    metrics: Option<&Metrics>,
-) -> Result<Client> {
-    let shown = redact_uri(uri);
-    let mut options = ClientOptions::parse(uri).await.map_err(|e| {
-        Error::Config(format!(
-            "mongodb-uri {shown} is not a valid connection string: {}",
-            crate::error::brief(&e)
-        ))
-    })?;
-    options
-        .app_name
-        .get_or_insert_with(|| "outbox-relay".to_owned());
-    options
-        .server_selection_timeout
-        .get_or_insert(Duration::from_secs(10));
-    if let Some(metrics) = metrics {
-        options.sdam_event_handler = Some(observe::reachability_handler(metrics.clone()));
-    }
-    let client = Client::with_options(options)
-        .map_err(|e| Error::mongo(format!("cannot use {shown}"), e))?;
-    let hello = client
-        .database("admin")
-        .run_command(doc! { "hello": 1 })
-        .await
-        .map_err(|e| {
-            Error::check(
-                CheckKind::MongodbUnreachable,
-                format!(
-                    "cannot reach MongoDB at {shown}: {}; check --mongodb-uri, the credentials \
-                     and that the server is running",
-                    crate::error::brief(&e)
-                ),
-            )
-        })?;
-    let replica_set = hello.get_str("setName").is_ok();
-    let sharded = hello.get_str("msg") == Ok("isdbgrid");
-    if !replica_set && !sharded {
-        return Err(Error::check(
-            CheckKind::NotReplicaSet,
-            format!(
-                "{shown} is a standalone MongoDB server; the relay needs change streams and \
-             transactions, which need a replica set or a sharded cluster (a single-member \
-             replica set will do: start mongod with --replSet and run rs.initiate())"
-            ),
-        ));
-    }
-    Ok(client)
 }

@@ -157,7 +157,7 @@ pub struct Report {
 
 /// A description of the server at `uri` for the record: its buildInfo version.
 pub async fn describe_server(uri: &str) -> String {
-    let Ok(client) = crate::relay::connect_mongodb(uri).await else {
+    let Ok(client) = crate::connect::connect_mongodb(uri).await else {
         return "unknown server".into();
     };
     let info = client
@@ -177,7 +177,7 @@ pub async fn describe_server(uri: &str) -> String {
 pub async fn run(config: &BenchConfig) -> Result<Report> {
     std::fs::create_dir_all(&config.output)
         .map_err(|e| Error::Config(format!("cannot create {}: {e}", config.output.display())))?;
-    let client = crate::relay::connect_mongodb(&config.mongodb_uri).await?;
+    let client = crate::connect::connect_mongodb(&config.mongodb_uri).await?;
     let nats = connect_nats(&config.nats_url, Duration::from_secs(5)).await?;
     let bench = Bench {
         config,

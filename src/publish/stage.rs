@@ -32,8 +32,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Ack, Health, PublishError, Publisher};
 use crate::observe::{Metrics, Origin, PausedDelivery};
-use crate::pipeline::{Finished, LastDelivery, Verdict, Work};
 use crate::retry::{pause, reconnect_backoff, Outage};
+use crate::work::{Finished, LastDelivery, Verdict, Work};
 
 /// One try at publishing a unit of work.
 struct Attempt {

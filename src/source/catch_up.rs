@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::contract::{field, status, DecodeRules};
 use crate::error::{Error, Result};
-use crate::pipeline::{Feed, Work};
+use crate::work::{Feed, Work};
 
 /// How long before the stream opened a message the stream may still show
 /// can have been created: an ObjectId is made when the writer inserts, and

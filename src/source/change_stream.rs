@@ -32,8 +32,8 @@ use tokio_util::sync::CancellationToken;
 use super::catch_up;
 use crate::contract::{field, status, DecodeRules};
 use crate::observe::{Metrics, Role};
-use crate::pipeline::{Feed, Work};
 use crate::retry::{pause, reconnect_backoff, until_ok, Outage};
+use crate::work::{Feed, Work};
 
 /// Events carry the inserted document as the server sent it, so a document
 /// the driver cannot read fails alone instead of breaking the stream.

@@ -4,7 +4,7 @@
 //! its transaction commits. The catch-up pass reads the collection itself,
 //! for messages the stream cannot replay (those written before the relay's
 //! first start). The sweep reads it on a timer, for whatever else is due:
-//! retries, and anything the stream missed. All yield [`Work`](crate::pipeline::Work) into the same
+//! retries, and anything the stream missed. All yield `Work` into the same
 //! pipeline, so everything downstream treats them alike.
 
 pub(crate) mod catch_up;

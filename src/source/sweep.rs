@@ -30,8 +30,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::contract::{field, status, DecodeRules};
 use crate::error::{brief, is_document_error, Error, Result};
-use crate::pipeline::{id_key, Pipeline, Tally, Work};
+use crate::pipeline::Pipeline;
 use crate::retry::Outage;
+use crate::work::{id_key, Tally, Work};
 
 /// Runs sweep passes over one outbox collection.
 #[derive(Clone)]

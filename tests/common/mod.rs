@@ -53,7 +53,7 @@ impl TestEnv {
     /// A test's corner of the given servers.
     pub async fn on(mongodb_uri: &str, nats_url: &str) -> Self {
         let name = format!("t{}", ObjectId::new().to_hex());
-        let client = outbox_relay::relay::connect_mongodb(mongodb_uri)
+        let client = outbox_relay::connect::connect_mongodb(mongodb_uri)
             .await
             .unwrap_or_else(|e| {
                 panic!("tests need a MongoDB replica set (scripts/services.sh start): {e}")
@@ -533,7 +533,7 @@ impl MongoProcess {
             async move {
                 // Answering is enough: a standalone server answers with a refusal.
                 !matches!(
-                    outbox_relay::relay::connect_mongodb(&uri).await,
+                    outbox_relay::connect::connect_mongodb(&uri).await,
                     Err(outbox_relay::Error::Check {
                         kind: outbox_relay::CheckKind::MongodbUnreachable,
                         ..
