@@ -149,7 +149,10 @@ impl CompletionStage {
                 Verdict::Rejected(violation) => {
                     let reason = violation.to_string();
                     let failed = fail(&reason, None, now);
-                    if self.decide(message, claim, &failed, &reason).await? {
+                    if self
+                        .decide(message, claim, Fate::Failed(&failed), &reason, now)
+                        .await?
+                    {
                         self.metrics.failed(FailureKind::Rejected);
                         tally.failed += 1;
                     }
@@ -233,7 +236,9 @@ impl CompletionStage {
         if exhausted && (own || self.deliveries.within(self.evidence_window())) {
             let reason = format!("{reason} (gave up after {attempts} attempts)");
             let failed = fail(&reason, Some(stored), now);
-            let decided = self.decide(message, claim, &failed, &reason).await?;
+            let decided = self
+                .decide(message, claim, Fate::Failed(&failed), &reason, now)
+                .await?;
             if decided {
                 self.metrics.failed(FailureKind::Exhausted);
             }
@@ -274,7 +279,9 @@ impl CompletionStage {
             },
             "$unset": unlock(),
         };
-        let decided = self.decide(message, claim, &schedule, &reason).await?;
+        let decided = self
+            .decide(message, claim, Fate::Retried(&schedule), &reason, now)
+            .await?;
         Some(if decided {
             Retry::Scheduled
         } else {
@@ -289,19 +296,20 @@ impl CompletionStage {
         self.retry.max_delay.max(Duration::from_secs(60))
     }
 
-    /// Applies a message's fate (`update`) with the fence of a decision:
-    /// still pending, held by this processor's claim or by none, and with
-    /// the attempts it was read with. A document that cannot take the update
-    /// is failed with the least change that says so. Returns whether the
+    /// Applies a message's fate with the fence of a decision: still
+    /// pending, held by this processor's claim or by none, and with the
+    /// attempts it was read with. A document that cannot take the update is
+    /// failed with the least change that says so. Returns whether the
     /// message was ours to decide.
     async fn decide(
         &self,
         message: &Decoded,
         claim: Option<ObjectId>,
-        update: &Document,
+        fate: Fate<'_>,
         reason: &str,
+        now: DateTime,
     ) -> Option<bool> {
-        if update_sets_failed(update) {
+        if let Fate::Failed(_) = fate {
             tracing::warn!(id = %message.id, reason, "outbox message failed");
         }
         let mut filter = still_ours(doc! { "$eq": &message.id }, claim);
@@ -316,12 +324,11 @@ impl CompletionStage {
         };
         // Should the document not take its fate, fail it with the reason,
         // or else with the least change that takes it out of pending.
-        let failed = fail(reason, None, DateTime::now());
+        let failed = fail(reason, None, now);
         let least = doc! { "$set": { field::STATUS: status::FAILED } };
-        let fallbacks: &[&Document] = if update_sets_failed(update) {
-            &[update, &least]
-        } else {
-            &[update, &failed, &least]
+        let fallbacks: &[&Document] = match fate {
+            Fate::Failed(update) => &[update, &least],
+            Fate::Retried(update) => &[update, &failed, &least],
         };
         self.write_one(&message.id, filter, fallbacks).await
     }
@@ -383,10 +390,11 @@ fn fail(reason: &str, attempts: Option<i32>, now: DateTime) -> Document {
     doc! { "$set": fields, "$unset": unlock() }
 }
 
-fn update_sets_failed(update: &Document) -> bool {
-    update
-        .get_document("$set")
-        .is_ok_and(|set| set.get_str(field::STATUS) == Ok(status::FAILED))
+/// What a decision writes: a failure, or another attempt scheduled.
+#[derive(Clone, Copy)]
+enum Fate<'a> {
+    Failed(&'a Document),
+    Retried(&'a Document),
 }
 
 /// Matches messages still pending and, if a sweep claimed them, still held

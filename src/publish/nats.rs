@@ -190,14 +190,16 @@ impl NatsPublisher {
     /// its stream is full or down while the relay's own stream is not, only
     /// that destination is at fault.
     async fn probe_jetstream(&self, context: &jetstream::Context, subject: &str) -> Health {
-        let own = self.own_health(context).await;
         let Ok(name) = context.stream_by_subject(subject).await else {
-            return own;
+            return self.own_health(context).await;
         };
-        match (stream_health(context, &name).await, own) {
-            (Health::Takes, _) => Health::Takes,
-            (Health::TakesNone(why), Health::Takes) => Health::TakesOthers(why),
-            (_, own) => own,
+        match stream_health(context, &name).await {
+            Health::Takes => Health::Takes,
+            Health::TakesNone(why) => match self.own_health(context).await {
+                Health::Takes => Health::TakesOthers(why),
+                own => own,
+            },
+            other => other,
         }
     }
 

@@ -110,16 +110,20 @@ impl Sweeper {
     pub async fn pass(&self) -> Result<Pass> {
         let claim = ObjectId::new();
         let now = DateTime::now();
-        let mut documents: Vec<(RawDocumentBuf, Option<ObjectId>)> = Vec::new();
+        let (mut documents, mut read) = (Vec::new(), 0);
         let [never_tried, retry_due, misfits] = candidate_queries(now, self.grace_period);
         for (query, always) in [(never_tried, true), (retry_due, true), (misfits, false)] {
             let room = self.batch_size - documents.len();
-            let read: usize = documents.iter().map(|(d, _)| d.as_bytes().len()).sum();
             let bytes = self.max_pass_bytes.saturating_sub(read);
             if room == 0 || bytes == 0 || !(always || self.misfits_due()) {
                 break;
             }
-            documents.extend(self.claim(query, claim, now, room, bytes).await?);
+            let claimed = self.claim(query, claim, now, room, bytes).await?;
+            read += claimed
+                .iter()
+                .map(|(d, _)| d.as_bytes().len())
+                .sum::<usize>();
+            documents.extend(claimed);
         }
         let claimed = documents.len() as u64;
         if claimed == 0 {
@@ -143,8 +147,7 @@ impl Sweeper {
         // Only a pass that finished what it claimed may be followed at once:
         // one that was cut short (a stop, a broker that takes nothing) would
         // otherwise claim and release the same messages in a tight loop.
-        let bytes: usize = documents.iter().map(|(d, _)| d.as_bytes().len()).sum();
-        let whole = documents.len() == self.batch_size || bytes >= self.max_pass_bytes;
+        let whole = documents.len() == self.batch_size || read >= self.max_pass_bytes;
         Ok(Pass {
             tally,
             claimed,
@@ -234,9 +237,10 @@ impl Sweeper {
         // Misfit ids (not ObjectIds) are claimed one by one with `$eq`: in
         // an `$in` list a regular expression would match other documents.
         let misfit = ids.iter().any(|id| !matches!(id, Bson::ObjectId(_)));
-        let batch = match misfit {
-            true => None,
-            false => Some(self.pipeline.outbox.update_many(all, take.clone()).await),
+        let batch = if misfit {
+            None
+        } else {
+            Some(self.pipeline.outbox.update_many(all, take.clone()).await)
         };
         let (ours, unclaimable) = match batch {
             Some(Ok(claimed)) if claimed.modified_count == candidates.len() as u64 => {
