@@ -62,9 +62,8 @@ impl CheckpointStore {
             return Ok(None);
         };
         bson::from_bson(token).map(Some).map_err(|e| {
-            Error::Config(format!(
-                "the checkpoint {:?} holds no readable resume token ({e}); delete it to start \
-                 from the pending messages",
+            Error::StoredState(format!(
+                "the checkpoint {:?} holds no readable resume token ({e})",
                 self.id
             ))
         })

@@ -1,16 +1,22 @@
 //! Command-line flags, and how they combine with the config file.
 //!
-//! Every setting can come from a flag, its `OUTBOX_*` environment variable,
-//! or the `--config` TOML file, in that order of strength. Flags are all
-//! optional here so that an unset flag lets the file's value through.
+//! Every relay setting can come from a flag, its `OUTBOX_*` environment
+//! variable, or the `--config` TOML file, in that order of strength. The
+//! flags are built from the settings' declarations in the library
+//! ([`RelayConfig::SETTINGS`]), so names, help and defaults are written once.
 
 use std::path::PathBuf;
 
+use std::collections::HashMap;
+use std::time::Duration;
+
 use bson::oid::ObjectId;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::builder::PossibleValuesParser;
+use clap::parser::ValueSource;
+use clap::{Arg, ArgAction, ArgMatches, Args, FromArgMatches, Parser, Subcommand, ValueEnum};
 use outbox_relay::admin::dlq::Selection;
-use outbox_relay::config::{parse_bytes, parse_duration, parse_metrics_addr, FileConfig};
-use outbox_relay::{Error, NatsMode, RelayConfig, RelayMode, Result};
+use outbox_relay::config::{Given, Origin, Setting, SettingsFile, Shape, Value};
+use outbox_relay::{Error, RelayConfig, Result};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -23,7 +29,7 @@ pub struct Cli {
     pub command: Command,
 
     /// Log format: human-readable text, or JSON lines for collectors.
-    #[arg(long, global = true, env = "OUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, env = "OUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, display_order = 1000)]
     pub log_format: LogFormat,
 }
 
@@ -160,8 +166,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2000)]
     pub count: usize,
     /// Poll intervals to compare against, comma-separated.
-    #[arg(long, default_value = "1s,100ms", value_delimiter = ',')]
-    pub poll_intervals: Vec<String>,
+    #[arg(long, default_value = "1s,100ms", value_delimiter = ',', value_parser = duration)]
+    pub poll_intervals: Vec<Duration>,
     /// Messages in the backlog drain; 0 skips it.
     #[arg(long, default_value_t = 100_000)]
     pub backlog: usize,
@@ -193,30 +199,38 @@ impl BenchArgs {
                     }),
             })
             .collect::<Result<Vec<_>>>()?;
-        let poll_intervals = self
-            .poll_intervals
-            .iter()
-            .map(|every| parse_duration("poll-intervals", every))
-            .collect::<Result<Vec<_>>>()?;
         if self.count == 0 {
             return Err(Error::Config("--count must be at least 1".into()));
         }
-        let relay_binary = std::env::current_exe().map_err(|e| {
-            Error::Config(format!(
-                "cannot find this program's path to start the relay: {e}"
-            ))
-        })?;
+        let relay_binary = std::env::current_exe()
+            .map_err(|e| Error::io("cannot find this program's path to start the relay", e))?;
         Ok(outbox_relay::bench::BenchConfig {
             mongodb_uri: self.mongodb_uri,
             nats_url: self.nats_url,
             relay_binary,
             rates,
             count: self.count,
-            poll_intervals,
+            poll_intervals: self.poll_intervals,
             backlog: self.backlog,
             output: self.output,
             server: self.server.unwrap_or(server),
         })
+    }
+}
+
+/// Reads a duration flag as the settings are read.
+fn duration(text: &str) -> std::result::Result<Duration, String> {
+    Duration::parse(text.trim())
+}
+
+/// Reads `--give-up-after`: long enough for a pass, at most a day.
+fn give_up_after(text: &str) -> std::result::Result<Duration, String> {
+    let range = Duration::from_secs(1)..=Duration::from_secs(86_400);
+    let every = duration(text)?;
+    if range.contains(&every) {
+        Ok(every)
+    } else {
+        Err("is out of range: it must be from 1s to 1day".to_owned())
     }
 }
 
@@ -226,299 +240,115 @@ pub struct SweepArgs {
     /// One pass over everything due, then exit (the only way a sweep runs alone for now).
     #[arg(long, required = true)]
     pub once: bool,
-    /// Give up (exit code 9) if the servers keep the sweep from finishing this long, e.g. during an outage [default: 60s].
-    #[arg(long, env = "OUTBOX_GIVE_UP_AFTER")]
-    pub give_up_after: Option<String>,
+    /// Give up (exit code 9) if the servers keep the sweep from finishing this long, e.g. during an outage (1s to 1day).
+    #[arg(long, env = "OUTBOX_GIVE_UP_AFTER", default_value = "60s", value_parser = give_up_after)]
+    pub give_up_after: Duration,
     #[command(flatten)]
     pub settings: RunArgs,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum ModeArg {
-    Jetstream,
-    Core,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum RelayModeArg {
-    Push,
-    Poll,
-}
-
-/// Settings of the relay.
-#[derive(Debug, Args)]
+/// The relay's settings on the command line: `--config` and one flag per
+/// [`RelayConfig::SETTINGS`] entry, each with its `OUTBOX_*` variable.
+///
+/// Only values given as flags or in the environment are kept here; the
+/// defaults clap shows in `--help` are left out, so that a config file's
+/// value beats them when the settings are resolved.
+#[derive(Debug, Clone, Default)]
 pub struct RunArgs {
-    /// TOML file with any of these settings (flag names with '_' for '-').
-    #[arg(long, env = "OUTBOX_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// MongoDB connection string (a replica set or sharded cluster).
-    #[arg(long, env = "OUTBOX_MONGODB_URI")]
-    pub mongodb_uri: Option<String>,
-    /// Database holding the outbox collection.
-    #[arg(long, env = "OUTBOX_DATABASE")]
-    pub database: Option<String>,
-    /// Outbox collection [default: outbox].
-    #[arg(long, env = "OUTBOX_COLLECTION")]
-    pub collection: Option<String>,
-    /// Collection for resume tokens [default: outbox_checkpoints].
-    #[arg(long, env = "OUTBOX_CHECKPOINT_COLLECTION")]
-    pub checkpoint_collection: Option<String>,
-    /// NATS server URL [default: nats://127.0.0.1:4222].
-    #[arg(long, env = "OUTBOX_NATS_URL")]
-    pub nats_url: Option<String>,
-    /// Subject prefix: messages go to <prefix>.<type> [default: outbox].
-    #[arg(long, env = "OUTBOX_SUBJECT_PREFIX")]
-    pub subject_prefix: Option<String>,
-    /// Also publish explicit subjects matching this NATS pattern, e.g. 'billing.>' (repeatable, or comma-separated); '$…' and '_INBOX…' subjects never.
-    #[arg(
-        long = "allow-subject",
-        env = "OUTBOX_ALLOW_SUBJECT",
-        value_delimiter = ','
-    )]
-    pub allow_subject: Vec<String>,
-    /// jetstream (acknowledged, deduplicated) or core (at most once per attempt) [default: jetstream].
-    #[arg(long, env = "OUTBOX_NATS_MODE", value_enum)]
-    pub nats_mode: Option<ModeArg>,
-    /// Create a JetStream stream of this name for <prefix>.> if none captures it (for local use).
-    #[arg(long, env = "OUTBOX_CREATE_STREAM")]
-    pub create_stream: Option<String>,
-    /// Publishes awaiting acknowledgement at once [default: 256].
-    #[arg(long, env = "OUTBOX_MAX_IN_FLIGHT")]
-    pub max_in_flight: Option<usize>,
-    /// Most messages marked with one update [default: 500].
-    #[arg(long, env = "OUTBOX_BATCH_SIZE")]
-    pub batch_size: Option<usize>,
-    /// Most bytes of messages read and not yet recorded; sources wait beyond it, e.g. 64MiB [default: 64MiB].
-    #[arg(long, env = "OUTBOX_MAX_BUFFERED_BYTES")]
-    pub max_buffered_bytes: Option<String>,
-    /// How often the resume token is written while messages flow [default: 500ms].
-    #[arg(long, env = "OUTBOX_CHECKPOINT_INTERVAL")]
-    pub checkpoint_interval: Option<String>,
-    /// How long the server holds an empty change-stream read [default: 500ms].
-    #[arg(long, env = "OUTBOX_MAX_AWAIT_TIME")]
-    pub max_await_time: Option<String>,
-    /// How often an idle stream's position is written [default: 10s].
-    #[arg(long, env = "OUTBOX_IDLE_CHECKPOINT_INTERVAL")]
-    pub idle_checkpoint_interval: Option<String>,
-    /// How long the change stream may lag a commit; passes over the collection leave younger messages to it [default: 5s].
-    #[arg(long, env = "OUTBOX_GRACE_PERIOD")]
-    pub grace_period: Option<String>,
-    /// How long a publish waits for its acknowledgement [default: 5s].
-    #[arg(long, env = "OUTBOX_ACK_TIMEOUT")]
-    pub ack_timeout: Option<String>,
-    /// How long a graceful stop may take [default: 10s].
-    #[arg(long, env = "OUTBOX_SHUTDOWN_TIMEOUT")]
-    pub shutdown_timeout: Option<String>,
-    /// push: change stream plus a slow sweep; poll: the sweep alone [default: push].
-    #[arg(long, env = "OUTBOX_MODE", value_enum)]
-    pub mode: Option<RelayModeArg>,
-    /// Time between sweeps in push mode [default: 10s].
-    #[arg(long, env = "OUTBOX_SWEEP_INTERVAL")]
-    pub sweep_interval: Option<String>,
-    /// Time between sweeps in poll mode [default: 1s].
-    #[arg(long, env = "OUTBOX_POLL_INTERVAL")]
-    pub poll_interval: Option<String>,
-    /// Age at which a processor's claim on a message is stale and may be taken over [default: 60s].
-    #[arg(long, env = "OUTBOX_LOCK_TIMEOUT")]
-    pub lock_timeout: Option<String>,
-    /// Keep processed and failed messages this long, e.g. 7d (TTL indexes); unset keeps them.
-    #[arg(long, env = "OUTBOX_RETENTION")]
-    pub retention: Option<String>,
-    /// Install a $jsonSchema validator enforcing the document contract on the outbox collection.
-    #[arg(long, env = "OUTBOX_INSTALL_VALIDATOR")]
-    pub install_validator: bool,
-    /// Refused attempts after which a message is marked failed [default: 10].
-    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS")]
-    pub max_attempts: Option<u32>,
-    /// Delay after the first refused attempt, doubling each time [default: 1s].
-    #[arg(long, env = "OUTBOX_RETRY_INITIAL_DELAY")]
-    pub retry_initial_delay: Option<String>,
-    /// Longest delay between refused attempts [default: 5m].
-    #[arg(long, env = "OUTBOX_RETRY_MAX_DELAY")]
-    pub retry_max_delay: Option<String>,
-    /// How long the leader's lease lasts without renewal [default: 10s].
-    #[arg(long, env = "OUTBOX_LEASE_DURATION")]
-    pub lease_duration: Option<String>,
-    /// How often the leader renews its lease [default: 3s].
-    #[arg(long, env = "OUTBOX_LEASE_RENEW_INTERVAL")]
-    pub lease_renew_interval: Option<String>,
-    /// How often a standby checks whether the lease is free [default: 500ms].
-    #[arg(long, env = "OUTBOX_STANDBY_POLL_INTERVAL")]
-    pub standby_poll_interval: Option<String>,
-    /// Address serving /metrics, /healthz and /readyz, or "off" [default: 127.0.0.1:9464].
-    #[arg(long, env = "OUTBOX_METRICS_ADDR")]
-    pub metrics_addr: Option<String>,
-    /// How often pending and failed depths and the oplog's headroom are read [default: 10s].
-    #[arg(long, env = "OUTBOX_COLLECT_INTERVAL")]
-    pub collect_interval: Option<String>,
-    /// Warn when the oplog holds less history than this before the stored position [default: 1h].
-    #[arg(long, env = "OUTBOX_OPLOG_HEADROOM_WARNING")]
-    pub oplog_headroom_warning: Option<String>,
+    config: Option<PathBuf>,
+    given: HashMap<&'static str, Given>,
 }
-
-/// The metrics address the command line serves when none is given.
-const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
 
 impl RunArgs {
-    /// Combines flags, the config file and defaults into a checked configuration.
+    /// Combines flags, the environment, the config file and the defaults,
+    /// strongest first, into a checked configuration.
     pub fn resolve(self) -> Result<RelayConfig> {
         let file = match &self.config {
-            Some(path) => FileConfig::load(path)?,
-            None => FileConfig::default(),
+            Some(path) => SettingsFile::load(path)?,
+            None => SettingsFile::default(),
         };
-        let mongodb_uri = self.mongodb_uri.or(file.mongodb_uri).ok_or_else(|| {
-            Error::Config(
-                "no MongoDB connection string: pass --mongodb-uri or set OUTBOX_MONGODB_URI".into(),
-            )
-        })?;
-        let database = self.database.or(file.database).ok_or_else(|| {
-            Error::Config("no database: pass --database or set OUTBOX_DATABASE".into())
-        })?;
-        let mut config = RelayConfig::new(mongodb_uri, database);
-        set(&mut config.collection, self.collection.or(file.collection));
-        set(
-            &mut config.checkpoint_collection,
-            self.checkpoint_collection.or(file.checkpoint_collection),
-        );
-        set(&mut config.nats_url, self.nats_url.or(file.nats_url));
-        set(
-            &mut config.subject_prefix,
-            self.subject_prefix.or(file.subject_prefix),
-        );
-        config.allowed_subjects = if self.allow_subject.is_empty() {
-            file.allow_subject.unwrap_or_default()
-        } else {
-            self.allow_subject
-        };
-        let mode = self.nats_mode.map(|m| match m {
-            ModeArg::Jetstream => NatsMode::Jetstream,
-            ModeArg::Core => NatsMode::Core,
-        });
-        set(&mut config.nats_mode, mode.or(file.nats_mode));
-        config.create_stream = self.create_stream.or(file.create_stream);
-        set(
-            &mut config.max_in_flight,
-            self.max_in_flight.or(file.max_in_flight),
-        );
-        set(&mut config.batch_size, self.batch_size.or(file.batch_size));
-        if let Some(bytes) = self.max_buffered_bytes.or(file.max_buffered_bytes) {
-            config.max_buffered_bytes = parse_bytes("max-buffered-bytes", &bytes)?;
-        }
-        let mode = self.mode.map(|m| match m {
-            RelayModeArg::Push => RelayMode::Push,
-            RelayModeArg::Poll => RelayMode::Poll,
-        });
-        set(&mut config.mode, mode.or(file.mode));
-        config.install_validator =
-            self.install_validator || file.install_validator.unwrap_or(false);
-        set(
-            &mut config.retry.max_attempts,
-            self.max_attempts.or(file.max_attempts),
-        );
-        config.metrics_addr = parse_metrics_addr(
-            &self
-                .metrics_addr
-                .or(file.metrics_addr)
-                .unwrap_or_else(|| DEFAULT_METRICS_ADDR.to_owned()),
-        )?;
-        if let Some(retention) = self.retention.or(file.retention) {
-            config.retention = Some(parse_duration("retention", &retention)?);
-        }
-        let durations = [
-            (
-                "checkpoint-interval",
-                &mut config.checkpoint_interval,
-                self.checkpoint_interval.or(file.checkpoint_interval),
-            ),
-            (
-                "max-await-time",
-                &mut config.max_await_time,
-                self.max_await_time.or(file.max_await_time),
-            ),
-            (
-                "idle-checkpoint-interval",
-                &mut config.idle_checkpoint_interval,
-                self.idle_checkpoint_interval
-                    .or(file.idle_checkpoint_interval),
-            ),
-            (
-                "grace-period",
-                &mut config.grace_period,
-                self.grace_period.or(file.grace_period),
-            ),
-            (
-                "ack-timeout",
-                &mut config.ack_timeout,
-                self.ack_timeout.or(file.ack_timeout),
-            ),
-            (
-                "shutdown-timeout",
-                &mut config.shutdown_timeout,
-                self.shutdown_timeout.or(file.shutdown_timeout),
-            ),
-            (
-                "sweep-interval",
-                &mut config.sweep_interval,
-                self.sweep_interval.or(file.sweep_interval),
-            ),
-            (
-                "poll-interval",
-                &mut config.poll_interval,
-                self.poll_interval.or(file.poll_interval),
-            ),
-            (
-                "lock-timeout",
-                &mut config.lock_timeout,
-                self.lock_timeout.or(file.lock_timeout),
-            ),
-            (
-                "retry-initial-delay",
-                &mut config.retry.initial_delay,
-                self.retry_initial_delay.or(file.retry_initial_delay),
-            ),
-            (
-                "retry-max-delay",
-                &mut config.retry.max_delay,
-                self.retry_max_delay.or(file.retry_max_delay),
-            ),
-            (
-                "lease-duration",
-                &mut config.lease.duration,
-                self.lease_duration.or(file.lease_duration),
-            ),
-            (
-                "lease-renew-interval",
-                &mut config.lease.renew_interval,
-                self.lease_renew_interval.or(file.lease_renew_interval),
-            ),
-            (
-                "standby-poll-interval",
-                &mut config.lease.standby_poll_interval,
-                self.standby_poll_interval.or(file.standby_poll_interval),
-            ),
-            (
-                "collect-interval",
-                &mut config.collect_interval,
-                self.collect_interval.or(file.collect_interval),
-            ),
-            (
-                "oplog-headroom-warning",
-                &mut config.oplog_headroom_warning,
-                self.oplog_headroom_warning.or(file.oplog_headroom_warning),
-            ),
-        ];
-        for (name, target, value) in durations {
-            if let Some(value) = value {
-                *target = parse_duration(name, &value)?;
-            }
-        }
-        config.validate()?;
-        Ok(config)
+        let mut given = self.given;
+        RelayConfig::resolve(|setting| {
+            given
+                .remove(setting.key)
+                .or_else(|| file.get(setting.key).cloned())
+        })
     }
 }
 
-fn set<T>(target: &mut T, value: Option<T>) {
-    if let Some(value) = value {
-        *target = value;
+const CONFIG: &str = "config";
+
+impl Args for RunArgs {
+    fn augment_args(command: clap::Command) -> clap::Command {
+        let config = Arg::new(CONFIG)
+            .long(CONFIG)
+            .env("OUTBOX_CONFIG")
+            .value_name("FILE")
+            .value_parser(clap::value_parser!(PathBuf))
+            .help("TOML file with any of these settings (flag names with '_' for '-')");
+        RelayConfig::SETTINGS
+            .iter()
+            .fold(command.arg(config), |command, setting| {
+                command.arg(setting_arg(setting))
+            })
+    }
+
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        Self::augment_args(command)
+    }
+}
+
+/// The flag of one setting, from its declaration.
+fn setting_arg(setting: &Setting) -> Arg {
+    let mut arg = Arg::new(setting.key)
+        .long(setting.flag())
+        .env(setting.env())
+        .help(setting.help())
+        .value_name(setting.key.to_ascii_uppercase());
+    arg = match setting.shape {
+        Shape::One => arg.action(ArgAction::Set),
+        Shape::Many => arg.action(ArgAction::Append).value_delimiter(','),
+        Shape::Switch => arg
+            .action(ArgAction::Set)
+            .num_args(0..=1)
+            .default_missing_value("true"),
+    };
+    let choices = (setting.choices)();
+    if !choices.is_empty() {
+        arg = arg.value_parser(PossibleValuesParser::new(choices));
+    }
+    if let Some(default) = setting.default_text() {
+        arg = arg.default_value(default);
+    }
+    arg
+}
+
+impl FromArgMatches for RunArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> std::result::Result<Self, clap::Error> {
+        let mut args = RunArgs::default();
+        args.update_from_arg_matches(matches)?;
+        Ok(args)
+    }
+
+    fn update_from_arg_matches(
+        &mut self,
+        matches: &ArgMatches,
+    ) -> std::result::Result<(), clap::Error> {
+        if let Some(path) = matches.get_one::<PathBuf>(CONFIG) {
+            self.config = Some(path.clone());
+        }
+        for setting in RelayConfig::SETTINGS {
+            let origin = match matches.value_source(setting.key) {
+                Some(ValueSource::CommandLine) => Origin::Flag,
+                Some(ValueSource::EnvVariable) => Origin::Environment,
+                _ => continue,
+            };
+            let values = matches
+                .get_many::<String>(setting.key)
+                .map(|values| values.cloned().collect())
+                .unwrap_or_default();
+            self.given.insert(setting.key, Given { values, origin });
+        }
+        Ok(())
     }
 }

@@ -1,8 +1,12 @@
 //! The error type of the library.
 //!
 //! One enum whose variants are the kinds a caller may want to tell apart: a
-//! refused writer call, a bad setting, an unreachable or failing server. Each
-//! message says what went wrong and what to do, and never carries a password.
+//! refused writer call, a bad setting, an unreachable or failing server, a
+//! file that cannot be written, a stored document that cannot be read, a
+//! fault of the relay itself. Each message says what went wrong and what to
+//! do, and never carries a password; the driver's error stays reachable as
+//! the `source`. Each kind has one exit code ([`Error::exit_code`]), and a
+//! code means only what README says it means.
 
 use std::time::Duration;
 
@@ -30,7 +34,8 @@ pub enum Error {
     #[error("the payload cannot be stored as a BSON document: {0}")]
     Payload(String),
 
-    /// A setting (flag, environment variable or config file entry) is wrong.
+    /// A setting (flag, environment variable or config file entry) is wrong,
+    /// or a command was given the wrong flags.
     #[error("configuration error: {0}")]
     Config(String),
 
@@ -42,9 +47,13 @@ pub enum Error {
         source: mongodb::error::Error,
     },
 
-    /// NATS could not be reached or refused an operation.
-    #[error("NATS: {context}: {message}")]
-    Nats { context: String, message: String },
+    /// NATS refused an operation.
+    #[error("NATS: {context}: {source}")]
+    Nats {
+        context: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 
     /// A start-up check failed: the deployment cannot serve the relay yet.
     #[error("{message}")]
@@ -53,6 +62,31 @@ pub enum Error {
     /// A bounded run (`sweep --once`) gave up waiting for the servers.
     #[error("gave up: {0}")]
     GaveUp(String),
+
+    /// A file or the terminal could not be read or written.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A document the relay keeps (its checkpoint) cannot be read; the text
+    /// says how to mend it.
+    #[error("{0}")]
+    StoredState(String),
+
+    /// A server answered in a way its protocol does not allow.
+    #[error("unexpected reply: {0}")]
+    Protocol(String),
+
+    /// A part of the relay failed in a way it never should: a bug.
+    #[error("internal error: {0}; please report it")]
+    Internal(String),
+
+    /// The benchmark could not measure what it set out to.
+    #[error("benchmark: {0}")]
+    Bench(String),
 
     /// A graceful stop did not finish in time.
     #[error("shutdown did not finish within {0:?}; undelivered messages stay pending and are delivered after restart")]
@@ -101,7 +135,17 @@ impl Error {
             Error::Check { kind, .. } => kind.exit_code(),
             Error::Config(_) => 2,
             Error::GaveUp(_) => 9,
-            _ => 1,
+            Error::NoTransaction
+            | Error::InvalidMessage(_)
+            | Error::Payload(_)
+            | Error::Mongo { .. }
+            | Error::Nats { .. }
+            | Error::Io { .. }
+            | Error::StoredState(_)
+            | Error::Protocol(_)
+            | Error::Internal(_)
+            | Error::Bench(_)
+            | Error::ShutdownTimeout(_) => 1,
         }
     }
 
@@ -119,10 +163,21 @@ impl Error {
         }
     }
 
-    pub(crate) fn nats(context: impl Into<String>, err: impl std::fmt::Display) -> Self {
+    pub(crate) fn nats(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
         Error::Nats {
             context: context.into(),
-            message: err.to_string(),
+            source: Box::new(source),
+        }
+    }
+
+    /// An I/O failure, with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
         }
     }
 }
@@ -170,4 +225,49 @@ pub(crate) fn is_document_error(error: &mongodb::error::Error) -> bool {
         _ => return false,
     };
     DOCUMENT_CODES.contains(&code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each kind of failure keeps to the exit code README gives it.
+    #[test]
+    fn each_kind_has_its_documented_exit_code() {
+        let io = || std::io::Error::other("disk full");
+        let cases = [
+            (Error::Config("x".into()), 2),
+            (Error::GaveUp("x".into()), 9),
+            (Error::check(CheckKind::MongodbUnreachable, "x"), 3),
+            (Error::check(CheckKind::NotReplicaSet, "x"), 4),
+            (Error::check(CheckKind::OutboxSetup, "x"), 5),
+            (Error::check(CheckKind::NatsUnreachable, "x"), 6),
+            (Error::check(CheckKind::NoStream, "x"), 7),
+            (Error::check(CheckKind::DuplicateWindow, "x"), 8),
+            (Error::io("writing", io()), 1),
+            (Error::StoredState("x".into()), 1),
+            (Error::Protocol("x".into()), 1),
+            (Error::Internal("x".into()), 1),
+            (Error::Bench("x".into()), 1),
+            (Error::nats("x", io()), 1),
+            (Error::ShutdownTimeout(Duration::from_secs(1)), 1),
+            (Error::NoTransaction, 1),
+        ];
+        for (error, code) in cases {
+            assert_eq!(error.exit_code(), code, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn nats_and_io_errors_keep_their_source() {
+        use std::error::Error as _;
+        let error = Error::nats("creating the stream", std::io::Error::other("denied"));
+        assert_eq!(
+            error.source().map(|s| s.to_string()).as_deref(),
+            Some("denied")
+        );
+        let error = Error::io("writing bench.json", std::io::Error::other("disk full"));
+        assert!(error.source().is_some());
+        assert_eq!(error.to_string(), "writing bench.json: disk full");
+    }
 }

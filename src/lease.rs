@@ -44,10 +44,10 @@ pub(crate) async fn server_time(client: &mongodb::Client) -> Result<DateTime> {
     hello
         .get_datetime("localTime")
         .copied()
-        .map_err(|_| Error::Config("the server's hello reply has no localTime".into()))
+        .map_err(|_| Error::Protocol("the server's hello reply has no localTime".into()))
 }
 
-/// Timing of the lease.
+/// Timing of the lease (from [`RelayConfig::lease_timing`](crate::RelayConfig::lease_timing)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseTiming {
     /// How long a lease lasts without renewal.
@@ -56,16 +56,6 @@ pub struct LeaseTiming {
     pub renew_interval: Duration,
     /// How often a standby looks whether the lease is free.
     pub standby_poll_interval: Duration,
-}
-
-impl Default for LeaseTiming {
-    fn default() -> Self {
-        LeaseTiming {
-            duration: Duration::from_secs(10),
-            renew_interval: Duration::from_secs(3),
-            standby_poll_interval: Duration::from_millis(500),
-        }
-    }
 }
 
 impl LeaseTiming {

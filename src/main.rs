@@ -4,7 +4,6 @@ mod cli;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Parser;
 use outbox_relay::Relay;
@@ -14,7 +13,6 @@ use tracing_subscriber::EnvFilter;
 use cli::{Cli, Command, DlqCommand, LogFormat};
 use outbox_relay::admin::dlq;
 use outbox_relay::admin::status::Status;
-use outbox_relay::config::parse_duration;
 use outbox_relay::{Error, RelayConfig, Result};
 
 fn main() -> ExitCode {
@@ -91,19 +89,8 @@ async fn execute(command: Command) -> Result<ExitCode> {
         }
         Command::Dlq(command) => dlq(command).await,
         Command::Sweep(args) => {
-            let give_up_after = match &args.give_up_after {
-                Some(value) => parse_duration("give-up-after", value)?,
-                None => Duration::from_secs(60),
-            };
-            let range = Duration::from_secs(1)..=Duration::from_secs(86_400);
-            if !range.contains(&give_up_after) {
-                return Err(Error::Config(format!(
-                    "give-up-after = {} is out of range: it must be from 1s to 1day",
-                    humantime::format_duration(give_up_after)
-                )));
-            }
             let relay = Relay::connect(args.settings.resolve()?).await?;
-            let tally = relay.sweep_once(give_up_after).await?;
+            let tally = relay.sweep_once(args.give_up_after).await?;
             println!(
                 "delivered {}, retried {}, failed {}",
                 tally.delivered, tally.retried, tally.failed
@@ -202,7 +189,7 @@ fn confirm(question: &str) -> Result<bool> {
     std::io::stdin()
         .lock()
         .read_line(&mut answer)
-        .map_err(|e| Error::Config(format!("cannot read the answer: {e}")))?;
+        .map_err(|e| Error::io("cannot read the answer", e))?;
     Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
 }
 
@@ -218,7 +205,7 @@ async fn open_outbox(settings: cli::RunArgs) -> Result<mongodb::Collection<bson:
 
 fn to_json(value: &impl serde::Serialize) -> Result<String> {
     serde_json::to_string_pretty(value)
-        .map_err(|e| Error::Config(format!("cannot write the result as JSON: {e}")))
+        .map_err(|e| Error::Internal(format!("cannot write the result as JSON: {e}")))
 }
 
 /// A token cancelled by the first SIGINT or SIGTERM; a second one exits at once.

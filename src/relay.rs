@@ -29,7 +29,7 @@ use crate::lease::{Lease, Term};
 use crate::observe::{self, Metrics, Role};
 use crate::pipeline::Pipeline;
 use crate::publish::{NatsPublisher, Publisher, StreamSetup};
-use crate::retry::until_ok;
+use crate::retry::until_settled;
 use crate::setup;
 use crate::source::change_stream::{ChangeStreamSource, Prepare};
 use crate::source::sweep::Sweeper;
@@ -82,7 +82,7 @@ impl Relay {
         config.validate()?;
         Ok(Relay {
             subject_rules: config.subject_rules()?,
-            budget: Budget::new(u32::try_from(config.max_buffered_bytes).unwrap_or(u32::MAX)),
+            budget: Budget::new(u32::try_from(config.max_buffered_bytes.0).unwrap_or(u32::MAX)),
             config,
             database,
             publisher,
@@ -145,7 +145,7 @@ impl Relay {
         while let Some(joined) = tasks.join_next().await {
             if let Err(error) = joined {
                 shutdown.cancel();
-                return Err(Error::Config(format!(
+                return Err(Error::Internal(format!(
                     "a relay task stopped unexpectedly: {error}"
                 )));
             }
@@ -171,7 +171,7 @@ impl Relay {
             &self.database,
             &config.checkpoint_collection,
             &config.collection,
-            config.lease,
+            config.lease_timing(),
         );
         self.metrics.set_role_unless_stopping(Role::Standby);
         while let Some(held) = lease.acquire(shutdown).await {
@@ -210,12 +210,23 @@ impl Relay {
     ) {
         let config = &self.config;
         let checkpoints = CheckpointStore::for_config(&self.database, config).fenced(term);
-        let Some(token) = until_ok("MongoDB reading the checkpoint", term_over, || {
-            checkpoints.load()
-        })
-        .await
-        else {
-            return;
+        let loaded = until_settled(
+            "MongoDB reading the checkpoint",
+            term_over,
+            || checkpoints.load(),
+            |error| matches!(error, Error::StoredState(_)),
+        )
+        .await;
+        let token = match loaded {
+            None => return,
+            Some(Ok(token)) => token,
+            // No retry mends a stored token that cannot be read; the
+            // catch-up pass that follows a missing token delivers all that
+            // is pending, and the next checkpoint replaces the bad one.
+            Some(Err(error)) => {
+                tracing::error!(%error, "starting from the pending messages instead");
+                None
+            }
         };
         let term_pipeline = Pipeline {
             shutdown: term_over.clone(),
@@ -302,7 +313,7 @@ impl Relay {
             max_in_flight: config.max_in_flight,
             batch_size: config.batch_size,
             checkpoint_interval: config.checkpoint_interval,
-            retry: config.retry.clone(),
+            retry: config.retry(),
             metrics: self.metrics.clone(),
             unmarkable: self.unmarkable.clone(),
             budget: self.budget.clone(),
@@ -326,7 +337,7 @@ impl Relay {
             batch_size: self.config.batch_size,
             lock_timeout: self.config.lock_timeout,
             grace_period,
-            max_pass_bytes: usize::try_from(self.config.max_buffered_bytes).unwrap_or(usize::MAX),
+            max_pass_bytes: usize::try_from(self.config.max_buffered_bytes.0).unwrap_or(usize::MAX),
             misfits_read: Arc::default(),
             pipeline,
         }

@@ -16,10 +16,15 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// A bad setting: exit code 2, a message naming it.
 fn assert_fails_saying(args: &[&str], expected: &[&str]) {
+    assert_exits_saying(args, 2, expected);
+}
+
+fn assert_exits_saying(args: &[&str], code: i32, expected: &[&str]) {
     let output = relay(args);
     let text = stderr(&output);
-    assert!(!output.status.success(), "{args:?} should fail");
+    assert_eq!(output.status.code(), Some(code), "{args:?}: {text}");
     for part in expected {
         assert!(
             text.contains(part),
@@ -119,7 +124,7 @@ fn a_bad_connection_string_is_reported_without_a_password() {
 
 #[test]
 fn an_unreachable_mongodb_gets_a_plain_message() {
-    assert_fails_saying(
+    assert_exits_saying(
         &[
             "run",
             "--mongodb-uri",
@@ -127,6 +132,7 @@ fn an_unreachable_mongodb_gets_a_plain_message() {
             "--database",
             "d",
         ],
+        3,
         &[
             "cannot reach MongoDB at mongodb://u:***@127.0.0.1:1",
             "no server answered",
@@ -134,23 +140,39 @@ fn an_unreachable_mongodb_gets_a_plain_message() {
     );
 }
 
+/// A config file with `text` in a folder of its own, removed when dropped.
+struct ConfigFile(std::path::PathBuf);
+
+impl ConfigFile {
+    fn new(test: &str, text: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("outbox-relay-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create a folder for the config file");
+        let file = ConfigFile(dir.join("relay.toml"));
+        std::fs::write(&file.0, text).expect("write the config file");
+        file
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 #[test]
 fn config_file_problems_name_the_file_and_key() {
-    let dir = std::env::temp_dir().join(format!("outbox-relay-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("relay.toml");
-    std::fs::write(
-        &file,
+    let file = ConfigFile::new(
+        "cli",
         "database = \"d\"\nmongodb_uri = \"mongodb://h\"\nbatchsize = 3\n",
-    )
-    .unwrap();
-    let path = file.to_str().unwrap();
+    );
+    let path = file.0.to_str().unwrap();
     assert_fails_saying(&["run", "--config", path], &["relay.toml", "batchsize"]);
     assert_fails_saying(
         &["run", "--config", "/nonexistent/relay.toml"],
         &["cannot read config file"],
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -210,5 +232,47 @@ fn every_duration_flag_is_read_and_checked() {
             "8s",
         ],
         &["lease-renew-interval", "half"],
+    );
+}
+
+/// Each source names the value as it was given, and the strongest one
+/// wins: flag over environment over file over default.
+#[test]
+fn a_flag_beats_the_environment_which_beats_the_file() {
+    let file = ConfigFile::new(
+        "layers",
+        "mongodb_uri = \"mongodb://h\"\ndatabase = \"d\"\nmax_in_flight = 0\n",
+    );
+    let run = |env: Option<&str>, flag: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+        command
+            .args(["run", "--config"])
+            .arg(&file.0)
+            .env_remove("OUTBOX_MAX_IN_FLIGHT")
+            .env("NO_COLOR", "1");
+        if let Some(value) = env {
+            command.env("OUTBOX_MAX_IN_FLIGHT", value);
+        }
+        if let Some(value) = flag {
+            command.args(["--max-in-flight", value]);
+        }
+        let output = command.output().expect("run outbox-relay");
+        assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+        stderr(&output)
+    };
+    let from_file = run(None, None);
+    assert!(
+        from_file.contains("max_in_flight = \"0\" in") && from_file.contains("relay.toml"),
+        "{from_file}"
+    );
+    let from_env = run(Some("70000"), None);
+    assert!(
+        from_env.contains("OUTBOX_MAX_IN_FLIGHT=\"70000\" is out of range"),
+        "{from_env}"
+    );
+    let from_flag = run(Some("70000"), Some("80000"));
+    assert!(
+        from_flag.contains("--max-in-flight \"80000\" is out of range"),
+        "{from_flag}"
     );
 }

@@ -213,6 +213,27 @@ async fn check_gives_each_failure_its_own_exit_code() {
     env.drop().await;
 }
 
+/// Failures past the settings and the checks keep to README's codes: a
+/// metrics address already taken is an I/O error (1), not a bad setting.
+#[tokio::test]
+async fn run_exits_with_the_code_of_its_failure() {
+    let env = TestEnv::new().await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let addr = taken.local_addr().expect("the bound address").to_string();
+    assert_exit(
+        &relay_command(&env, &["run", "--metrics-addr", &addr]),
+        1,
+        "cannot serve metrics",
+    );
+    assert_exit(
+        &relay_command(&env, &["run", "--batch-size", "0"]),
+        2,
+        "--batch-size \"0\" is out of range",
+    );
+    drop(taken);
+    env.drop().await;
+}
+
 /// A failed message as the relay leaves it.
 fn failed(message_type: &str, error: &str) -> Document {
     doc! {

@@ -119,9 +119,9 @@ fn quick(env: &TestEnv) -> RelayConfig {
     config.sweep_interval = Duration::from_millis(100);
     config.grace_period = Duration::from_millis(300);
     config.ack_timeout = Duration::from_millis(500);
-    config.retry.initial_delay = Duration::from_millis(20);
-    config.retry.max_delay = Duration::from_millis(40);
-    config.retry.max_attempts = 2;
+    config.retry_initial_delay = Duration::from_millis(20);
+    config.retry_max_delay = Duration::from_millis(40);
+    config.max_attempts = 2;
     config.collect_interval = Duration::from_millis(100);
     config
 }
@@ -165,7 +165,7 @@ async fn poison_documents_fail_alone_while_good_messages_flow() {
     // An allowed space that no JetStream stream captures.
     let uncaptured = format!("x{}", env.prefix);
     let mut config = quick(&env);
-    config.allowed_subjects = vec![format!("{uncaptured}.>")];
+    config.allow_subject = vec![format!("{uncaptured}.>")];
     let relay = Observed::start(config).await;
 
     let mut good = write_orders(&env, 3).await;

@@ -408,6 +408,40 @@ async fn the_first_start_delivers_what_was_already_pending() {
     env.drop().await;
 }
 
+/// A stored token no server can resume from (written by hand, or by an
+/// older version) must not keep the stream from starting: the relay starts
+/// from what is pending, and its next checkpoint replaces the bad one.
+#[tokio::test]
+async fn an_unreadable_checkpoint_starts_from_what_is_pending() {
+    let env = TestEnv::new().await;
+    let ids = write_orders(&env, 3).await;
+    let checkpoint_id = format!("{}.outbox", env.name);
+    let garbage = Bson::Document(doc! { "_data": 12, "not": "a token" });
+    env.db
+        .collection::<Document>("outbox_checkpoints")
+        .insert_one(doc! { "_id": &checkpoint_id, "token": garbage.clone() })
+        .await
+        .unwrap();
+    let mut receiver = env.subscribe().await;
+    let mut config = env.config();
+    // Only the change stream's catch-up may deliver them.
+    config.sweep_interval = std::time::Duration::from_secs(3600);
+    let relay = RunningRelay::start(config).await;
+    let later = write_orders(&env, 1).await[0];
+
+    let seen: HashSet<String> = receiver.take(4).await.iter().filter_map(msg_id).collect();
+    let expected: HashSet<String> = ids.iter().chain([&later]).map(|id| id.to_hex()).collect();
+    assert_eq!(seen, expected);
+    env.wait_count(doc! { "status": "processed" }, 4).await;
+    relay.stop().await.unwrap();
+    let token = env.checkpoint_token().await;
+    assert!(
+        token.is_some() && token != Some(garbage),
+        "the bad token was replaced: {token:?}"
+    );
+    env.drop().await;
+}
+
 #[tokio::test]
 async fn core_mode_publishes_without_jetstream() {
     let env = TestEnv::new().await;

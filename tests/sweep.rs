@@ -73,9 +73,9 @@ async fn a_refused_message_is_retried_with_backoff_then_fails_with_its_last_erro
     config.install_validator = true; // the relay's own writes must pass it
     config.sweep_interval = Duration::from_millis(50);
     config.grace_period = Duration::from_millis(100);
-    config.retry.initial_delay = Duration::from_millis(20);
-    config.retry.max_delay = Duration::from_millis(40);
-    config.retry.max_attempts = 3;
+    config.retry_initial_delay = Duration::from_millis(20);
+    config.retry_max_delay = Duration::from_millis(40);
+    config.max_attempts = 3;
     let mut receiver = env.subscribe().await;
     let relay = RunningRelay::start(config).await;
 
@@ -174,9 +174,9 @@ async fn a_subject_the_relay_may_not_publish_to_is_refused_not_an_outage() {
     config.ack_timeout = Duration::from_millis(300);
     config.sweep_interval = Duration::from_millis(50);
     config.grace_period = Duration::from_millis(100);
-    config.retry.initial_delay = Duration::from_millis(20);
-    config.retry.max_delay = Duration::from_millis(40);
-    config.retry.max_attempts = 2;
+    config.retry_initial_delay = Duration::from_millis(20);
+    config.retry_max_delay = Duration::from_millis(40);
+    config.max_attempts = 2;
     let relay = RunningRelay::start(config).await;
 
     let secret = ObjectId::new();

@@ -99,7 +99,7 @@ pub async fn produce(
     for writer in writers {
         writer
             .await
-            .map_err(|e| Error::Config(format!("a benchmark writer stopped: {e}")))??;
+            .map_err(|e| Error::Internal(format!("a benchmark writer stopped: {e}")))??;
     }
     Ok(began.elapsed())
 }

@@ -176,7 +176,7 @@ pub async fn describe_server(uri: &str) -> String {
 /// Runs the benchmark.
 pub async fn run(config: &BenchConfig) -> Result<Report> {
     std::fs::create_dir_all(&config.output)
-        .map_err(|e| Error::Config(format!("cannot create {}: {e}", config.output.display())))?;
+        .map_err(|e| Error::io(format!("cannot create {}", config.output.display()), e))?;
     let client = crate::connect::connect_mongodb(&config.mongodb_uri).await?;
     let nats = connect_nats(&config.nats_url, Duration::from_secs(5)).await?;
     let bench = Bench {
@@ -329,7 +329,7 @@ impl Bench<'_> {
         .await?;
         let ready_within = Duration::from_secs(60);
         if !load::wait_for(&arrived, 1, ready_within).await {
-            return Err(Error::Config(format!(
+            return Err(Error::Bench(format!(
                 "{}: the first message did not arrive within {ready_within:?}; see the relay log in {}",
                 mode.label(),
                 self.config.output.display()
@@ -409,7 +409,7 @@ impl Bench<'_> {
         let limit = Duration::from_secs(3600);
         while arrived.len() < n {
             if began.elapsed() > limit {
-                return Err(Error::Config(
+                return Err(Error::Bench(
                     "the backlog did not drain within an hour".into(),
                 ));
             }
@@ -425,7 +425,7 @@ impl Bench<'_> {
                 break;
             }
             if began.elapsed() > limit {
-                return Err(Error::Config(
+                return Err(Error::Bench(
                     "the backlog was not all marked within an hour".into(),
                 ));
             }

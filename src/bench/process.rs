@@ -40,11 +40,11 @@ impl RelayProcess {
     /// Starts `binary run` with these flags; its log goes to `log`.
     pub fn start(binary: &Path, args: &[String], log: &Path) -> Result<Self> {
         let file = std::fs::File::create(log)
-            .map_err(|e| Error::Config(format!("cannot write {}: {e}", log.display())))?;
+            .map_err(|e| Error::io(format!("cannot write {}", log.display()), e))?;
         let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .map(|addr| addr.port())
-            .map_err(|e| Error::Config(format!("cannot find a free port for metrics: {e}")))?;
+            .map_err(|e| Error::io("cannot find a free port for metrics", e))?;
         let child = Command::new(binary)
             .arg("run")
             .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
@@ -52,7 +52,7 @@ impl RelayProcess {
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))
             .spawn()
-            .map_err(|e| Error::Config(format!("cannot start {}: {e}", binary.display())))?;
+            .map_err(|e| Error::io(format!("cannot start {}", binary.display()), e))?;
         Ok(RelayProcess {
             child,
             metrics_port,

@@ -100,9 +100,8 @@ pub fn print_table(report: &Report) {
 /// Writes the report as JSON.
 pub fn write_json(report: &Report, path: &Path) -> Result<()> {
     let json = serde_json::to_string_pretty(report)
-        .map_err(|e| Error::Config(format!("cannot encode the report: {e}")))?;
-    std::fs::write(path, json)
-        .map_err(|e| Error::Config(format!("cannot write {}: {e}", path.display())))
+        .map_err(|e| Error::Internal(format!("cannot encode the report: {e}")))?;
+    std::fs::write(path, json).map_err(|e| Error::io(format!("cannot write {}", path.display()), e))
 }
 
 /// Plots the latency CDF of each run at `rate` on one chart (log-scale
@@ -114,7 +113,7 @@ pub fn write_plot(report: &Report, rate: Option<u32>, path: &Path) -> Result<()>
         .filter(|r| r.offered_rate == rate && !r.latencies.is_empty())
         .collect();
     let failed =
-        |e: &dyn std::fmt::Display| Error::Config(format!("cannot draw {}: {e}", path.display()));
+        |e: &dyn std::fmt::Display| Error::Bench(format!("cannot draw {}: {e}", path.display()));
     let max_ms = runs.iter().map(|r| r.max_ms).fold(1.0_f64, f64::max);
     let min_ms = runs
         .iter()

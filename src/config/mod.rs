@@ -1,24 +1,27 @@
-//! Relay settings: their types, defaults, validation and the TOML file form.
+//! Relay settings: each declared once, with its type, default, help and
+//! range, and read the same way from every source.
 //!
 //! Settings come from three places, strongest first: command-line flags
-//! (or their `OUTBOX_*` environment variables), a `--config` TOML file, and
-//! the defaults here. [`FileConfig`] is the file's shape; [`RelayConfig`] is
-//! the checked result the relay runs with.
+//! (or their `OUTBOX_*` environment variables), a `--config` TOML file
+//! ([`SettingsFile`]), and the defaults declared here. [`RelayConfig`] is the
+//! checked result the relay runs with; [`RelayConfig::SETTINGS`] describes
+//! each of its fields, and the command line is built from that table.
+
+mod file;
+mod setting;
 
 use std::net::SocketAddr;
-use std::ops::RangeInclusive;
-use std::path::Path;
-use std::str::FromStr;
 use std::time::Duration;
 
-use serde::Deserialize;
+pub use file::SettingsFile;
+use setting::{required, settings, within, Named};
+pub use setting::{Bytes, Given, Origin, Problem, Setting, Shape, Value};
 
 use crate::contract::SubjectRules;
 use crate::error::{Error, Result};
 
 /// How messages are published.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NatsMode {
     /// JetStream: each publish is acknowledged by the stream, and repeats of
     /// a message id inside the stream's duplicate window are dropped.
@@ -28,23 +31,13 @@ pub enum NatsMode {
     Core,
 }
 
-impl FromStr for NatsMode {
-    type Err = Error;
-
-    fn from_str(value: &str) -> Result<Self> {
-        match value {
-            "jetstream" => Ok(NatsMode::Jetstream),
-            "core" => Ok(NatsMode::Core),
-            other => Err(Error::Config(format!(
-                "nats-mode must be \"jetstream\" or \"core\", not {other:?}"
-            ))),
-        }
-    }
+impl Named for NatsMode {
+    const NAMES: &'static [(&'static str, Self)] =
+        &[("jetstream", NatsMode::Jetstream), ("core", NatsMode::Core)];
 }
 
 /// Where messages come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RelayMode {
     /// The change stream delivers at once; a slow sweep catches what it misses.
     #[default]
@@ -54,74 +47,104 @@ pub enum RelayMode {
     Poll,
 }
 
-/// Everything the relay runs with, checked.
-#[derive(Debug, Clone)]
-pub struct RelayConfig {
-    /// MongoDB connection string; must reach a replica set or sharded cluster.
-    pub mongodb_uri: String,
-    /// Database holding the outbox collection.
-    pub database: String,
-    /// The outbox collection.
-    pub collection: String,
-    /// Collection, in the same database, where resume tokens are kept.
-    pub checkpoint_collection: String,
-    /// NATS server URL(s), comma-separated.
-    pub nats_url: String,
-    /// Subject prefix for messages without an explicit `subject`; explicit
-    /// subjects under it are allowed too.
-    pub subject_prefix: String,
-    /// NATS subject patterns (`billing.>`) of explicit subjects allowed
-    /// besides the prefix. Subjects beginning with `$` or `_INBOX` never are.
-    pub allowed_subjects: Vec<String>,
-    /// JetStream or core NATS.
-    pub nats_mode: NatsMode,
-    /// Create a JetStream stream of this name for `<prefix>.>` if no stream
-    /// captures those subjects yet.
-    pub create_stream: Option<String>,
-    /// Publishes awaiting their acknowledgement at once.
-    pub max_in_flight: usize,
-    /// Most messages marked processed with one update.
-    pub batch_size: usize,
-    /// Most bytes of messages read and not yet recorded, across the relay's
-    /// stages; sources wait for room beyond it.
-    pub max_buffered_bytes: u64,
-    /// How often the resume token is written while messages flow.
-    pub checkpoint_interval: Duration,
-    /// How long the server holds an empty change-stream read open.
-    pub max_await_time: Duration,
-    /// How often an idle stream's newest position is written as the token.
-    pub idle_checkpoint_interval: Duration,
-    /// How long the change stream may take to show a committed message. A
-    /// pass over the collection leaves younger messages to the stream, and
-    /// the stream skips messages a catch-up pass queued for this long after it.
-    pub grace_period: Duration,
-    /// How long a publish may wait for its acknowledgement.
-    pub ack_timeout: Duration,
-    /// How long a graceful stop may take before the relay gives up on it.
-    pub shutdown_timeout: Duration,
-    /// When a message the broker refused is tried again, and when it is given up.
-    pub retry: RetryPolicy,
-    /// Push (change stream and sweep) or poll (sweep alone).
-    pub mode: RelayMode,
-    /// Time between sweeps in push mode.
-    pub sweep_interval: Duration,
-    /// Time between sweeps in poll mode.
-    pub poll_interval: Duration,
-    /// Age at which another processor's claim on a message is stale.
-    pub lock_timeout: Duration,
-    /// Keep processed and failed messages this long (TTL indexes); `None` keeps them.
-    pub retention: Option<Duration>,
-    /// Install a `$jsonSchema` validator enforcing the document contract.
-    pub install_validator: bool,
-    /// Leadership among several relays (push mode).
-    pub lease: crate::lease::LeaseTiming,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` serves nothing.
-    pub metrics_addr: Option<SocketAddr>,
-    /// How often the outbox's depths and the oplog's headroom are read.
-    pub collect_interval: Duration,
-    /// Oplog headroom under which the relay warns that its stored position
-    /// is about to fall out of the server's history.
-    pub oplog_headroom_warning: Duration,
+impl Named for RelayMode {
+    const NAMES: &'static [(&'static str, Self)] =
+        &[("push", RelayMode::Push), ("poll", RelayMode::Poll)];
+}
+
+const MS: Duration = Duration::from_millis(1);
+const SECOND: Duration = Duration::from_secs(1);
+const MINUTE: Duration = Duration::from_secs(60);
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(86_400);
+
+settings! {
+    /// Everything the relay runs with. Each field is a setting: the flag is
+    /// its name with `-` for `_`, the environment variable `OUTBOX_` and its
+    /// name in capitals, the config-file key its name.
+    ///
+    /// Durations are bounded long enough to mean something and short enough
+    /// that no deadline computed from them overflows; the batch size keeps a
+    /// mark's `$in` list far under 16 MiB; the lease lasts long enough that
+    /// leadership does not flap.
+    pub struct RelayConfig {
+        /// MongoDB connection string (a replica set or sharded cluster).
+        mongodb_uri: String = String::new(), required;
+        /// Database holding the outbox collection.
+        database: String = String::new(), required;
+        /// The outbox collection.
+        collection: String = crate::writer::DEFAULT_COLLECTION.to_owned(), required;
+        /// Collection, in the same database, where resume tokens are kept.
+        checkpoint_collection: String = "outbox_checkpoints".to_owned(), required;
+        /// NATS server URL(s), comma-separated.
+        nats_url: String = "nats://127.0.0.1:4222".to_owned(), required;
+        /// Subject prefix: messages without a subject go to <prefix>.<type>,
+        /// and explicit subjects under it are allowed.
+        subject_prefix: String = crate::contract::DEFAULT_SUBJECT_PREFIX.to_owned();
+        /// Also publish explicit subjects matching this NATS pattern, e.g.
+        /// 'billing.>' (repeatable, or comma-separated); '$...' and
+        /// '_INBOX...' subjects never.
+        allow_subject: Vec<String> = Vec::new();
+        /// jetstream (acknowledged, deduplicated) or core (at most once per attempt).
+        nats_mode: NatsMode = NatsMode::Jetstream;
+        /// Create a JetStream stream of this name for <prefix>.> if no
+        /// stream captures it (for local use).
+        create_stream: Option<String> = None;
+        /// Publishes awaiting their acknowledgement at once.
+        max_in_flight: usize = 256, within(1..=65_536);
+        /// Most messages marked processed with one update.
+        batch_size: usize = 500, within(1..=10_000);
+        /// Most bytes of messages read and not yet recorded, across the
+        /// stages; sources wait for room beyond it.
+        max_buffered_bytes: Bytes = Bytes::mib(64), within(Bytes::mib(1)..=Bytes::mib(4096));
+        /// How often the resume token is written while messages flow.
+        checkpoint_interval: Duration = 500 * MS, within(MS..=HOUR);
+        /// How often an idle stream's newest position is written.
+        idle_checkpoint_interval: Duration = 10 * SECOND, within(MS..=DAY);
+        /// How long the server holds an empty change-stream read open.
+        max_await_time: Duration = 500 * MS, within(MS..=10 * MINUTE);
+        /// How long the change stream may lag a commit: passes over the
+        /// collection leave younger messages to it.
+        grace_period: Duration = 5 * SECOND, within(Duration::ZERO..=DAY);
+        /// How long a publish waits for its acknowledgement.
+        ack_timeout: Duration = 5 * SECOND, within(MS..=10 * MINUTE);
+        /// How long a graceful stop may take.
+        shutdown_timeout: Duration = 10 * SECOND, within(Duration::ZERO..=HOUR);
+        /// push: change stream plus a slow sweep; poll: the sweep alone.
+        mode: RelayMode = RelayMode::Push;
+        /// Time between sweeps in push mode.
+        sweep_interval: Duration = 10 * SECOND, within(MS..=DAY);
+        /// Time between sweeps in poll mode.
+        poll_interval: Duration = SECOND, within(MS..=DAY);
+        /// Age at which another processor's claim on a message is stale and
+        /// may be taken over.
+        lock_timeout: Duration = MINUTE, within(MS..=DAY);
+        /// Refused attempts after which a message is marked failed.
+        max_attempts: u32 = 10, within(1..=1_000);
+        /// Delay after the first refused attempt, doubling each time.
+        retry_initial_delay: Duration = SECOND, within(MS..=DAY);
+        /// Longest delay between refused attempts.
+        retry_max_delay: Duration = 5 * MINUTE, within(MS..=30 * DAY);
+        /// How long the leader's lease lasts without renewal.
+        lease_duration: Duration = 10 * SECOND, within(SECOND..=HOUR);
+        /// How often the leader renews its lease.
+        lease_renew_interval: Duration = 3 * SECOND, within(10 * MS..=30 * MINUTE);
+        /// How often a standby checks whether the lease is free.
+        standby_poll_interval: Duration = 500 * MS, within(MS..=MINUTE);
+        /// Keep processed and failed messages this long, e.g. 7d (TTL
+        /// indexes; a TTL counts seconds in 32 bits); unset keeps them.
+        retention: Option<Duration> = None, within(SECOND..=3650 * DAY);
+        /// Install a $jsonSchema validator enforcing the document contract
+        /// on the outbox collection.
+        install_validator: bool = false;
+        /// Address serving /metrics, /healthz and /readyz, or "off".
+        metrics_addr: Option<SocketAddr> = Some(SocketAddr::from(([127, 0, 0, 1], 9464)));
+        /// How often pending and failed depths and the oplog's headroom are read.
+        collect_interval: Duration = 10 * SECOND, within(MS..=DAY);
+        /// Warn when the oplog holds less history than this before the
+        /// stored position.
+        oplog_headroom_warning: Duration = HOUR, within(Duration::ZERO..=365 * DAY);
+    }
 }
 
 /// Retries of messages the broker refused (not of broker outages, which
@@ -134,16 +157,6 @@ pub struct RetryPolicy {
     pub max_delay: Duration,
     /// Attempts after which a message is marked `failed`.
     pub max_attempts: u32,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            initial_delay: Duration::from_secs(1),
-            max_delay: Duration::from_secs(300),
-            max_attempts: 10,
-        }
-    }
 }
 
 impl RetryPolicy {
@@ -180,33 +193,79 @@ impl RelayConfig {
         RelayConfig {
             mongodb_uri: mongodb_uri.into(),
             database: database.into(),
-            collection: crate::writer::DEFAULT_COLLECTION.to_owned(),
-            checkpoint_collection: "outbox_checkpoints".to_owned(),
-            nats_url: "nats://127.0.0.1:4222".to_owned(),
-            subject_prefix: crate::contract::DEFAULT_SUBJECT_PREFIX.to_owned(),
-            allowed_subjects: Vec::new(),
-            nats_mode: NatsMode::Jetstream,
-            create_stream: None,
-            max_in_flight: 256,
-            batch_size: 500,
-            max_buffered_bytes: 64 << 20,
-            checkpoint_interval: Duration::from_millis(500),
-            max_await_time: Duration::from_millis(500),
-            idle_checkpoint_interval: Duration::from_secs(10),
-            grace_period: Duration::from_secs(5),
-            ack_timeout: Duration::from_secs(5),
-            shutdown_timeout: Duration::from_secs(10),
-            retry: RetryPolicy::default(),
-            mode: RelayMode::Push,
-            sweep_interval: Duration::from_secs(10),
-            poll_interval: Duration::from_secs(1),
-            lock_timeout: Duration::from_secs(60),
-            retention: None,
-            install_validator: false,
-            lease: crate::lease::LeaseTiming::default(),
-            metrics_addr: None,
-            collect_interval: Duration::from_secs(10),
-            oplog_headroom_warning: Duration::from_secs(3600),
+            ..RelayConfig::default()
+        }
+    }
+
+    /// Builds a checked configuration from what the sources give: for each
+    /// setting, `given` returns its value from the strongest source that
+    /// has one, or `None` to keep the default. Errors name the setting as
+    /// it was given (`--ack-timeout "soon"`, or the file and key).
+    pub fn resolve(mut given: impl FnMut(&Setting) -> Option<Given>) -> Result<RelayConfig> {
+        let mut config = RelayConfig::default();
+        let mut origins = Vec::with_capacity(Self::SETTINGS.len());
+        for setting in Self::SETTINGS {
+            let value = given(setting);
+            if let Some(value) = &value {
+                setting.apply(&mut config, value).map_err(Error::Config)?;
+            }
+            origins.push(value);
+        }
+        for (setting, given) in Self::SETTINGS.iter().zip(&origins) {
+            setting
+                .check(&config, given.as_ref())
+                .map_err(Error::Config)?;
+        }
+        config.check_together()?;
+        Ok(config)
+    }
+
+    /// Checks the settings that do not need a server to check.
+    pub fn validate(&self) -> Result<()> {
+        for setting in Self::SETTINGS {
+            setting.check(self, None).map_err(Error::Config)?;
+        }
+        self.check_together()
+    }
+
+    /// The rules that relate one setting to another.
+    fn check_together(&self) -> Result<()> {
+        if self.collection == self.checkpoint_collection {
+            return Err(Error::Config(
+                "checkpoint-collection must differ from collection".into(),
+            ));
+        }
+        self.subject_rules()?;
+        if self.lease_renew_interval * 2 > self.lease_duration {
+            return Err(Error::Config(
+                "lease-renew-interval must be at most half of lease-duration, so a renewal \
+                 can fail once and still land in time"
+                    .into(),
+            ));
+        }
+        if self.retry_initial_delay > self.retry_max_delay {
+            return Err(Error::Config(
+                "retry-initial-delay must not exceed retry-max-delay".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// When a refused message is tried again, and when it is given up.
+    pub fn retry(&self) -> RetryPolicy {
+        RetryPolicy {
+            initial_delay: self.retry_initial_delay,
+            max_delay: self.retry_max_delay,
+            max_attempts: self.max_attempts,
+        }
+    }
+
+    /// The timing of leadership among several relays.
+    pub fn lease_timing(&self) -> crate::lease::LeaseTiming {
+        crate::lease::LeaseTiming {
+            duration: self.lease_duration,
+            renew_interval: self.lease_renew_interval,
+            standby_poll_interval: self.standby_poll_interval,
         }
     }
 
@@ -222,252 +281,19 @@ impl RelayConfig {
             RelayMode::Push => self.sweep_interval,
             RelayMode::Poll => self.poll_interval,
         };
-        self.lease.duration.max(self.lock_timeout + sweep_interval) + self.ack_timeout
+        self.lease_duration.max(self.lock_timeout + sweep_interval) + self.ack_timeout
     }
 
     /// Where the relay may publish: under the prefix, and the allow-list.
     pub fn subject_rules(&self) -> Result<SubjectRules> {
         let mut rules = SubjectRules::under(&self.subject_prefix)
             .map_err(|e| Error::Config(format!("subject-prefix cannot be used: {e}")))?;
-        for pattern in &self.allowed_subjects {
+        for pattern in &self.allow_subject {
             rules = rules
                 .allow(pattern.trim())
                 .map_err(|e| Error::Config(format!("allow-subject: {e}")))?;
         }
         Ok(rules)
-    }
-
-    /// Every count setting with its allowed range. The batch size bounds a
-    /// mark's `$in` list (10,000 ids stay far under 16 MiB) and a sweep's
-    /// reads; the in-flight limit bounds unacknowledged publishes.
-    fn counts(&self) -> [(&'static str, u64, RangeInclusive<u64>); 4] {
-        [
-            (
-                "max-buffered-bytes",
-                self.max_buffered_bytes,
-                1 << 20..=u64::from(u32::MAX),
-            ),
-            ("max-in-flight", self.max_in_flight as u64, 1..=65_536),
-            ("batch-size", self.batch_size as u64, 1..=10_000),
-            (
-                "max-attempts",
-                u64::from(self.retry.max_attempts),
-                1..=1_000,
-            ),
-        ]
-    }
-
-    /// Every duration setting with its allowed range: long enough to mean
-    /// something, short enough that no deadline computed from it overflows,
-    /// and a lease long enough that leadership does not flap.
-    fn durations(&self) -> Vec<(&'static str, Duration, RangeInclusive<Duration>)> {
-        const MS: Duration = Duration::from_millis(1);
-        const MINUTE: Duration = Duration::from_secs(60);
-        const HOUR: Duration = Duration::from_secs(3600);
-        const DAY: Duration = Duration::from_secs(86_400);
-        let mut durations = vec![
-            ("checkpoint-interval", self.checkpoint_interval, MS..=HOUR),
-            ("max-await-time", self.max_await_time, MS..=10 * MINUTE),
-            (
-                "idle-checkpoint-interval",
-                self.idle_checkpoint_interval,
-                MS..=DAY,
-            ),
-            ("grace-period", self.grace_period, Duration::ZERO..=DAY),
-            ("ack-timeout", self.ack_timeout, MS..=10 * MINUTE),
-            (
-                "shutdown-timeout",
-                self.shutdown_timeout,
-                Duration::ZERO..=HOUR,
-            ),
-            ("sweep-interval", self.sweep_interval, MS..=DAY),
-            ("poll-interval", self.poll_interval, MS..=DAY),
-            ("lock-timeout", self.lock_timeout, MS..=DAY),
-            ("retry-initial-delay", self.retry.initial_delay, MS..=DAY),
-            ("retry-max-delay", self.retry.max_delay, MS..=30 * DAY),
-            (
-                "lease-duration",
-                self.lease.duration,
-                Duration::from_secs(1)..=HOUR,
-            ),
-            (
-                "lease-renew-interval",
-                self.lease.renew_interval,
-                10 * MS..=30 * MINUTE,
-            ),
-            (
-                "standby-poll-interval",
-                self.lease.standby_poll_interval,
-                MS..=MINUTE,
-            ),
-            ("collect-interval", self.collect_interval, MS..=DAY),
-            (
-                "oplog-headroom-warning",
-                self.oplog_headroom_warning,
-                Duration::ZERO..=365 * DAY,
-            ),
-        ];
-        if let Some(retention) = self.retention {
-            // TTL indexes count seconds in a 32-bit integer.
-            durations.push(("retention", retention, Duration::from_secs(1)..=3650 * DAY));
-        }
-        durations
-    }
-
-    /// Checks the settings that do not need a server to check.
-    pub fn validate(&self) -> Result<()> {
-        let nonempty = [
-            ("mongodb-uri", &self.mongodb_uri),
-            ("database", &self.database),
-            ("collection", &self.collection),
-            ("checkpoint-collection", &self.checkpoint_collection),
-            ("nats-url", &self.nats_url),
-        ];
-        for (name, value) in nonempty {
-            if value.trim().is_empty() {
-                return Err(Error::Config(format!("{name} must not be empty")));
-            }
-        }
-        if self.collection == self.checkpoint_collection {
-            return Err(Error::Config(
-                "checkpoint-collection must differ from collection".into(),
-            ));
-        }
-        self.subject_rules()?;
-        for (name, value, range) in self.counts() {
-            if !range.contains(&value) {
-                return Err(Error::Config(format!(
-                    "{name} = {value} is out of range: it must be from {} to {}",
-                    range.start(),
-                    range.end()
-                )));
-            }
-        }
-        for (name, value, range) in self.durations() {
-            if !range.contains(&value) {
-                return Err(Error::Config(format!(
-                    "{name} = {} is out of range: it must be from {} to {}",
-                    humantime::format_duration(value),
-                    humantime::format_duration(*range.start()),
-                    humantime::format_duration(*range.end())
-                )));
-            }
-        }
-        if self.lease.renew_interval * 2 > self.lease.duration {
-            return Err(Error::Config(
-                "lease-renew-interval must be at most half of lease-duration, so a renewal \
-                 can fail once and still land in time"
-                    .into(),
-            ));
-        }
-        if self.retry.initial_delay > self.retry.max_delay {
-            return Err(Error::Config(
-                "retry-initial-delay must not exceed retry-max-delay".into(),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// The `--config` file: every setting optional, names as in the flags with
-/// `_` for `-`. Durations are written as "500ms", "10s", "2m".
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    pub mongodb_uri: Option<String>,
-    pub database: Option<String>,
-    pub collection: Option<String>,
-    pub checkpoint_collection: Option<String>,
-    pub nats_url: Option<String>,
-    pub subject_prefix: Option<String>,
-    pub allow_subject: Option<Vec<String>>,
-    pub nats_mode: Option<NatsMode>,
-    pub create_stream: Option<String>,
-    pub max_in_flight: Option<usize>,
-    pub batch_size: Option<usize>,
-    pub max_buffered_bytes: Option<String>,
-    pub checkpoint_interval: Option<String>,
-    pub max_await_time: Option<String>,
-    pub idle_checkpoint_interval: Option<String>,
-    pub grace_period: Option<String>,
-    pub ack_timeout: Option<String>,
-    pub shutdown_timeout: Option<String>,
-    pub mode: Option<RelayMode>,
-    pub sweep_interval: Option<String>,
-    pub poll_interval: Option<String>,
-    pub lock_timeout: Option<String>,
-    pub retention: Option<String>,
-    pub install_validator: Option<bool>,
-    pub max_attempts: Option<u32>,
-    pub retry_initial_delay: Option<String>,
-    pub retry_max_delay: Option<String>,
-    pub lease_duration: Option<String>,
-    pub lease_renew_interval: Option<String>,
-    pub standby_poll_interval: Option<String>,
-    pub metrics_addr: Option<String>,
-    pub collect_interval: Option<String>,
-    pub oplog_headroom_warning: Option<String>,
-}
-
-impl FileConfig {
-    /// Reads and parses a TOML file.
-    pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::Config(format!("cannot read config file {}: {e}", path.display()))
-        })?;
-        toml::from_str(&text)
-            .map_err(|e| Error::Config(format!("config file {} is not valid: {e}", path.display())))
-    }
-}
-
-/// Parses a duration such as "500ms", "10s", "5m" or "7d".
-pub fn parse_duration(setting: &str, value: &str) -> Result<Duration> {
-    humantime::parse_duration(value.trim()).map_err(|e| {
-        Error::Config(format!(
-            "{setting} = {value:?} is not a duration ({e}); write it like \"500ms\", \"10s\" or \"5m\""
-        ))
-    })
-}
-
-/// Parses a size in bytes: a number, optionally followed by KiB, MiB or GiB
-/// (or k, M, G, read the same way).
-pub fn parse_bytes(setting: &str, value: &str) -> Result<u64> {
-    let text = value.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let scale: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "k" | "K" | "KiB" | "kB" | "KB" => 1 << 10,
-        "M" | "MiB" | "MB" => 1 << 20,
-        "G" | "GiB" | "GB" => 1 << 30,
-        _ => 0,
-    };
-    number
-        .parse::<u64>()
-        .ok()
-        .filter(|_| scale > 0)
-        .and_then(|n| n.checked_mul(scale))
-        .ok_or_else(|| {
-            Error::Config(format!(
-                "{setting} = {value:?} is not a size; write it like \"67108864\", \"64MiB\" or \
-                 \"1GiB\""
-            ))
-        })
-}
-
-/// Parses `--metrics-addr`: a socket address such as "127.0.0.1:9464", or
-/// "off" to serve nothing.
-pub fn parse_metrics_addr(value: &str) -> Result<Option<SocketAddr>> {
-    match value.trim() {
-        "off" | "none" | "" => Ok(None),
-        addr => addr.parse().map(Some).map_err(|_| {
-            Error::Config(format!(
-                "metrics-addr = {value:?} is not an address; write it like \"127.0.0.1:9464\" \
-                 or \"0.0.0.0:9464\", or \"off\" to serve no metrics"
-            ))
-        }),
     }
 }
 
@@ -515,14 +341,17 @@ mod tests {
         let mut config = RelayConfig::new("mongodb://h", "db");
         config.max_in_flight = 0;
         let error = config.validate().unwrap_err().to_string();
-        assert!(error.contains("max-in-flight"), "{error}");
+        assert!(error.contains("max-in-flight = 0"), "{error}");
+
+        let error = RelayConfig::default().validate().unwrap_err().to_string();
+        assert!(error.contains("OUTBOX_MONGODB_URI"), "{error}");
 
         assert!(RelayConfig::new("mongodb://h", "db").validate().is_ok());
     }
 
     #[test]
     fn retry_delays_double_up_to_the_cap() {
-        let policy = RetryPolicy::default();
+        let policy = RelayConfig::default().retry();
         let within = |attempts, expected: u64| {
             let delay = policy.delay_after(attempts).as_secs_f64();
             let expected = expected as f64;
@@ -538,26 +367,128 @@ mod tests {
         assert!(!policy.exhausted(9) && policy.exhausted(10));
     }
 
+    fn flag(value: &str) -> Given {
+        Given {
+            values: vec![value.to_owned()],
+            origin: Origin::Flag,
+        }
+    }
+
+    /// Resolves a configuration with the connection given and one more setting.
+    fn resolve_with(key: &str, value: Given) -> Result<RelayConfig> {
+        RelayConfig::resolve(|setting| match setting.key {
+            "mongodb_uri" => Some(flag("mongodb://h")),
+            "database" => Some(flag("db")),
+            other if other == key => Some(value.clone()),
+            _ => None,
+        })
+    }
+
     #[test]
-    fn parses_durations_and_explains_bad_ones() {
-        assert_eq!(
-            parse_duration("x", "250ms").unwrap(),
-            Duration::from_millis(250)
-        );
-        let error = parse_duration("ack-timeout", "soon")
+    fn errors_name_the_setting_as_it_was_given() {
+        let error = resolve_with("ack_timeout", flag("soon"))
             .unwrap_err()
             .to_string();
         assert!(
-            error.contains("ack-timeout") && error.contains("10s"),
+            error.contains("--ack-timeout \"soon\" is not a duration") && error.contains("10s"),
+            "{error}"
+        );
+        let from_env = Given {
+            origin: Origin::Environment,
+            ..flag("0")
+        };
+        let error = resolve_with("batch_size", from_env)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("OUTBOX_BATCH_SIZE=\"0\" is out of range: it must be from 1 to 10000"),
+            "{error}"
+        );
+        let from_file = Given {
+            origin: Origin::File("relay.toml".into()),
+            ..flag("fast")
+        };
+        let error = resolve_with("nats_mode", from_file)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("nats_mode = \"fast\" in relay.toml is not one of jetstream, core"),
             "{error}"
         );
     }
 
     #[test]
-    fn file_rejects_unknown_keys() {
-        let error = toml::from_str::<FileConfig>("nats_ulr = \"x\"")
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("nats_ulr"), "{error}");
+    fn every_default_is_read_back_as_itself_and_in_range() {
+        let defaults = RelayConfig::new("mongodb://h", "db");
+        defaults.validate().expect("the defaults are valid");
+        for setting in RelayConfig::SETTINGS {
+            let Some(text) = setting.default_text() else {
+                continue;
+            };
+            let mut config = RelayConfig::new("mongodb://h", "db");
+            setting
+                .apply(&mut config, &flag(&text))
+                .unwrap_or_else(|e| panic!("{}: {e}", setting.key));
+            assert_eq!(config, defaults, "{} reads {text:?} back", setting.key);
+        }
+    }
+
+    #[test]
+    fn sizes_and_switches_read_as_written() {
+        let read = |key, text| {
+            resolve_with(key, flag(text))
+                .map(|c| (c.max_buffered_bytes, c.install_validator))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            read("max_buffered_bytes", "2MiB"),
+            Ok((Bytes(2 << 20), false))
+        );
+        assert_eq!(
+            read("max_buffered_bytes", "4GiB"),
+            Ok((Bytes(4 << 30), false))
+        );
+        assert!(read("max_buffered_bytes", "lots").is_err());
+        assert_eq!(
+            read("install_validator", "true"),
+            Ok((Bytes::mib(64), true))
+        );
+        assert!(read("install_validator", "maybe").is_err());
+        assert_eq!(Bytes::mib(64).show().as_deref(), Some("64MiB"));
+    }
+
+    /// README's settings table lists every setting, in order, with its
+    /// real default.
+    #[test]
+    fn readme_lists_every_setting_with_its_default() {
+        let readme = include_str!("../../README.md");
+        let rows: Vec<(String, String)> = readme
+            .lines()
+            .filter_map(|line| line.strip_prefix("| `--"))
+            .map(|row| {
+                let cells: Vec<&str> = row.split(" | ").collect();
+                let flag = cells[0].split([' ', '`']).next().unwrap_or_default();
+                let default = cells.get(1).copied().unwrap_or_default();
+                (flag.to_owned(), default.trim_matches('`').to_owned())
+            })
+            .filter(|(flag, _)| flag != "log-format")
+            .collect();
+        let flags: Vec<String> = RelayConfig::SETTINGS.iter().map(Setting::flag).collect();
+        let listed: Vec<String> = rows.iter().map(|(flag, _)| flag.clone()).collect();
+        assert_eq!(listed, flags, "README's table lists the settings in order");
+        for ((_, default), setting) in rows.iter().zip(RelayConfig::SETTINGS) {
+            let expected = setting.default_text();
+            match default.as_str() {
+                "(required)" => assert!(setting.required(), "{} is required", setting.key),
+                "none" => assert_eq!(expected, None, "{} has no default", setting.key),
+                text => {
+                    let mut config = RelayConfig::default();
+                    setting
+                        .apply(&mut config, &flag(text))
+                        .unwrap_or_else(|e| panic!("README's default of {e}"));
+                    assert_eq!(setting.shown(&config), expected, "{}", setting.key);
+                }
+            }
+        }
     }
 }

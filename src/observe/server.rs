@@ -33,9 +33,10 @@ pub async fn serve(
     stop: CancellationToken,
 ) -> Result<Endpoints> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        Error::Config(format!(
-            "cannot serve metrics on {addr}: {e}; pass another --metrics-addr, or \"off\""
-        ))
+        Error::io(
+            format!("cannot serve metrics on {addr} (pass another --metrics-addr, or \"off\")"),
+            e,
+        )
     })?;
     let addr = listener.local_addr().unwrap_or(addr);
     let app = Router::new()

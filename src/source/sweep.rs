@@ -140,7 +140,7 @@ impl Sweeper {
         let tally = running
             .done
             .await
-            .map_err(|e| Error::Config(format!("a sweep pass stopped unexpectedly: {e}")))?;
+            .map_err(|e| Error::Internal(format!("a sweep pass stopped unexpectedly: {e}")))?;
         if tally.total() < claimed {
             self.release(claim).await?;
         }

@@ -109,6 +109,8 @@ impl TestEnv {
         config.max_await_time = Duration::from_millis(100);
         config.idle_checkpoint_interval = Duration::from_millis(200);
         config.ack_timeout = Duration::from_secs(2);
+        // Tests run many relays at once; a test that scrapes one serves it.
+        config.metrics_addr = None;
         config
     }
 
@@ -117,11 +119,9 @@ impl TestEnv {
     pub fn replica_config(&self) -> RelayConfig {
         let mut config = self.config();
         config.grace_period = Duration::from_secs(3600);
-        config.lease = outbox_relay::lease::LeaseTiming {
-            duration: Duration::from_millis(1500),
-            renew_interval: Duration::from_millis(300),
-            standby_poll_interval: Duration::from_millis(100),
-        };
+        config.lease_duration = Duration::from_millis(1500);
+        config.lease_renew_interval = Duration::from_millis(300);
+        config.standby_poll_interval = Duration::from_millis(100);
         config
     }
 
