@@ -12,15 +12,21 @@
 //!   name, its mapping onto a NATS message, and the same rules as a schema;
 //! - [`source`]: the change stream with its catch-up pass, and the sweep;
 //! - [`publish`]: the broker interface, NATS, and the pipelined publish stage;
-//! - `complete` and [`checkpoint`]: marking messages and keeping the resume token;
+//! - `complete` and [`checkpoint`]: marking messages and keeping the resume
+//!   token, with `complete::fate` deciding a refused message's next attempt
+//!   or dead letter;
 //! - `work`: what flows between the stages, and what they share (a leaf:
 //!   it imports no stage);
 //! - `pipeline`: a publish stage and a completion stage joined by channels;
-//! - [`relay`]: the stages wired together, with leadership and graceful shutdown.
+//! - [`relay`]: the stages wired together, with leadership and the two stop
+//!   levels: `shutdown` (graceful: read nothing new, finish and record what
+//!   was read) and `abandon` (at once: publish and write nothing more, when
+//!   the grace time is over or the lease is lost).
 //!
 //! Around them:
 //! - [`writer`]: adding messages inside an application's transaction;
-//! - [`config`]: the settings, their defaults, ranges and file form;
+//! - [`config`]: the settings, each declared once with its default, range
+//!   and help, and the config file;
 //! - [`connect`]: connecting to MongoDB as every command does;
 //! - [`setup`]: indexes, retention and the validator of the outbox collection;
 //! - [`lease`]: which of several relays leads, fenced by a term;

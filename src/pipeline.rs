@@ -34,11 +34,11 @@ pub(crate) struct Pipeline {
     pub unmarkable: Unmarkable,
     pub budget: Budget,
     pub deliveries: LastDelivery,
-    /// Graceful stop: ends waits for the broker.
+    /// The graceful stop: sources read nothing new, what was read is
+    /// published and recorded, and waits for the broker end.
     pub shutdown: CancellationToken,
-    /// Publish nothing more, at once (the lease is lost).
-    pub halt: CancellationToken,
-    /// End of the grace time, or the lease lost: write nothing more.
+    /// The stop at once (the grace time is over, or the lease is lost):
+    /// publish nothing more and write nothing more.
     pub abandon: CancellationToken,
 }
 
@@ -58,7 +58,7 @@ impl Pipeline {
             publisher: self.publisher.clone(),
             max_in_flight: self.max_in_flight,
             shutdown: self.shutdown.clone(),
-            halt: self.halt.clone(),
+            abandon: self.abandon.clone(),
             metrics: self.metrics.clone(),
             deliveries: self.deliveries.clone(),
         };

@@ -230,7 +230,6 @@ impl Relay {
         };
         let term_pipeline = Pipeline {
             shutdown: term_over.clone(),
-            halt: lost.clone(),
             abandon: lost.clone(),
             ..pipeline.clone()
         };
@@ -319,7 +318,6 @@ impl Relay {
             budget: self.budget.clone(),
             deliveries: self.deliveries.clone(),
             shutdown,
-            halt: abandon.clone(),
             abandon,
         }
     }

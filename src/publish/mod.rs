@@ -13,6 +13,8 @@
 
 mod nats;
 pub(crate) mod stage;
+#[cfg(test)]
+mod tests;
 
 pub use nats::{connect_nats, NatsPublisher, StreamSetup};
 
@@ -84,9 +86,10 @@ pub trait Publisher: Send + Sync + 'static {
     fn max_payload(&self) -> usize;
 
     /// Whether the broker takes messages now where a message to `subject`
-    /// would go. Asked, at most once per backoff step, while a publish fails
-    /// in a way that could be the broker's fault or the message's. The
-    /// default cannot tell.
+    /// would go. Asked whenever a publish fails in a way that could be the
+    /// broker's fault or the message's: before a message is charged, and
+    /// once per backoff step while delivery is paused, so an answer may come
+    /// from a short cache. The default cannot tell.
     fn probe<'a>(&'a self, subject: &'a str) -> BoxFuture<'a, Health> {
         let _ = subject;
         Box::pin(std::future::ready(Health::Unknown))

@@ -11,8 +11,10 @@
 //! charged and every other message goes on). Where the publisher cannot
 //! tell which (nothing took the subject, a timeout), the stage asks
 //! [`Publisher::probe`] about the stream of the message's subject: if the
-//! broker takes messages there, the failure is the message's own, at once;
-//! if not, it is an outage and delivery pauses, reported to readiness.
+//! broker takes messages there, the message is sent once more, and a second
+//! failure is its own; if not, it is an outage and delivery pauses, reported
+//! to readiness. Messages held behind a paused one are settled one at a time
+//! when the broker is back, each probed before it is charged.
 //!
 //! A refusal the publisher reports directly (a permission denied, say) may
 //! still be the broker refusing everything; the stage cannot know, so it
@@ -98,10 +100,12 @@ pub(crate) struct PublishStage {
     /// Graceful stop: the source closes the input, and what was read is
     /// published; only waiting out a broker outage ends at once.
     pub shutdown: CancellationToken,
-    /// Fires when this relay must publish nothing more (it lost the lease):
-    /// no queued work is taken, only acknowledgements already due are
-    /// collected. What was queued stays pending for the next leader.
-    pub halt: CancellationToken,
+    /// The stop at once (the lease is lost, or the grace time is over):
+    /// no queued work is taken and nothing is sent again; acknowledgements
+    /// already due are collected up to the first message still in doubt.
+    /// What has no verdict stays pending for the next leader (JetStream
+    /// drops a repeat of one that did arrive).
+    pub abandon: CancellationToken,
     pub metrics: Metrics,
     /// When the relay last delivered anything, for the completion stage.
     pub deliveries: LastDelivery,
@@ -115,7 +119,7 @@ impl PublishStage {
         while input_open || !in_flight.is_empty() {
             tokio::select! {
                 biased;
-                _ = self.halt.cancelled(), if input_open => input_open = false,
+                _ = self.abandon.cancelled(), if input_open => input_open = false,
                 Some(attempt) = in_flight.next(), if !in_flight.is_empty() => {
                     let forwarded = if attempt.in_doubt() {
                         self.recover(attempt, &mut in_flight, &mut outage, &output).await
@@ -234,7 +238,7 @@ impl PublishStage {
             if !sent_while_taken && !self.wait(&mut backoff).await {
                 return None;
             }
-            if self.halt.is_cancelled() {
+            if self.abandon.is_cancelled() {
                 return None;
             }
             attempt = self.start(attempt.work).await.await;
@@ -247,7 +251,11 @@ impl PublishStage {
 
     /// Waits the next backoff step. False if the relay must stop publishing.
     async fn wait(&self, backoff: &mut ExponentialBackoff) -> bool {
-        !self.halt.is_cancelled() && pause(backoff, &self.shutdown).await
+        tokio::select! {
+            biased;
+            _ = self.abandon.cancelled() => false,
+            resumed = pause(backoff, &self.shutdown) => resumed,
+        }
     }
 }
 
@@ -321,20 +329,20 @@ mod tests {
     struct Running {
         input: mpsc::Sender<Work>,
         output: mpsc::Receiver<Finished>,
-        halt: CancellationToken,
+        abandon: CancellationToken,
         deliveries: LastDelivery,
     }
 
     fn start(publisher: Arc<Scripted>) -> Running {
         let (input, work) = mpsc::channel(1024);
         let (finished, output) = mpsc::channel(1024);
-        let halt = CancellationToken::new();
+        let abandon = CancellationToken::new();
         let deliveries = LastDelivery::default();
         let stage = PublishStage {
             publisher,
             max_in_flight: 64,
             shutdown: CancellationToken::new(),
-            halt: halt.clone(),
+            abandon: abandon.clone(),
             metrics: Metrics::new(),
             deliveries: deliveries.clone(),
         };
@@ -342,7 +350,7 @@ mod tests {
         Running {
             input,
             output,
-            halt,
+            abandon,
             deliveries,
         }
     }
@@ -507,7 +515,7 @@ mod tests {
         let mut stage = start(broker);
         stage.send(&["a"]).await;
         assert!(stage.quiet_for(Duration::from_secs(10)).await);
-        stage.halt.cancel();
+        stage.abandon.cancel();
         let closed = tokio::time::timeout(Duration::from_secs(60), stage.output.recv()).await;
         assert!(
             matches!(closed, Ok(None)),

@@ -15,6 +15,10 @@
 //! the document itself (its type, its size, a validator) is not retried: a
 //! batch that hits one is marked document by document, and a document that
 //! takes no update at all is logged, counted and skipped.
+//!
+//! Marking delivered messages and keeping the checkpoint live here; what
+//! becomes of a refused or broken message (another attempt, or a dead
+//! letter) is decided in `fate`.
 
 use std::collections::HashMap;
 use std::future::IntoFuture;
@@ -29,11 +33,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::CheckpointStore;
 use crate::config::RetryPolicy;
-use crate::contract::{field, status, Decoded};
+use crate::contract::{field, status};
 use crate::error::{brief, is_document_error};
-use crate::observe::{FailureKind, Metrics};
+use crate::observe::Metrics;
 use crate::retry::{until_ok, until_settled};
 use crate::work::{Finished, LastDelivery, Tally, Unmarkable, Verdict};
+
+mod fate;
+
+use fate::Retry;
 
 /// Records verdicts and checkpoints.
 pub(crate) struct CompletionStage {
@@ -55,14 +63,6 @@ pub(crate) struct CompletionStage {
 
 /// A stream position waiting to be written, with the time it was reached.
 type Position = (ResumeToken, Option<DateTime>);
-
-/// What became of a refused message.
-enum Retry {
-    Scheduled,
-    GaveUp,
-    /// Completed or reclaimed by another processor meanwhile.
-    NotOurs,
-}
 
 impl CompletionStage {
     /// Records verdicts until the input closes; returns what it recorded.
@@ -147,13 +147,7 @@ impl CompletionStage {
             match &finished.verdict {
                 Verdict::Delivered => delivered.entry(claim).or_default().push(message.id.clone()),
                 Verdict::Rejected(violation) => {
-                    let reason = violation.to_string();
-                    let failed = fail(&reason, None, now);
-                    if self
-                        .decide(message, claim, Fate::Failed(&failed), &reason, now)
-                        .await?
-                    {
-                        self.metrics.failed(FailureKind::Rejected);
+                    if self.reject(message, claim, violation, now).await? {
                         tally.failed += 1;
                     }
                 }
@@ -210,129 +204,6 @@ impl CompletionStage {
         Some(())
     }
 
-    /// Records an attempt the broker refused: schedules the next, or with
-    /// none left fails the message. One conditional write that matches the
-    /// claim and the attempts read with the message, so it cannot change a
-    /// message another processor has delivered, claimed or counted meanwhile.
-    ///
-    /// A message out of attempts is failed only on evidence that the fault
-    /// is its own: the broker was found to take other messages when it was
-    /// refused (`own`), or the relay delivered something within the evidence
-    /// window. Without it, the broker may be refusing everything (a
-    /// permission lost for every subject), and failing would dead-letter the
-    /// outbox one message at a time; the message is tried again after the
-    /// longest retry delay instead.
-    async fn refuse(
-        &self,
-        message: &Decoded,
-        claim: Option<ObjectId>,
-        reason: &str,
-        own: bool,
-        now: DateTime,
-    ) -> Option<Retry> {
-        let attempts = message.attempts_made().saturating_add(1);
-        let stored = i32::try_from(attempts).unwrap_or(i32::MAX);
-        let exhausted = self.retry.exhausted(attempts);
-        if exhausted && (own || self.deliveries.within(self.evidence_window())) {
-            let reason = format!("{reason} (gave up after {attempts} attempts)");
-            let failed = fail(&reason, Some(stored), now);
-            let decided = self
-                .decide(message, claim, Fate::Failed(&failed), &reason, now)
-                .await?;
-            if decided {
-                self.metrics.failed(FailureKind::Exhausted);
-            }
-            return Some(if decided {
-                Retry::GaveUp
-            } else {
-                Retry::NotOurs
-            });
-        }
-        let (delay, reason) = if exhausted {
-            self.metrics.dead_letter_held();
-            let window = humantime::format_duration(self.evidence_window());
-            tracing::warn!(
-                id = %message.id,
-                attempts,
-                reason,
-                "outbox message is out of attempts, but the broker took no other message in the \
-                 last {window}: not failing it, since the fault may be the broker's"
-            );
-            let held = format!(
-                "{reason} (out of attempts; not failed, as the broker took no other message in \
-                 the last {window})"
-            );
-            (self.retry.max_delay.max(self.evidence_window()), held)
-        } else {
-            (self.retry.delay_after(attempts), reason.to_owned())
-        };
-        tracing::debug!(id = %message.id, attempts, ?delay, reason, "outbox message refused; will retry");
-        let next = DateTime::from_millis(
-            now.timestamp_millis()
-                .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
-        );
-        let schedule = doc! {
-            "$set": {
-                field::ATTEMPTS: stored,
-                field::NEXT_ATTEMPT_AT: next,
-                field::LAST_ERROR: &reason,
-            },
-            "$unset": unlock(),
-        };
-        let decided = self
-            .decide(message, claim, Fate::Retried(&schedule), &reason, now)
-            .await?;
-        Some(if decided {
-            Retry::Scheduled
-        } else {
-            Retry::NotOurs
-        })
-    }
-
-    /// How recent a delivery must be to show that the broker takes messages:
-    /// the longest retry delay, and at least a minute. A held message waits
-    /// as long before it is tried again.
-    fn evidence_window(&self) -> Duration {
-        self.retry.max_delay.max(Duration::from_secs(60))
-    }
-
-    /// Applies a message's fate with the fence of a decision: still
-    /// pending, held by this processor's claim or by none, and with the
-    /// attempts it was read with. A document that cannot take the update is
-    /// failed with the least change that says so. Returns whether the
-    /// message was ours to decide.
-    async fn decide(
-        &self,
-        message: &Decoded,
-        claim: Option<ObjectId>,
-        fate: Fate<'_>,
-        reason: &str,
-        now: DateTime,
-    ) -> Option<bool> {
-        if let Fate::Failed(_) = fate {
-            tracing::warn!(id = %message.id, reason, "outbox message failed");
-        }
-        let mut filter = still_ours(doc! { "$eq": &message.id }, claim);
-        if claim.is_none() {
-            filter.insert(field::LOCK_ID, Bson::Null);
-        }
-        // `$eq`, so that a value a writer stored (`{"$exists": false}`, say)
-        // is compared, never read as an operator.
-        match &message.attempts {
-            Some(attempts) => filter.insert(field::ATTEMPTS, doc! { "$eq": attempts.clone() }),
-            None => filter.insert(field::ATTEMPTS, doc! { "$exists": false }),
-        };
-        // Should the document not take its fate, fail it with the reason,
-        // or else with the least change that takes it out of pending.
-        let failed = fail(reason, None, now);
-        let least = doc! { "$set": { field::STATUS: status::FAILED } };
-        let fallbacks: &[&Document] = match fate {
-            Fate::Failed(update) => &[update, &least],
-            Fate::Retried(update) => &[update, &failed, &least],
-        };
-        self.write_one(&message.id, filter, fallbacks).await
-    }
-
     /// Applies the first of `updates` the document takes. A document that
     /// takes none is recorded as unmarkable. Returns whether a document
     /// matched; `None` if the relay gave up waiting for MongoDB.
@@ -374,27 +245,6 @@ impl CompletionStage {
         .await?;
         Some(written.map(|result| result.modified_count))
     }
-}
-
-/// The update that fails a message, with its reason (and attempts, when
-/// the failure used the last one).
-fn fail(reason: &str, attempts: Option<i32>, now: DateTime) -> Document {
-    let mut fields = doc! {
-        field::STATUS: status::FAILED,
-        field::FAILED_AT: now,
-        field::LAST_ERROR: reason,
-    };
-    if let Some(attempts) = attempts {
-        fields.insert(field::ATTEMPTS, attempts);
-    }
-    doc! { "$set": fields, "$unset": unlock() }
-}
-
-/// What a decision writes: a failure, or another attempt scheduled.
-#[derive(Clone, Copy)]
-enum Fate<'a> {
-    Failed(&'a Document),
-    Retried(&'a Document),
 }
 
 /// Matches messages still pending and, if a sweep claimed them, still held

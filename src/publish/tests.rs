@@ -1,0 +1,843 @@
+//! What the publish stage promises, checked against a scripted broker.
+//!
+//! Verdicts leave in the order the work came in, whatever order the
+//! acknowledgements arrive in, with at most `max_in_flight` of them awaited
+//! at once. Each kind of result becomes its verdict: a delivery, a broken
+//! message's rejection, a refusal charged to the message (its own only when
+//! the broker was seen taking messages), or a pass for work without a
+//! message. A broker that takes nothing pauses delivery without charging
+//! anyone, and delivery resumes in order when it comes back. Abandoning takes
+//! no more work and publishes nothing more; closing the input finishes what
+//! was read.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bson::{doc, oid::ObjectId, Bson};
+use bytes::Bytes;
+use futures::future::{self, BoxFuture, FutureExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::stage::PublishStage;
+use super::{Ack, AckFuture, Health, PublishError, Publisher};
+use crate::contract::{ContractViolation, Decoded, OutboxMessage};
+use crate::observe::Metrics;
+use crate::work::{Finished, LastDelivery, Verdict, Work};
+
+/// Long enough for anything the stage does, backoff included; with the
+/// clock paused it passes only once every task is idle, so reaching it
+/// means the stage is stuck, not slow.
+const PATIENCE: Duration = Duration::from_secs(3600);
+
+/// How long the stage is given to do something it should not; with the
+/// clock paused this spans several backoff steps of an outage.
+const QUIET: Duration = Duration::from_secs(60);
+
+/// What the fake broker does with one send.
+#[derive(Debug, Clone)]
+enum Reply {
+    Ack,
+    SendFails(PublishError),
+    AckFails(PublishError),
+    /// The acknowledgement waits until the test releases it.
+    Hold,
+}
+
+#[derive(Default)]
+struct Script {
+    /// The next replies for a subject, one per send; then `default`.
+    replies: HashMap<String, VecDeque<Reply>>,
+    default: Option<Reply>,
+    /// The next probe answers; then `health`.
+    answers: VecDeque<Health>,
+    health: Option<Health>,
+    held: HashMap<String, VecDeque<oneshot::Sender<Result<Ack, PublishError>>>>,
+    sends: Vec<String>,
+    probes: Vec<String>,
+}
+
+/// A broker whose every answer the test sets, and which reports each send
+/// and probe as it happens so the test can wait for them.
+struct FakeBroker {
+    script: Mutex<Script>,
+    sent: mpsc::UnboundedSender<String>,
+    probed: mpsc::UnboundedSender<String>,
+}
+
+impl FakeBroker {
+    fn script(&self) -> MutexGuard<'_, Script> {
+        self.script
+            .lock()
+            .expect("the fake broker's script is not poisoned")
+    }
+
+    fn reply(&self, subject: &str, replies: impl IntoIterator<Item = Reply>) {
+        self.script()
+            .replies
+            .entry(subject.to_owned())
+            .or_default()
+            .extend(replies);
+    }
+
+    /// The reply to every send not scripted per subject.
+    fn by_default(&self, reply: Reply) {
+        self.script().default = Some(reply);
+    }
+
+    fn answer_probes(&self, answers: impl IntoIterator<Item = Health>) {
+        self.script().answers.extend(answers);
+    }
+
+    /// The probe's answer once the scripted ones are used up.
+    fn health(&self, health: Health) {
+        self.script().health = Some(health);
+    }
+
+    /// Resolves the oldest held acknowledgement of `subject`.
+    fn release(&self, subject: &str, result: Result<Ack, PublishError>) {
+        let ack = self
+            .script()
+            .held
+            .get_mut(subject)
+            .and_then(VecDeque::pop_front)
+            .unwrap_or_else(|| panic!("no acknowledgement of {subject} is held"));
+        // The stage may have dropped the acknowledgement; the verdicts tell.
+        let _ = ack.send(result);
+    }
+
+    fn sends(&self) -> Vec<String> {
+        self.script().sends.clone()
+    }
+
+    fn sends_to(&self, subject: &str) -> usize {
+        self.script().sends.iter().filter(|s| *s == subject).count()
+    }
+
+    fn probes(&self) -> usize {
+        self.script().probes.len()
+    }
+}
+
+impl Publisher for FakeBroker {
+    fn send<'a>(
+        &'a self,
+        message: &'a OutboxMessage,
+    ) -> BoxFuture<'a, Result<AckFuture, PublishError>> {
+        let subject = message.subject.clone();
+        let result = {
+            let mut script = self.script();
+            script.sends.push(subject.clone());
+            let reply = script
+                .replies
+                .get_mut(&subject)
+                .and_then(VecDeque::pop_front)
+                .or_else(|| script.default.clone())
+                .unwrap_or(Reply::Ack);
+            match reply {
+                Reply::Ack => Ok(future::ready(Ok(Ack::default())).boxed()),
+                Reply::SendFails(error) => Err(error),
+                Reply::AckFails(error) => Ok(future::ready(Err(error)).boxed()),
+                Reply::Hold => {
+                    let (release, ack) = oneshot::channel();
+                    script
+                        .held
+                        .entry(subject.clone())
+                        .or_default()
+                        .push_back(release);
+                    let ack: AckFuture = ack
+                        .map(|result| {
+                            result.unwrap_or_else(|_| {
+                                Err(PublishError::Unavailable("the test dropped the ack".into()))
+                            })
+                        })
+                        .boxed();
+                    Ok(ack)
+                }
+            }
+        };
+        let _ = self.sent.send(subject);
+        future::ready(result).boxed()
+    }
+
+    fn max_payload(&self) -> usize {
+        usize::MAX
+    }
+
+    fn probe<'a>(&'a self, subject: &'a str) -> BoxFuture<'a, Health> {
+        let health = {
+            let mut script = self.script();
+            script.probes.push(subject.to_owned());
+            script
+                .answers
+                .pop_front()
+                .or_else(|| script.health.clone())
+                .unwrap_or(Health::Takes)
+        };
+        let _ = self.probed.send(subject.to_owned());
+        future::ready(health).boxed()
+    }
+}
+
+/// A running stage and everything the test watches it through.
+struct Running {
+    input: mpsc::Sender<Work>,
+    output: mpsc::Receiver<Finished>,
+    sent: mpsc::UnboundedReceiver<String>,
+    probed: mpsc::UnboundedReceiver<String>,
+    abandon: CancellationToken,
+    shutdown: CancellationToken,
+    metrics: Metrics,
+    deliveries: LastDelivery,
+    task: JoinHandle<()>,
+}
+
+fn start(max_in_flight: usize) -> (Arc<FakeBroker>, Running) {
+    let (sent, sent_rx) = mpsc::unbounded_channel();
+    let (probed, probed_rx) = mpsc::unbounded_channel();
+    let broker = Arc::new(FakeBroker {
+        script: Mutex::default(),
+        sent,
+        probed,
+    });
+    let (input, work) = mpsc::channel(64);
+    let (finished, output) = mpsc::channel(64);
+    let abandon = CancellationToken::new();
+    let shutdown = CancellationToken::new();
+    let metrics = Metrics::new();
+    let deliveries = LastDelivery::default();
+    let stage = PublishStage {
+        publisher: broker.clone(),
+        max_in_flight,
+        shutdown: shutdown.clone(),
+        abandon: abandon.clone(),
+        metrics: metrics.clone(),
+        deliveries: deliveries.clone(),
+    };
+    let task = tokio::spawn(stage.run(work, finished));
+    let running = Running {
+        input,
+        output,
+        sent: sent_rx,
+        probed: probed_rx,
+        abandon,
+        shutdown,
+        metrics,
+        deliveries,
+        task,
+    };
+    (broker, running)
+}
+
+/// A message to `subject`; its verdict is known by the subject.
+fn message(subject: &str) -> Work {
+    let message = OutboxMessage {
+        id: ObjectId::new(),
+        message_type: "test".into(),
+        subject: subject.into(),
+        headers: Vec::new(),
+        body: Bytes::from_static(b"{}"),
+    };
+    Work::from_collection(
+        Decoded {
+            id: Bson::String(subject.into()),
+            message: Ok(message),
+            attempts: None,
+        },
+        None,
+    )
+}
+
+/// A document that failed decoding, known by `name`.
+fn broken(name: &str, why: &str) -> Work {
+    Work::from_collection(
+        Decoded {
+            id: Bson::String(name.into()),
+            message: Err(ContractViolation::new(why)),
+            attempts: None,
+        },
+        None,
+    )
+}
+
+/// A bare stream position.
+fn marker() -> Work {
+    let token = bson::from_bson(Bson::Document(doc! { "_data": "82000001" }))
+        .expect("a resume token reads from {_data}");
+    Work::marker(token, None)
+}
+
+/// How a verdict is told apart: the message's name, or "marker".
+fn name(finished: &Finished) -> String {
+    match &finished.work.message {
+        Some(decoded) => decoded
+            .id
+            .as_str()
+            .expect("test messages are named by a string _id")
+            .to_owned(),
+        None => "marker".to_owned(),
+    }
+}
+
+fn names(verdicts: &[(String, Verdict)]) -> Vec<&str> {
+    verdicts.iter().map(|(name, _)| name.as_str()).collect()
+}
+
+/// The readiness line about delivery.
+fn delivery(metrics: &Metrics) -> String {
+    metrics
+        .readiness()
+        .conditions
+        .into_iter()
+        .find(|condition| condition.starts_with("delivery:"))
+        .expect("readiness reports delivery")
+}
+
+impl Running {
+    async fn feed(&self, works: impl IntoIterator<Item = Work>) {
+        for work in works {
+            tokio::time::timeout(PATIENCE, self.input.send(work))
+                .await
+                .expect("the stage takes work in time")
+                .expect("the stage is taking work");
+        }
+    }
+
+    async fn verdict(&mut self) -> (String, Verdict) {
+        let finished = tokio::time::timeout(PATIENCE, self.output.recv())
+            .await
+            .expect("a verdict in time")
+            .expect("the stage is still running");
+        (name(&finished), finished.verdict)
+    }
+
+    async fn verdicts(&mut self, n: usize) -> Vec<(String, Verdict)> {
+        let mut verdicts = Vec::with_capacity(n);
+        for _ in 0..n {
+            verdicts.push(self.verdict().await);
+        }
+        verdicts
+    }
+
+    /// The subject of the next probe.
+    async fn probed(&mut self) -> String {
+        tokio::time::timeout(PATIENCE, self.probed.recv())
+            .await
+            .expect("a probe in time")
+            .expect("the broker is alive")
+    }
+
+    /// Every send until the stage goes idle.
+    async fn sends_until_idle(&mut self) -> Vec<String> {
+        let mut sent = Vec::new();
+        while let Ok(subject) = tokio::time::timeout(QUIET, self.sent.recv()).await {
+            sent.push(subject.expect("the broker is alive"));
+        }
+        sent
+    }
+
+    /// What a source does when it stops: drops its sender.
+    fn close_input(&mut self) {
+        let (closed, _) = mpsc::channel(1);
+        drop(std::mem::replace(&mut self.input, closed));
+    }
+
+    async fn no_verdict(&mut self) -> bool {
+        tokio::time::timeout(QUIET, self.output.recv())
+            .await
+            .is_err()
+    }
+
+    /// Waits for the stage to end, and returns the verdicts it gave on the way.
+    async fn ended(mut self) -> Vec<(String, Verdict)> {
+        let mut verdicts = Vec::new();
+        loop {
+            let next = tokio::time::timeout(PATIENCE, self.output.recv())
+                .await
+                .expect("the stage ends in time");
+            match next {
+                Some(finished) => verdicts.push((name(&finished), finished.verdict)),
+                None => break,
+            }
+        }
+        tokio::time::timeout(PATIENCE, self.task)
+            .await
+            .expect("the stage's task ends once its output closes")
+            .expect("the stage ends without panicking");
+        verdicts
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn verdicts_leave_in_the_order_work_came_in() {
+    let (broker, mut stage) = start(4);
+    broker.by_default(Reply::Hold);
+    let subjects: Vec<String> = (0..10).map(|n| format!("m{n}")).collect();
+    stage.feed(subjects.iter().map(|s| message(s))).await;
+
+    let first = stage.sends_until_idle().await;
+    assert_eq!(
+        first,
+        ["m0", "m1", "m2", "m3"],
+        "sent in order, a window full"
+    );
+    for subject in ["m3", "m2", "m1"] {
+        broker.release(subject, Ok(Ack::default()));
+    }
+    assert!(
+        stage.no_verdict().await,
+        "later acknowledgements do not overtake the first"
+    );
+    broker.release("m0", Ok(Ack::default()));
+    let mut verdicts = stage.verdicts(4).await;
+
+    // The rest, each window acknowledged last to first.
+    while verdicts.len() < subjects.len() {
+        let window = stage.sends_until_idle().await;
+        assert!(
+            (1..=4).contains(&window.len()),
+            "the stage sends more once verdicts leave, never past max_in_flight: {window:?}"
+        );
+        for subject in window.iter().rev() {
+            broker.release(subject, Ok(Ack::default()));
+        }
+        verdicts.extend(stage.verdicts(window.len()).await);
+    }
+
+    assert_eq!(names(&verdicts), subjects);
+    assert!(
+        verdicts.iter().all(|(_, v)| *v == Verdict::Delivered),
+        "{verdicts:?}"
+    );
+    assert_eq!(broker.sends(), subjects, "each sent once, in order");
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_more_than_max_in_flight_acknowledgements_are_awaited_at_once() {
+    let (broker, mut stage) = start(3);
+    broker.by_default(Reply::Hold);
+    stage
+        .feed(["m0", "m1", "m2", "m3", "m4", "m5"].map(message))
+        .await;
+
+    assert_eq!(stage.sends_until_idle().await, ["m0", "m1", "m2"]);
+    broker.release("m0", Ok(Ack::default()));
+    assert_eq!(stage.verdict().await, ("m0".into(), Verdict::Delivered));
+    assert_eq!(
+        stage.sends_until_idle().await,
+        ["m3"],
+        "one verdict out makes room for one more send"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_acknowledged_message_is_delivered_and_counts_as_evidence_the_broker_works() {
+    let (broker, mut stage) = start(8);
+    assert!(!stage.deliveries.within(PATIENCE));
+    stage.feed([message("a")]).await;
+
+    assert_eq!(stage.verdict().await, ("a".into(), Verdict::Delivered));
+    assert_eq!(broker.sends_to("a"), 1);
+    assert_eq!(broker.probes(), 0, "nothing was in doubt");
+    assert!(
+        stage.deliveries.within(PATIENCE),
+        "the completion stage needs the evidence to dead-letter anything"
+    );
+    let metrics = stage.metrics.render();
+    assert!(
+        metrics.contains("outbox_published_total{origin=\"catch_up\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_without_a_message_passes_without_reaching_the_broker() {
+    let (broker, mut stage) = start(8);
+    stage.feed([marker(), message("a")]).await;
+
+    assert_eq!(
+        stage.verdicts(2).await,
+        [
+            ("marker".into(), Verdict::Passed),
+            ("a".into(), Verdict::Delivered)
+        ]
+    );
+    assert_eq!(broker.sends(), ["a"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_that_failed_decoding_is_rejected_without_reaching_the_broker() {
+    let (broker, mut stage) = start(8);
+    stage
+        .feed([broken("broken", "no type"), message("a")])
+        .await;
+
+    assert_eq!(
+        stage.verdicts(2).await,
+        [
+            (
+                "broken".into(),
+                Verdict::Rejected(ContractViolation::new("no type"))
+            ),
+            ("a".into(), Verdict::Delivered),
+        ]
+    );
+    assert_eq!(broker.sends(), ["a"]);
+    let metrics = stage.metrics.render();
+    assert!(
+        metrics.contains("outbox_published_total{origin=\"catch_up\"} 1"),
+        "only the delivery counts as published: {metrics}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_the_broker_calls_invalid_is_rejected_with_its_violation() {
+    let (broker, mut stage) = start(8);
+    let too_large = ContractViolation::new("too large");
+    let bad_header = ContractViolation::new("bad header");
+    broker.reply(
+        "big",
+        [Reply::SendFails(PublishError::Invalid(too_large.clone()))],
+    );
+    broker.reply(
+        "odd",
+        [Reply::AckFails(PublishError::Invalid(bad_header.clone()))],
+    );
+    stage
+        .feed([message("big"), message("odd"), message("a")])
+        .await;
+
+    assert_eq!(
+        stage.verdicts(3).await,
+        [
+            ("big".into(), Verdict::Rejected(too_large)),
+            ("odd".into(), Verdict::Rejected(bad_header)),
+            ("a".into(), Verdict::Delivered),
+        ]
+    );
+    assert_eq!(
+        broker.sends(),
+        ["big", "odd", "a"],
+        "no retry can mend them"
+    );
+    assert_eq!(
+        broker.probes(),
+        0,
+        "an invalid message says nothing about the broker"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_direct_refusal_is_charged_at_once_and_not_as_the_messages_own() {
+    let (broker, mut stage) = start(8);
+    broker.reply(
+        "denied",
+        [Reply::AckFails(PublishError::Refused(
+            "permission denied".into(),
+        ))],
+    );
+    stage.feed([message("denied"), message("a")]).await;
+
+    let verdicts = stage.verdicts(2).await;
+    assert_eq!(names(&verdicts), ["denied", "a"]);
+    match &verdicts[0].1 {
+        Verdict::Refused { reason, own } => {
+            assert!(reason.contains("permission denied"), "{reason}");
+            assert!(!own, "a refusal alone proves nothing about the broker");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(verdicts[1].1, Verdict::Delivered);
+    assert_eq!(
+        broker.sends_to("denied"),
+        1,
+        "the retry is the completion stage's"
+    );
+    assert_eq!(broker.probes(), 0, "a refusal is not in doubt");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_doubtful_failure_where_the_broker_takes_messages_is_sent_once_more_then_charged_as_its_own(
+) {
+    let (broker, mut stage) = start(8);
+    let uncaptured = || Reply::AckFails(PublishError::Uncaptured("no stream".into()));
+    broker.reply("poison", [uncaptured(), uncaptured()]);
+    broker.health(Health::Takes);
+    stage
+        .feed([message("a"), message("poison"), message("b")])
+        .await;
+
+    let verdicts = stage.verdicts(3).await;
+    assert_eq!(names(&verdicts), ["a", "poison", "b"]);
+    assert!(
+        matches!(verdicts[1].1, Verdict::Refused { own: true, .. }),
+        "failing again where the broker takes messages is the message's own: {:?}",
+        verdicts[1].1
+    );
+    assert_eq!(verdicts[0].1, Verdict::Delivered);
+    assert_eq!(verdicts[2].1, Verdict::Delivered);
+    assert_eq!(broker.sends_to("poison"), 2, "sent once more, not more");
+    assert_eq!(delivery(&stage.metrics), "delivery: flowing");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_doubtful_failure_that_does_not_recur_is_delivered_not_charged() {
+    let (broker, mut stage) = start(8);
+    broker.reply(
+        "a",
+        [Reply::AckFails(PublishError::Unavailable(
+            "timed out".into(),
+        ))],
+    );
+    broker.health(Health::Takes);
+    stage.feed([message("a"), message("b")]).await;
+
+    assert_eq!(
+        stage.verdicts(2).await,
+        [
+            ("a".into(), Verdict::Delivered),
+            ("b".into(), Verdict::Delivered)
+        ]
+    );
+    assert_eq!(broker.sends_to("a"), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_destination_that_takes_nothing_refuses_its_message_without_pausing_the_rest() {
+    let (broker, mut stage) = start(8);
+    broker.reply(
+        "audit.x",
+        [Reply::AckFails(PublishError::Unavailable(
+            "stream full".into(),
+        ))],
+    );
+    broker.answer_probes([Health::TakesOthers("stream AUDIT is full".into())]);
+    stage
+        .feed([message("a"), message("audit.x"), message("b")])
+        .await;
+
+    let verdicts = stage.verdicts(3).await;
+    assert_eq!(names(&verdicts), ["a", "audit.x", "b"]);
+    match &verdicts[1].1 {
+        Verdict::Refused { reason, own } => {
+            assert!(reason.contains("stream AUDIT is full"), "{reason}");
+            assert!(!own, "the destination's fault is not the message's own");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(verdicts[2].1, Verdict::Delivered);
+    // A pause would send it again after a backoff step, and ask again.
+    assert_eq!(broker.sends_to("audit.x"), 1, "refused at once");
+    assert_eq!(broker.probes(), 1);
+    assert_eq!(delivery(&stage.metrics), "delivery: flowing");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outage_pauses_delivery_without_charging_and_resumes_in_order() {
+    let (broker, mut stage) = start(64);
+    broker.by_default(Reply::Hold);
+    let subjects = ["a", "b", "c", "d", "e"];
+    stage.feed(subjects.map(message)).await;
+    assert_eq!(stage.sends_until_idle().await, subjects);
+
+    // The connection drops with every acknowledgement still awaited.
+    let lost = || PublishError::Unavailable("connection lost".into());
+    broker.by_default(Reply::AckFails(lost()));
+    broker.health(Health::TakesNone("no server answers".into()));
+    for subject in subjects {
+        broker.release(subject, Err(lost()));
+    }
+
+    for _ in 0..3 {
+        assert_eq!(
+            stage.probed().await,
+            "a",
+            "while the broker is away only the first message is tried"
+        );
+    }
+    assert_eq!(
+        stage.output.try_recv().map(|f| name(&f)),
+        Err(mpsc::error::TryRecvError::Empty),
+        "no message is charged for the outage"
+    );
+    assert_eq!(
+        delivery(&stage.metrics),
+        "delivery: paused: no server answers"
+    );
+    assert!(stage.metrics.render().contains("outbox_delivery_paused 1"));
+    let tries_of_a = broker.sends_to("a");
+    assert!(tries_of_a >= 3, "the first message is tried at every step");
+    for held in &subjects[1..] {
+        assert_eq!(broker.sends_to(held), 1, "{held} waits its turn behind a");
+    }
+
+    broker.by_default(Reply::Ack);
+    broker.health(Health::Takes);
+    let verdicts = stage.verdicts(subjects.len()).await;
+
+    assert_eq!(names(&verdicts), subjects);
+    assert!(
+        verdicts.iter().all(|(_, v)| *v == Verdict::Delivered),
+        "{verdicts:?}"
+    );
+    assert_eq!(broker.sends_to("a"), tries_of_a + 1);
+    for held in &subjects[1..] {
+        // Their failure was the outage's: each is sent again, once.
+        assert_eq!(broker.sends_to(held), 2, "{held}");
+    }
+    assert_eq!(delivery(&stage.metrics), "delivery: flowing");
+    assert!(stage.metrics.render().contains("outbox_delivery_paused 0"));
+
+    stage.feed([message("f")]).await;
+    assert_eq!(stage.verdict().await, ("f".into(), Verdict::Delivered));
+    assert_eq!(broker.sends_to("f"), 1, "delivery flows as before");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_publisher_that_cannot_tell_rides_out_doubtful_failures_as_an_outage() {
+    let (broker, mut stage) = start(8);
+    broker.by_default(Reply::AckFails(PublishError::Uncaptured(
+        "no responders".into(),
+    )));
+    broker.health(Health::Unknown);
+    stage.feed([message("a"), message("b")]).await;
+
+    for _ in 0..3 {
+        assert_eq!(stage.probed().await, "a");
+    }
+    assert!(
+        delivery(&stage.metrics).starts_with("delivery: paused:"),
+        "{}",
+        delivery(&stage.metrics)
+    );
+    assert!(stage.no_verdict().await, "nobody is charged for a doubt");
+
+    broker.by_default(Reply::Ack);
+    assert_eq!(
+        stage.verdicts(2).await,
+        [
+            ("a".into(), Verdict::Delivered),
+            ("b".into(), Verdict::Delivered)
+        ]
+    );
+    assert_eq!(delivery(&stage.metrics), "delivery: flowing");
+}
+
+#[tokio::test(start_paused = true)]
+async fn abandoning_takes_no_more_work_and_collects_what_is_in_flight() {
+    let (broker, mut stage) = start(2);
+    broker.by_default(Reply::Hold);
+    stage
+        .feed(["m0", "m1", "m2", "m3", "m4"].map(message))
+        .await;
+    assert_eq!(stage.sends_until_idle().await, ["m0", "m1"]);
+
+    stage.abandon.cancel();
+    broker.release("m1", Ok(Ack::default()));
+    broker.release("m0", Ok(Ack::default()));
+    let input = stage.input.clone();
+    let verdicts = stage.ended().await;
+
+    assert_eq!(
+        verdicts,
+        [
+            ("m0".into(), Verdict::Delivered),
+            ("m1".into(), Verdict::Delivered)
+        ]
+    );
+    assert_eq!(broker.sends(), ["m0", "m1"], "queued work is never sent");
+    assert!(input.is_closed(), "queued work is left for the next leader");
+}
+
+#[tokio::test(start_paused = true)]
+async fn abandoning_during_an_outage_ends_the_stage_without_sending_or_charging_anything() {
+    let (broker, mut stage) = start(8);
+    broker.by_default(Reply::AckFails(PublishError::Unavailable("down".into())));
+    broker.health(Health::TakesNone("down".into()));
+    stage.feed([message("a"), message("b")]).await;
+    assert_eq!(stage.probed().await, "a");
+
+    stage.abandon.cancel();
+    let sends_when_abandoned = broker.sends();
+    let metrics = stage.metrics.clone();
+    let verdicts = stage.ended().await;
+
+    assert_eq!(verdicts, [], "the held messages stay pending, uncharged");
+    assert_eq!(
+        broker.sends(),
+        sends_when_abandoned,
+        "nothing is sent after a abandon"
+    );
+    assert_eq!(
+        delivery(&metrics),
+        "delivery: flowing",
+        "a stage that ended reports no pause"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn abandoning_sends_nothing_again_to_settle_a_doubtful_failure() {
+    let (broker, mut stage) = start(8);
+    broker.by_default(Reply::Hold);
+    broker.health(Health::Takes);
+    stage.feed([message("a"), message("b")]).await;
+    assert_eq!(stage.sends_until_idle().await, ["a", "b"]);
+
+    stage.abandon.cancel();
+    broker.release("a", Err(PublishError::Uncaptured("no stream".into())));
+    broker.release("b", Ok(Ack::default()));
+    let verdicts = stage.ended().await;
+
+    assert_eq!(
+        broker.sends(),
+        ["a", "b"],
+        "nothing is sent after a abandon"
+    );
+    assert!(
+        verdicts.iter().all(|(name, _)| name != "a"),
+        "a failure left unsettled is not charged: {verdicts:?}"
+    );
+    assert!(
+        verdicts.iter().all(|(name, _)| name != "b"),
+        "nothing overtakes the unsettled message: {verdicts:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn closing_the_input_finishes_what_was_read_then_ends() {
+    let (broker, mut stage) = start(8);
+    broker.by_default(Reply::Hold);
+    stage.feed(["m0", "m1", "m2"].map(message)).await;
+    assert_eq!(stage.sends_until_idle().await, ["m0", "m1", "m2"]);
+
+    stage.shutdown.cancel();
+    stage.close_input();
+    for subject in ["m2", "m1", "m0"] {
+        broker.release(subject, Ok(Ack::default()));
+    }
+    let verdicts = stage.ended().await;
+
+    assert_eq!(names(&verdicts), ["m0", "m1", "m2"]);
+    assert!(
+        verdicts.iter().all(|(_, v)| *v == Verdict::Delivered),
+        "{verdicts:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_ends_the_wait_for_a_broker_that_is_away() {
+    let (broker, mut stage) = start(8);
+    broker.by_default(Reply::AckFails(PublishError::Unavailable("down".into())));
+    broker.health(Health::TakesNone("down".into()));
+    stage.feed([message("a")]).await;
+    assert_eq!(stage.probed().await, "a");
+
+    stage.shutdown.cancel();
+    let sends_at_shutdown = broker.sends();
+    let verdicts = stage.ended().await;
+
+    assert_eq!(verdicts, [], "the message stays pending, uncharged");
+    assert_eq!(broker.sends(), sends_at_shutdown);
+}
