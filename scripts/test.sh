@@ -13,6 +13,8 @@ rustup component list --installed 2>/dev/null | grep -q clippy || rustup compone
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
+# The library as a service embeds it: without the command line or the benchmark.
+cargo clippy --lib --no-default-features --locked -- -D warnings
 rm -f target/fault-report.jsonl
 cargo test --all-targets --locked
 if [ -f target/fault-report.jsonl ]; then

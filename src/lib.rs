@@ -38,6 +38,7 @@
 //! - [`error`]: the library's error kinds.
 
 pub mod admin;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod check;
 pub mod checkpoint;

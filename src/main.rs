@@ -50,22 +50,9 @@ async fn execute(command: Command) -> Result<ExitCode> {
             relay.run(stop_on_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
+        #[cfg(feature = "bench")]
         Command::Bench(args) => {
-            let server = outbox_relay::bench::describe_server(&args.mongodb_uri).await;
-            let config = args.resolve(server)?;
-            let report = outbox_relay::bench::run(&config).await?;
-            outbox_relay::bench::print_table(&report);
-            let json = config.output.join("bench.json");
-            outbox_relay::bench::write_json(&report, &json)?;
-            let plotted = config
-                .rates
-                .iter()
-                .copied()
-                .find(|r| *r == Some(1000))
-                .or(config.rates.first().copied());
-            let plot = config.output.join("latency-cdf.svg");
-            outbox_relay::bench::write_plot(&report, plotted.flatten(), &plot)?;
-            println!("results: {} and {}", json.display(), plot.display());
+            args.run().await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Check(args) => {

@@ -1,0 +1,103 @@
+//! `outbox-relay bench`: its flags, and writing its results.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use outbox_relay::bench::{self, BenchConfig};
+use outbox_relay::{Error, Result};
+
+use super::duration;
+
+/// `outbox-relay bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// MongoDB to measure against (a database of its own is used and dropped).
+    #[arg(
+        long,
+        env = "OUTBOX_MONGODB_URI",
+        default_value = "mongodb://127.0.0.1:27017"
+    )]
+    pub mongodb_uri: String,
+    /// NATS to measure against.
+    #[arg(long, env = "OUTBOX_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Offered rates in messages a second, comma-separated; "max" is as fast as it goes.
+    #[arg(long, default_value = "100,1000,max", value_delimiter = ',')]
+    pub rates: Vec<String>,
+    /// Messages per run.
+    #[arg(long, default_value_t = 2000)]
+    pub count: usize,
+    /// Poll intervals to compare against, comma-separated.
+    #[arg(long, default_value = "1s,100ms", value_delimiter = ',', value_parser = duration)]
+    pub poll_intervals: Vec<Duration>,
+    /// Messages in the backlog drain; 0 skips it.
+    #[arg(long, default_value_t = 100_000)]
+    pub backlog: usize,
+    /// Folder for bench.json, latency-cdf.svg and the relay logs.
+    #[arg(long, default_value = "bench-results")]
+    pub output: PathBuf,
+    /// How to describe the MongoDB server in the results [default: its buildInfo version].
+    #[arg(long)]
+    pub server: Option<String>,
+}
+
+impl BenchArgs {
+    /// The checked benchmark settings.
+    fn resolve(self, server: String) -> Result<BenchConfig> {
+        let rates = self
+            .rates
+            .iter()
+            .map(|rate| match rate.trim() {
+                "max" => Ok(None),
+                number => number
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&r| r > 0)
+                    .map(Some)
+                    .ok_or_else(|| {
+                        Error::Config(format!(
+                            "--rates: {number:?} is neither a positive number nor \"max\""
+                        ))
+                    }),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if self.count == 0 {
+            return Err(Error::Config("--count must be at least 1".into()));
+        }
+        let relay_binary = std::env::current_exe()
+            .map_err(|e| Error::io("cannot find this program's path to start the relay", e))?;
+        Ok(BenchConfig {
+            mongodb_uri: self.mongodb_uri,
+            nats_url: self.nats_url,
+            relay_binary,
+            rates,
+            count: self.count,
+            poll_intervals: self.poll_intervals,
+            backlog: self.backlog,
+            output: self.output,
+            server: self.server.unwrap_or(server),
+        })
+    }
+
+    /// Runs the benchmark, prints its table, and writes bench.json and the
+    /// latency plot (of 1,000 messages a second, or else the first rate).
+    pub async fn run(self) -> Result<()> {
+        let server = bench::describe_server(&self.mongodb_uri).await;
+        let config = self.resolve(server)?;
+        let report = bench::run(&config).await?;
+        bench::print_table(&report);
+        let json = config.output.join("bench.json");
+        bench::write_json(&report, &json)?;
+        let plotted = config
+            .rates
+            .iter()
+            .copied()
+            .find(|r| *r == Some(1000))
+            .or(config.rates.first().copied());
+        let plot = config.output.join("latency-cdf.svg");
+        bench::write_plot(&report, plotted.flatten(), &plot)?;
+        println!("results: {} and {}", json.display(), plot.display());
+        Ok(())
+    }
+}

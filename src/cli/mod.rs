@@ -1,0 +1,176 @@
+//! The command line: a thin layer over the library. Subcommands and their
+//! flags are here; the relay's settings (`settings`) are built from the
+//! library's declarations, and the benchmark's flags (`bench`) come with
+//! the `bench` feature.
+
+#[cfg(feature = "bench")]
+pub mod bench;
+mod settings;
+
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use outbox_relay::admin::dlq::Selection;
+use outbox_relay::config::Value;
+use outbox_relay::{Error, Result};
+
+pub use settings::RunArgs;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox-relay",
+    version,
+    about = "Delivers MongoDB outbox messages to NATS as they commit"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// Log format: human-readable text, or JSON lines for collectors.
+    #[arg(long, global = true, env = "OUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, display_order = 1000)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Tail the outbox and publish each message as it commits.
+    Run(RunArgs),
+    /// Deliver what is due now with the sweep, print the counts, and exit.
+    Sweep(SweepArgs),
+    /// Measure delivery latency: push against poll against the change-stream floor.
+    #[cfg(feature = "bench")]
+    Bench(bench::BenchArgs),
+    /// Run the start-up checks alone; exit 0 if all pass, else the failed check's code.
+    Check(RunArgs),
+    /// Show the outbox: counts, oldest pending, failures by type, leader, lag, oplog.
+    Status(StatusArgs),
+    /// List, replay or discard failed messages (the dead letters).
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+}
+
+/// `outbox-relay status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub settings: RunArgs,
+}
+
+/// `outbox-relay dlq ...`.
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// List the newest failed messages.
+    List {
+        /// Only messages of this type.
+        #[arg(long = "type")]
+        message_type: Option<String>,
+        /// At most this many (at least 1).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        settings: RunArgs,
+    },
+    /// Put failed messages back to pending, attempts reset, last error kept in errorHistory.
+    Replay {
+        #[command(flatten)]
+        selection: SelectionArgs,
+        /// Show how many would be replayed, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        settings: RunArgs,
+    },
+    /// Delete failed messages (asks first unless --yes).
+    Discard {
+        #[command(flatten)]
+        selection: SelectionArgs,
+        /// Show how many would be deleted, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        settings: RunArgs,
+    },
+}
+
+/// Which failed messages a dlq command acts on: exactly one of these.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct SelectionArgs {
+    /// The message with this _id (repeatable).
+    #[arg(long = "id")]
+    pub ids: Vec<String>,
+    /// Every failed message of this type.
+    #[arg(long = "type")]
+    pub message_type: Option<String>,
+    /// Every failed message.
+    #[arg(long)]
+    pub all: bool,
+}
+
+impl SelectionArgs {
+    /// The checked selection.
+    pub fn resolve(self) -> Result<Selection> {
+        if self.all {
+            return Ok(Selection::All);
+        }
+        if let Some(message_type) = self.message_type {
+            return Ok(Selection::Type(message_type));
+        }
+        self.ids
+            .iter()
+            .map(|id| {
+                ObjectId::parse_str(id.trim()).map_err(|_| {
+                    Error::Config(format!(
+                        "--id {id:?} is not an ObjectId (24 hexadecimal digits, as dlq list shows)"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Selection::Ids)
+    }
+}
+
+/// Reads a duration flag as the settings are read.
+fn duration(text: &str) -> std::result::Result<Duration, String> {
+    Duration::parse(text.trim())
+}
+
+/// Reads `--give-up-after`: long enough for a pass, at most a day.
+fn give_up_after(text: &str) -> std::result::Result<Duration, String> {
+    let range = Duration::from_secs(1)..=Duration::from_secs(86_400);
+    let every = duration(text)?;
+    if range.contains(&every) {
+        Ok(every)
+    } else {
+        Err("is out of range: it must be from 1s to 1day".to_owned())
+    }
+}
+
+/// `outbox-relay sweep --once`.
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    /// One pass over everything due, then exit (the only way a sweep runs alone for now).
+    #[arg(long, required = true)]
+    pub once: bool,
+    /// Give up (exit code 9) if the servers keep the sweep from finishing this long, e.g. during an outage (1s to 1day).
+    #[arg(long, env = "OUTBOX_GIVE_UP_AFTER", default_value = "60s", value_parser = give_up_after)]
+    pub give_up_after: Duration,
+    #[command(flatten)]
+    pub settings: RunArgs,
+}
