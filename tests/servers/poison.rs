@@ -7,15 +7,13 @@
 //! subject NATS keeps for itself, and the relay stays alive and answers
 //! `/healthz`.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::{free_port, get, header, wait_until, write_orders, TestEnv, WAIT};
 use async_nats::jetstream;
 use bson::{doc, oid::ObjectId, Bson, Document};
-use common::{free_port, get, header, wait_until, write_orders, TestEnv, WAIT};
 use futures::StreamExt;
 use outbox_relay::{Metrics, Relay, RelayConfig, RelayMode};
 use tokio::task::JoinHandle;
@@ -508,7 +506,7 @@ async fn sweep_once_gives_up_on_a_broker_that_takes_nothing() {
     let ids = write_orders(&env, 3).await;
 
     // One message a pass, so that passes come back full until the end.
-    let run = tokio::process::Command::from(common::relay_command(&env))
+    let run = tokio::process::Command::from(crate::common::relay_command(&env))
         .args(["sweep", "--once", "--give-up-after", "1s"])
         .env("OUTBOX_BATCH_SIZE", "1")
         .env("OUTBOX_GRACE_PERIOD", "0s")
@@ -540,7 +538,7 @@ async fn sweep_once_gives_up_on_a_broker_that_takes_nothing() {
 async fn a_broker_that_refuses_every_message_dead_letters_none() {
     let env = TestEnv::new().await;
     // The relay's user may publish nothing under the prefix any more.
-    let nats = common::NatsProcess::start_with(
+    let nats = crate::common::NatsProcess::start_with(
         &format!(
             "authorization {{ users: [ {{ user: relay, password: secret, permissions: \
              {{ publish: {{ allow: [\">\"], deny: [\"{}.>\"] }} }} }} ] }}",

@@ -1,12 +1,10 @@
 //! The push path end to end, against a real MongoDB-compatible server and
 //! a real nats-server.
 
-mod common;
-
 use std::collections::HashSet;
 
+use crate::common::{count_by_id, header, msg_id, write_orders, RunningRelay, TestEnv};
 use bson::{doc, oid::ObjectId, spec::BinarySubtype, Binary, Bson, Document};
-use common::{count_by_id, header, msg_id, write_orders, RunningRelay, TestEnv};
 use outbox_relay::{Error, MessageType, NewMessage, Outbox};
 use serde::Serialize;
 
@@ -456,7 +454,7 @@ async fn core_mode_publishes_without_jetstream() {
             .await
             .unwrap();
         env.nats.flush().await.unwrap();
-        common::Receiver { subscriber }
+        crate::common::Receiver { subscriber }
     };
     let relay = RunningRelay::start(config).await;
     let ids = write_orders(&env, 3).await;
@@ -508,7 +506,7 @@ async fn an_idle_stream_keeps_its_stored_token_moving() {
     let relay = RunningRelay::start(env.config()).await;
     let id = write_orders(&env, 1).await[0];
     receiver.until_id(id).await;
-    common::wait_until("a first checkpoint", || async {
+    crate::common::wait_until("a first checkpoint", || async {
         env.checkpoint_token().await.is_some()
     })
     .await;
@@ -516,7 +514,7 @@ async fn an_idle_stream_keeps_its_stored_token_moving() {
 
     // Writes elsewhere move the oplog; the outbox stream sees no event but a newer position.
     let other = env.db.collection::<Document>("unrelated");
-    common::wait_until(
+    crate::common::wait_until(
         "the stored token to move without outbox messages",
         || async {
             other.insert_one(doc! { "x": 1 }).await.unwrap();

@@ -1,14 +1,12 @@
 //! The sweep, retries, failures, outages, lost history, indexes and the
 //! validator, against the real servers.
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{plan_uses_index, write_orders, NatsProcess, RunningRelay, TestEnv};
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
-use common::{plan_uses_index, write_orders, NatsProcess, RunningRelay, TestEnv};
 use outbox_relay::{NatsMode, Relay, RelayConfig, RelayMode};
 
 fn poll_config(env: &TestEnv) -> RelayConfig {
@@ -42,9 +40,9 @@ async fn sweep_once_delivers_everything_due_and_prints_the_counts() {
         .unwrap();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .args(["sweep", "--once", "--mode", "poll"])
-        .env("OUTBOX_MONGODB_URI", common::mongodb_uri())
+        .env("OUTBOX_MONGODB_URI", crate::common::mongodb_uri())
         .env("OUTBOX_DATABASE", &env.name)
-        .env("OUTBOX_NATS_URL", common::nats_url())
+        .env("OUTBOX_NATS_URL", crate::common::nats_url())
         .env("OUTBOX_SUBJECT_PREFIX", &env.prefix)
         .env("OUTBOX_BATCH_SIZE", "7")
         .output()
@@ -223,7 +221,7 @@ async fn a_stale_claim_is_taken_over_and_a_live_one_is_not() {
     let mut config = poll_config(&env);
     config.lock_timeout = Duration::from_secs(60);
     let relay = Relay::connect(config).await.unwrap();
-    let tally = relay.sweep_once(common::WAIT).await.unwrap();
+    let tally = relay.sweep_once(crate::common::WAIT).await.unwrap();
     assert_eq!(tally.delivered, 1);
     let stale_doc = env
         .outbox()
@@ -259,10 +257,10 @@ async fn a_processor_that_lost_its_claim_cannot_mark_the_message() {
     let a = Relay::connect(config_a).await.unwrap();
     private.stop();
     let id = write_orders(&env, 1).await[0];
-    let a_sweeps = tokio::spawn(async move { a.sweep_once(common::WAIT).await });
+    let a_sweeps = tokio::spawn(async move { a.sweep_once(crate::common::WAIT).await });
 
     let outbox = env.outbox();
-    common::wait_until("A to claim the message", || {
+    crate::common::wait_until("A to claim the message", || {
         let outbox = outbox.clone();
         async move {
             outbox
@@ -304,7 +302,7 @@ async fn a_processor_that_lost_its_claim_cannot_mark_the_message() {
     // A's broker comes back: A publishes, and its pass ends only once it has
     // recorded the outcome under its old claim.
     private.restart().await;
-    let tally = tokio::time::timeout(common::WAIT, a_sweeps)
+    let tally = tokio::time::timeout(crate::common::WAIT, a_sweeps)
         .await
         .expect("A's pass ends once its broker is back")
         .unwrap()
@@ -338,7 +336,7 @@ async fn a_corrupted_resume_token_loses_nothing() {
     let relay = RunningRelay::start(env.config()).await;
     let after = write_orders(&env, 5).await;
     let seen = receiver.take(10).await;
-    let seen: HashSet<String> = seen.iter().filter_map(common::msg_id).collect();
+    let seen: HashSet<String> = seen.iter().filter_map(crate::common::msg_id).collect();
     let expected: HashSet<String> = before.iter().chain(&after).map(|id| id.to_hex()).collect();
     assert_eq!(seen, expected);
     env.wait_count(doc! { "status": "processed" }, 10).await;

@@ -2,10 +2,8 @@
 //! `--install-validator` schema must give every document the same verdict,
 //! or a message one accepts is a dead letter for another.
 
-mod common;
-
+use crate::common::TestEnv;
 use bson::{doc, oid::ObjectId, DateTime};
-use common::TestEnv;
 use outbox_relay::contract::{DecodeRules, SubjectRules};
 use outbox_relay::{Error, NewMessage, Outbox, Payload};
 

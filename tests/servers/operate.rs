@@ -1,15 +1,15 @@
 //! Operating the relay: the metrics and health endpoints, the self-check
 //! and its exit codes, and the status and dlq commands.
 
-mod common;
-
 use std::collections::HashMap;
 use std::process::Output;
 use std::time::Duration;
 
+use crate::common::{
+    free_port, get, wait_until, write_orders, MongoProcess, RelayProcess, TestEnv,
+};
 use async_nats::jetstream;
 use bson::{doc, oid::ObjectId, DateTime, Document};
-use common::{free_port, get, wait_until, write_orders, MongoProcess, RelayProcess, TestEnv};
 
 /// Parses the Prometheus text format strictly: every sample line is
 /// `name{labels} value`, and every sample belongs to a family with a TYPE.
@@ -127,7 +127,7 @@ async fn endpoints_report_deliveries_depths_and_roles() {
 
 /// Runs `outbox-relay <args>` with the test's servers in the environment.
 fn relay_command(env: &TestEnv, args: &[&str]) -> Output {
-    common::relay_command(env)
+    crate::common::relay_command(env)
         .args(args)
         .output()
         .expect("run outbox-relay")
@@ -345,7 +345,7 @@ async fn status_and_dlq_commands_show_and_mend_the_dead_letters() {
 async fn readiness_follows_nats_and_a_short_oplog_is_reported() {
     let (mongo, mut nats) = (
         MongoProcess::start().await,
-        common::NatsProcess::start().await,
+        crate::common::NatsProcess::start().await,
     );
     let env = TestEnv::on(&mongo.uri(), &nats.url()).await;
     let port = free_port();

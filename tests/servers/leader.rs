@@ -1,12 +1,10 @@
 //! Several relays on one outbox: one leads, the others stand by.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::common::{count_by_id, msg_id, write_orders, RunningRelay, TestEnv};
 use bson::doc;
-use common::{count_by_id, msg_id, write_orders, RunningRelay, TestEnv};
 use outbox_relay::checkpoint::CheckpointStore;
 use outbox_relay::lease::{Lease, LeaseTiming};
 

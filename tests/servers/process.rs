@@ -1,12 +1,10 @@
 //! The `outbox-relay` process: signals and settings from the environment.
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::{write_orders, TestEnv, WAIT};
 use bson::doc;
-use common::{write_orders, TestEnv, WAIT};
 
 #[tokio::test]
 async fn sigterm_finishes_in_flight_work_and_exits_zero() {
@@ -14,9 +12,9 @@ async fn sigterm_finishes_in_flight_work_and_exits_zero() {
     let mut receiver = env.subscribe().await;
     let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .arg("run")
-        .env("OUTBOX_MONGODB_URI", common::mongodb_uri())
+        .env("OUTBOX_MONGODB_URI", crate::common::mongodb_uri())
         .env("OUTBOX_DATABASE", &env.name)
-        .env("OUTBOX_NATS_URL", common::nats_url())
+        .env("OUTBOX_NATS_URL", crate::common::nats_url())
         .env("OUTBOX_SUBJECT_PREFIX", &env.prefix)
         .env("OUTBOX_CHECKPOINT_INTERVAL", "1h")
         .env("OUTBOX_METRICS_ADDR", "127.0.0.1:0")

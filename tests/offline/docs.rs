@@ -1,0 +1,172 @@
+//! Every relative link in README and docs/ reaches a file that exists and,
+//! where it names one, a heading that exists: moving a section must not
+//! leave a reader at a dead end.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The markdown files readers start from.
+fn documents() -> Vec<PathBuf> {
+    let root = root();
+    let mut files = vec![root.join("README.md"), root.join("BENCHMARKS.md")];
+    let docs = std::fs::read_dir(root.join("docs")).expect("read docs/");
+    let mut guides: Vec<PathBuf> = docs
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    guides.sort();
+    files.extend(guides);
+    files
+}
+
+/// The file's lines with fenced code blocks blanked out.
+fn prose_lines(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut in_fence = false;
+    text.lines()
+        .map(|line| {
+            let fence = line.trim_start().starts_with("```");
+            if fence {
+                in_fence = !in_fence;
+            }
+            if fence || in_fence {
+                String::new()
+            } else {
+                without_code_spans(line)
+            }
+        })
+        .collect()
+}
+
+/// A line with its code spans blanked out, so that `[x](y)` in code is not
+/// read as a link.
+fn without_code_spans(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut in_code = false;
+    for c in line.chars() {
+        if c == '`' {
+            in_code = !in_code;
+            out.push(' ');
+        } else {
+            out.push(if in_code { ' ' } else { c });
+        }
+    }
+    out
+}
+
+/// GitHub's anchor for a heading: lower case, spaces to '-', punctuation
+/// other than '-' and '_' dropped; repeats get -1, -2, ...
+fn anchors(path: &Path) -> HashSet<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut anchors = HashSet::new();
+    let mut in_fence = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+            continue;
+        }
+        let Some(heading) = line.strip_prefix('#') else {
+            continue;
+        };
+        if in_fence {
+            continue;
+        }
+        let title = heading.trim_start_matches('#').trim();
+        let title = link_texts(title);
+        let slug: String = title
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let count = seen.entry(slug.clone()).or_insert(0);
+        anchors.insert(match *count {
+            0 => slug,
+            n => format!("{slug}-{n}"),
+        });
+        *count += 1;
+    }
+    anchors
+}
+
+/// A heading's text as rendered: `[text](target)` becomes `text`.
+fn link_texts(title: &str) -> String {
+    let mut out = String::new();
+    let mut rest = title;
+    while let Some(open) = rest.find('[') {
+        let Some(close) = rest[open..].find("](").map(|i| open + i) else {
+            break;
+        };
+        let Some(end) = rest[close..].find(')').map(|i| close + i) else {
+            break;
+        };
+        out.push_str(&rest[..open]);
+        out.push_str(&rest[open + 1..close]);
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Every inline link's target in a line: what follows `](` up to `)`.
+fn targets(line: &str) -> Vec<String> {
+    line.match_indices("](")
+        .filter_map(|(at, _)| {
+            let rest = &line[at + 2..];
+            rest.find([')', ' ']).map(|end| rest[..end].to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn every_relative_link_and_anchor_resolves() {
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for source in documents() {
+        for (number, line) in prose_lines(&source).iter().enumerate() {
+            for target in targets(line) {
+                if target.starts_with("http://") || target.starts_with("https://") {
+                    continue;
+                }
+                checked += 1;
+                let (file, anchor) = target.split_once('#').unwrap_or((&target, ""));
+                let dest = match file {
+                    "" => source.clone(),
+                    file => source.parent().expect("a folder").join(file),
+                };
+                let place = format!("{}:{}: {target}", source.display(), number + 1);
+                if !dest.exists() {
+                    problems.push(format!("{place}: no such file"));
+                } else if !anchor.is_empty() && !anchors(&dest).contains(anchor) {
+                    problems.push(format!("{place}: no such heading"));
+                }
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "broken links:\n{}",
+        problems.join("\n")
+    );
+    assert!(
+        checked > 20,
+        "only {checked} links found: is the parser blind?"
+    );
+}
+
+#[test]
+fn the_checker_sees_a_broken_anchor() {
+    let readme = root().join("README.md");
+    assert!(anchors(&readme).contains("running-it"));
+    assert!(anchors(&readme).contains("the-outbox-document"));
+    assert!(!anchors(&readme).contains("no-such-section"));
+    assert_eq!(
+        targets("see [checks](docs/operating.md#start-up-checks) and [x](y)"),
+        ["docs/operating.md#start-up-checks", "y"]
+    );
+}

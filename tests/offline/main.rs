@@ -1,0 +1,6 @@
+//! Tests that need no server: the command line's handling of bad input,
+//! the document contract under generated input, and the docs' links.
+
+mod cli;
+mod contract_fuzz;
+mod docs;

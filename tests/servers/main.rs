@@ -1,0 +1,15 @@
+//! Integration tests against a real MongoDB-compatible server and a real
+//! nats-server (`MONGODB_URI`, `NATS_URL`; `scripts/services.sh` starts
+//! both). One binary, so the crate is linked once for all of them; each
+//! test works in a database and under a subject prefix of its own.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod contract;
+mod leader;
+mod operate;
+mod poison;
+mod process;
+mod relay;
+mod sweep;
