@@ -6,7 +6,7 @@
 //! fault of the relay itself. Each message says what went wrong and what to
 //! do, and never carries a password; the driver's error stays reachable as
 //! the `source`. Each kind has one exit code ([`Error::exit_code`]), and a
-//! code means only what README says it means.
+//! code means only what docs/operating.md says it means.
 
 use std::time::Duration;
 

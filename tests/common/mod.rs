@@ -78,7 +78,7 @@ impl TestEnv {
         let db = client.database(&name);
         // Collections and the outbox's indexes exist before any relay or
         // writer starts: SecantusDB's index builds can miss inserts that
-        // race them (README, SecantusDB), and a document missing from the
+        // race them (docs/developing.md, SecantusDB), and a document missing from the
         // index is invisible to every query the index serves.
         for collection in ["outbox", "orders"] {
             db.create_collection(collection)

@@ -213,7 +213,7 @@ async fn check_gives_each_failure_its_own_exit_code() {
     env.drop().await;
 }
 
-/// Failures past the settings and the checks keep to README's codes: a
+/// Failures past the settings and the checks keep to the documented exit codes: a
 /// metrics address already taken is an I/O error (1), not a bad setting.
 #[tokio::test]
 async fn run_exits_with_the_code_of_its_failure() {

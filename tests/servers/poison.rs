@@ -447,7 +447,7 @@ async fn dropped_under_a_running_relay(drop_database: bool) {
     relay.assert_alive().await;
     assert_eq!(relay.readiness().await.0, 503);
 
-    // Recreated with its indexes before writers return (see README,
+    // Recreated with its indexes before writers return (see docs/developing.md,
     // SecantusDB: an index build can miss concurrent inserts).
     env.db
         .create_collection("outbox")
