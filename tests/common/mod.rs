@@ -114,6 +114,18 @@ impl TestEnv {
         config
     }
 
+    /// A configuration whose sweeps and retries come quickly: refused
+    /// messages are retried after 20 to 40 ms, `max_attempts` times.
+    pub fn quick_config(&self, max_attempts: u32) -> RelayConfig {
+        let mut config = self.config();
+        config.sweep_interval = Duration::from_millis(50);
+        config.grace_period = Duration::from_millis(100);
+        config.retry_initial_delay = Duration::from_millis(20);
+        config.retry_max_delay = Duration::from_millis(40);
+        config.max_attempts = max_attempts;
+        config
+    }
+
     /// A configuration for one of several relays: short lease timings, and
     /// no sweep of fresh messages, so only a leader's stream delivers them.
     pub fn replica_config(&self) -> RelayConfig {

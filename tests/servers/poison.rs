@@ -113,13 +113,10 @@ impl Sightings {
 
 /// Settings that make refusals, retries and sweeps quick.
 fn quick(env: &TestEnv) -> RelayConfig {
-    let mut config = env.config();
+    let mut config = env.quick_config(2);
     config.sweep_interval = Duration::from_millis(100);
     config.grace_period = Duration::from_millis(300);
     config.ack_timeout = Duration::from_millis(500);
-    config.retry_initial_delay = Duration::from_millis(20);
-    config.retry_max_delay = Duration::from_millis(40);
-    config.max_attempts = 2;
     config.collect_interval = Duration::from_millis(100);
     config
 }

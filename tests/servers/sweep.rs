@@ -67,13 +67,8 @@ async fn a_refused_message_is_retried_with_backoff_then_fails_with_its_last_erro
     stream_config.max_message_size = 300;
     env.jetstream.update_stream(stream_config).await.unwrap();
 
-    let mut config = env.config();
+    let mut config = env.quick_config(3);
     config.install_validator = true; // the relay's own writes must pass it
-    config.sweep_interval = Duration::from_millis(50);
-    config.grace_period = Duration::from_millis(100);
-    config.retry_initial_delay = Duration::from_millis(20);
-    config.retry_max_delay = Duration::from_millis(40);
-    config.max_attempts = 3;
     let mut receiver = env.subscribe().await;
     let relay = RunningRelay::start(config).await;
 
@@ -167,14 +162,9 @@ async fn a_subject_the_relay_may_not_publish_to_is_refused_not_an_outage() {
     )
     .await;
     env.create_stream_on(&nats.url()).await;
-    let mut config = env.config();
+    let mut config = env.quick_config(2);
     config.nats_url = nats.url();
     config.ack_timeout = Duration::from_millis(300);
-    config.sweep_interval = Duration::from_millis(50);
-    config.grace_period = Duration::from_millis(100);
-    config.retry_initial_delay = Duration::from_millis(20);
-    config.retry_max_delay = Duration::from_millis(40);
-    config.max_attempts = 2;
     let relay = RunningRelay::start(config).await;
 
     let secret = ObjectId::new();
