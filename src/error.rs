@@ -71,8 +71,9 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    /// A document the relay keeps (its checkpoint) cannot be read; the text
-    /// says how to mend it.
+    /// A document the relay keeps (its checkpoint) cannot be read. The relay
+    /// starts over from the pending messages, and its next checkpoint
+    /// replaces the document.
     #[error("{0}")]
     StoredState(String),
 
@@ -231,9 +232,21 @@ pub(crate) fn is_document_error(error: &mongodb::error::Error) -> bool {
 mod tests {
     use super::*;
 
-    /// Each kind of failure keeps to the exit code README gives it.
+    /// Each kind of failure keeps to the exit code docs/operating.md gives
+    /// it, and the table there lists every code the relay exits with.
     #[test]
     fn each_kind_has_its_documented_exit_code() {
+        let guide = include_str!("../docs/operating.md");
+        let documented: Vec<u8> = guide
+            .lines()
+            .filter_map(|line| line.strip_prefix("| "))
+            .filter_map(|row| row.split(' ').next()?.parse().ok())
+            .collect();
+        assert_eq!(
+            documented,
+            (0..=9).collect::<Vec<u8>>(),
+            "the exit code table"
+        );
         let io = || std::io::Error::other("disk full");
         let cases = [
             (Error::Config("x".into()), 2),

@@ -45,7 +45,11 @@ impl SettingsFile {
                 }
                 (value, _) => scalar(value).map(|text| vec![text]),
             }
-            .ok_or_else(|| invalid(format!("{key} must be a string, a number or true/false")))?;
+            .ok_or_else(|| {
+                invalid(format!(
+                    "{key} must be a string, a whole number or true/false"
+                ))
+            })?;
             let origin = Origin::File(PathBuf::from(path));
             given.insert(key, Given { values, origin });
         }
@@ -102,5 +106,7 @@ mod tests {
         );
         let error = parse("ack_timeout = [\"1s\"]").unwrap_err().to_string();
         assert!(error.contains("ack_timeout"), "{error}");
+        let error = parse("batch_size = 1.5").unwrap_err().to_string();
+        assert!(error.contains("whole number"), "{error}");
     }
 }

@@ -457,6 +457,30 @@ mod tests {
         assert_eq!(Bytes::mib(64).show().as_deref(), Some("64MiB"));
     }
 
+    #[test]
+    fn a_list_reads_alike_from_every_source() {
+        let from_file = Given {
+            values: vec!["billing.>, shipping.>".to_owned()],
+            origin: Origin::File("relay.toml".into()),
+        };
+        let config = resolve_with("allow_subject", from_file).expect("a list");
+        assert_eq!(config.allow_subject, ["billing.>", "shipping.>"]);
+        let error = resolve_with("allow_subject", flag("a.>,,b.>"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("--allow-subject \"a.>,,b.>\" has an empty item"),
+            "{error}"
+        );
+        let error = resolve_with("collection", flag(" "))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("--collection \" \" must not be empty"),
+            "{error}"
+        );
+    }
+
     /// README's settings table lists every setting, in order, with its
     /// real default.
     #[test]

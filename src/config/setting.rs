@@ -113,6 +113,9 @@ impl Setting {
     pub(super) fn check(&self, config: &RelayConfig, given: Option<&Given>) -> Result<(), String> {
         match (self.check)(config) {
             Ok(()) => Ok(()),
+            Err(Problem::Missing) if given.is_some() => {
+                Err(format!("{} must not be empty", self.named(given, config)))
+            }
             Err(Problem::Missing) => Err(format!(
                 "{} is not set: pass --{}, set {}, or write {} in the config file",
                 self.flag(),
@@ -192,12 +195,17 @@ impl Value for Vec<String> {
     fn show(&self) -> Option<String> {
         Some(self.join(",")).filter(|t| !t.is_empty())
     }
+    /// A list is read alike from every source: items separated by commas
+    /// (as clap splits a flag), each trimmed; an empty item is a mistake.
     fn read(values: &[String]) -> Result<Self, String> {
-        Ok(values
+        values
             .iter()
-            .map(|v| v.trim().to_owned())
-            .filter(|v| !v.is_empty())
-            .collect())
+            .flat_map(|value| value.split(','))
+            .map(|item| match item.trim() {
+                "" => Err("has an empty item; separate items with single commas".to_owned()),
+                item => Ok(item.to_owned()),
+            })
+            .collect()
     }
 }
 
