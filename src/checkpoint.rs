@@ -4,8 +4,9 @@
 //! `{_id: "<db>.<collection>", token, positionAt, updatedAt}`, which also holds the
 //! leader's lease (see `lease`). The completion stage writes a token only
 //! once every message before it is acknowledged and marked, so resuming from
-//! it can repeat work but never skip any. Writes are fenced by the lease
-//! term: a leader that has been replaced cannot move the token backwards.
+//! it can repeat work but never skip any. Writes are fenced by the lease's
+//! owner and term: a leader that has been replaced cannot move the token
+//! backwards, even if a rolled-back write left two relays with one term.
 
 use bson::{doc, DateTime, Document};
 use mongodb::change_stream::event::ResumeToken;
@@ -23,7 +24,7 @@ pub const POSITION_AT: &str = "positionAt";
 pub struct CheckpointStore {
     collection: Collection<Document>,
     id: String,
-    term: Option<Term>,
+    fence: Option<(String, Term)>,
 }
 
 impl CheckpointStore {
@@ -32,7 +33,7 @@ impl CheckpointStore {
         CheckpointStore {
             collection: database.collection(checkpoint_collection),
             id: format!("{}.{}", database.name(), outbox),
-            term: None,
+            fence: None,
         }
     }
 
@@ -41,9 +42,9 @@ impl CheckpointStore {
         Self::new(database, &config.checkpoint_collection, &config.collection)
     }
 
-    /// The same store, writing only while the lease is at `term`.
-    pub fn fenced(mut self, term: Term) -> Self {
-        self.term = Some(term);
+    /// The same store, writing only while `owner` holds the lease at `term`.
+    pub fn fenced(mut self, owner: &str, term: Term) -> Self {
+        self.fence = Some((owner.to_owned(), term));
         self
     }
 
@@ -71,7 +72,7 @@ impl CheckpointStore {
 
     /// Stores a token reached at `at` (the commit time of its event, or
     /// when the server reported the position). Returns false, writing
-    /// nothing, if the store is fenced and the lease has moved to another term.
+    /// nothing, if the store is fenced and the lease has moved to another owner or term.
     pub async fn save(
         &self,
         token: &ResumeToken,
@@ -83,11 +84,10 @@ impl CheckpointStore {
             fields.insert(POSITION_AT, at);
         }
         let update = doc! { "$set": fields };
-        let saved = match self.term {
-            Some(term) => {
-                self.collection
-                    .update_one(doc! { "_id": &self.id, "term": term.0 }, update)
-                    .await?
+        let saved = match &self.fence {
+            Some((owner, term)) => {
+                let held = doc! { "_id": &self.id, "owner": owner, "term": term.0 };
+                self.collection.update_one(held, update).await?
             }
             None => {
                 self.collection

@@ -7,8 +7,11 @@
 use std::time::Duration;
 
 use bson::doc;
-use mongodb::options::ClientOptions;
-use mongodb::Client;
+use mongodb::options::{
+    Acknowledgment, ClientOptions, DatabaseOptions, ReadConcern, ReadPreference, SelectionCriteria,
+    WriteConcern,
+};
+use mongodb::{Client, Database};
 
 use crate::config::redact_uri;
 use crate::error::{CheckKind, Error, Result};
@@ -70,4 +73,30 @@ pub(crate) async fn connect_mongodb_observed(
         ));
     }
     Ok(client)
+}
+
+/// The handle every read and write of the relay goes through: write concern
+/// `majority` (waiting at most `write_timeout`), read concern `majority`,
+/// reads from the primary, whatever the connection string says.
+///
+/// A write only the primary took can be rolled back after a failover: a
+/// lease renewal rolled back lets two relays lead, a mark rolled back
+/// publishes a message twice. A read of what only the primary holds can
+/// publish an insert that is later rolled back, although its transaction
+/// never committed for the application. Majority on both sides rules both
+/// out; a write the majority did not take in time fails, and is handled as
+/// any failed write (a failed renewal ends in a lost lease).
+pub fn coordinated(database: &Database, write_timeout: Duration) -> Database {
+    let write_concern = WriteConcern::builder()
+        .w(Acknowledgment::Majority)
+        .w_timeout(write_timeout)
+        .build();
+    let options = DatabaseOptions::builder()
+        .write_concern(write_concern)
+        .read_concern(ReadConcern::majority())
+        .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+        .build();
+    database
+        .client()
+        .database_with_options(database.name(), options)
 }

@@ -182,7 +182,11 @@ fn confirm(question: &str) -> Result<bool> {
 
 async fn open_database(config: &RelayConfig) -> Result<mongodb::Database> {
     let client = outbox_relay::connect::connect_mongodb(&config.mongodb_uri).await?;
-    Ok(client.database(&config.database))
+    let database = client.database(&config.database);
+    Ok(outbox_relay::connect::coordinated(
+        &database,
+        config.lease_duration,
+    ))
 }
 
 async fn open_outbox(settings: cli::RunArgs) -> Result<mongodb::Collection<bson::Document>> {

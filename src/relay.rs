@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::CheckpointStore;
 use crate::config::{RelayConfig, RelayMode};
-use crate::connect::connect_mongodb_observed;
+use crate::connect::{connect_mongodb_observed, coordinated};
 use crate::contract::{DecodeRules, SubjectRules};
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Term};
@@ -80,6 +80,9 @@ impl Relay {
         publisher: Arc<dyn Publisher>,
     ) -> Result<Self> {
         config.validate()?;
+        // Writes wait no longer than a lease lasts: past that, a renewal
+        // is too late anyway.
+        let database = coordinated(&database, config.lease_duration);
         Ok(Relay {
             subject_rules: config.subject_rules()?,
             budget: Budget::new(u32::try_from(config.max_buffered_bytes.0).unwrap_or(u32::MAX)),
@@ -184,7 +187,7 @@ impl Relay {
             tokio::spawn(cancel_when(lost.clone(), term_over.clone()));
             let keeper_stop = CancellationToken::new();
             let keeper = tokio::spawn(lease.clone().keep(held, lost.clone(), keeper_stop.clone()));
-            self.tail_as_leader(pipeline, held.term, &term_over, &lost)
+            self.tail_as_leader(pipeline, lease.owner(), held.term, &term_over, &lost)
                 .await;
             keeper_stop.cancel();
             let held = keeper.await.unwrap_or(held);
@@ -204,12 +207,13 @@ impl Relay {
     async fn tail_as_leader(
         &self,
         pipeline: &Pipeline,
+        owner: &str,
         term: Term,
         term_over: &CancellationToken,
         lost: &CancellationToken,
     ) {
         let config = &self.config;
-        let checkpoints = CheckpointStore::for_config(&self.database, config).fenced(term);
+        let checkpoints = CheckpointStore::for_config(&self.database, config).fenced(owner, term);
         let loaded = until_settled(
             "MongoDB reading the checkpoint",
             term_over,

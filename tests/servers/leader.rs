@@ -96,15 +96,20 @@ async fn leadership_terms_grow_and_fence_the_checkpoint() {
     let _ = stream.next_if_any().await.unwrap();
     let token = stream.resume_token().expect("a resume token");
     let store = CheckpointStore::new(&env.db, "outbox_checkpoints", "outbox");
+    let saves = |owner: &str, term| {
+        let (fenced, token) = (store.clone().fenced(owner, term), token.clone());
+        async move { fenced.save(&token, None).await.unwrap() }
+    };
     assert!(
-        !store
-            .clone()
-            .fenced(held_a.term)
-            .save(&token, None)
-            .await
-            .unwrap(),
+        !saves(a.owner(), held_a.term).await,
         "the old term may not write"
     );
-    assert!(store.fenced(held_b.term).save(&token, None).await.unwrap());
+    // Two relays with one term (a rolled-back acquisition): only the
+    // lease's owner writes.
+    assert!(
+        !saves(a.owner(), held_b.term).await,
+        "another owner may not write in the holder's term"
+    );
+    assert!(saves(b.owner(), held_b.term).await);
     env.drop().await;
 }

@@ -7,6 +7,7 @@
 mod common;
 
 mod contract;
+mod coordination;
 mod leader;
 mod operate;
 mod poison;
