@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 
-use crate::config::{redact_uri, NatsMode, RelayConfig};
+use crate::config::{NatsMode, RelayConfig};
 use crate::connect::connect_mongodb;
 use crate::error::{CheckKind, Error, Result};
 use crate::publish::connect_nats;
+use crate::redact;
 use crate::setup;
 
 /// One check's outcome: what was found, or why it failed.
@@ -94,7 +95,7 @@ impl Report {
 pub async fn run(config: &RelayConfig) -> Report {
     let mut report = Report::default();
     let mongodb = connect_mongodb(&config.mongodb_uri).await;
-    let shown = redact_uri(&config.mongodb_uri);
+    let shown = redact::uri(&config.mongodb_uri);
     match report.record("mongodb", mongodb, |_| {
         format!("{shown} is a replica set or sharded cluster")
     }) {
@@ -110,7 +111,7 @@ pub async fn run(config: &RelayConfig) -> Report {
         None => report.skip("outbox collection"),
     }
     let nats = connect_nats(&config.nats_url, config.ack_timeout).await;
-    let url = redact_uri(&config.nats_url);
+    let url = redact::uri(&config.nats_url);
     let Some(client) = report.record("nats", nats, |client| {
         format!(
             "{url} answers (nats-server {})",

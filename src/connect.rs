@@ -13,9 +13,9 @@ use mongodb::options::{
 };
 use mongodb::{Client, Database};
 
-use crate::config::redact_uri;
 use crate::error::{CheckKind, Error, Result};
 use crate::observe::{self, Metrics};
+use crate::redact;
 
 /// Connects to MongoDB and checks that it is a replica set or a sharded
 /// cluster, since change streams and transactions need one.
@@ -28,7 +28,7 @@ pub(crate) async fn connect_mongodb_observed(
     uri: &str,
     metrics: Option<&Metrics>,
 ) -> Result<Client> {
-    let shown = redact_uri(uri);
+    let shown = redact::uri(uri);
     let mut options = ClientOptions::parse(uri).await.map_err(|e| {
         Error::Config(format!(
             "mongodb-uri {shown} is not a valid connection string: {}",

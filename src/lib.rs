@@ -28,6 +28,7 @@
 //! - [`config`]: the settings, each declared once with its default, range
 //!   and help, and the config file;
 //! - [`connect`]: connecting to MongoDB as every command does;
+//! - [`redact`]: the one rule that masks secrets in connection strings;
 //! - [`setup`]: indexes, retention and the validator of the outbox collection;
 //! - [`lease`]: which of several relays leads, fenced by a term;
 //! - [`check`]: the start-up checks and their exit codes;
@@ -51,6 +52,7 @@ pub mod lease;
 pub mod observe;
 mod pipeline;
 pub mod publish;
+pub mod redact;
 pub mod relay;
 mod retry;
 pub mod setup;

@@ -25,9 +25,10 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{redact_uri, NatsMode};
+use crate::config::NatsMode;
 use crate::error::{Error, Result};
 use crate::publish::{connect_nats, StreamSetup};
+use crate::redact;
 use load::Clock;
 use process::{RelayProcess, RelayView, Usage};
 
@@ -188,8 +189,8 @@ pub async fn run(config: &BenchConfig) -> Result<Report> {
     let mut report = Report {
         version: env!("CARGO_PKG_VERSION"),
         server: config.server.clone(),
-        mongodb_uri: redact_uri(&config.mongodb_uri),
-        nats_url: redact_uri(&config.nats_url),
+        mongodb_uri: redact::uri(&config.mongodb_uri),
+        nats_url: redact::uri(&config.nats_url),
         count: config.count,
         rates: config.rates.clone(),
         started_at: DateTime::now().try_to_rfc3339_string().unwrap_or_default(),

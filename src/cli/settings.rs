@@ -71,6 +71,7 @@ fn setting_arg(setting: &Setting) -> Arg {
         .long(setting.flag())
         .env(setting.env())
         .help(setting.help())
+        .hide_env_values(setting.secret)
         .value_name(setting.key.to_ascii_uppercase());
     arg = match setting.shape {
         Shape::One => arg.action(ArgAction::Set),

@@ -69,7 +69,7 @@ settings! {
     /// leadership does not flap.
     pub struct RelayConfig {
         /// MongoDB connection string (a replica set or sharded cluster).
-        mongodb_uri: String = String::new(), required;
+        mongodb_uri: String [secret] = String::new(), required;
         /// Database holding the outbox collection.
         database: String = String::new(), required;
         /// The outbox collection.
@@ -77,7 +77,7 @@ settings! {
         /// Collection, in the same database, where resume tokens are kept.
         checkpoint_collection: String = "outbox_checkpoints".to_owned(), required;
         /// NATS server URL(s), comma-separated.
-        nats_url: String = "nats://127.0.0.1:4222".to_owned(), required;
+        nats_url: String [secret] = "nats://127.0.0.1:4222".to_owned(), required;
         /// Subject prefix: messages without a subject go to <prefix>.<type>,
         /// and explicit subjects under it are allowed.
         subject_prefix: String = crate::contract::DEFAULT_SUBJECT_PREFIX.to_owned();
@@ -297,38 +297,25 @@ impl RelayConfig {
     }
 }
 
-/// Shows a connection string without its password, for logs and errors.
-pub fn redact_uri(uri: &str) -> String {
-    let Some(scheme_end) = uri.find("://") else {
-        return uri.to_owned();
-    };
-    let rest = &uri[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => {
-            let user_info = &rest[..at];
-            let user = user_info.split(':').next().unwrap_or_default();
-            format!("{}{user}:***{}", &uri[..scheme_end + 3], &rest[at..])
-        }
-        None => uri.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn redacts_passwords_only() {
-        assert_eq!(
-            redact_uri("mongodb://app:s3cret@db1:27017,db2/?replicaSet=rs0"),
-            "mongodb://app:***@db1:27017,db2/?replicaSet=rs0"
-        );
-        assert_eq!(redact_uri("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
-        assert_eq!(
-            redact_uri("mongodb://h/?authSource=a@b"),
-            "mongodb://h/?authSource=a@b"
-        );
+    fn a_configuration_shows_its_secrets_masked() {
+        let mut config = RelayConfig::new("mongodb://app:s3cret@h/?w=1", "db");
+        config.nats_url = "nats://T0KEN@n1,nats://u:pw@n2".into();
+        let shown = format!("{config:?}");
+        assert!(shown.contains("mongodb://app:***@h/?w=1"), "{shown}");
+        for secret in ["s3cret", "T0KEN", ":pw@"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        let secret: Vec<&str> = RelayConfig::SETTINGS
+            .iter()
+            .filter(|s| s.secret)
+            .map(|s| s.key)
+            .collect();
+        assert_eq!(secret, ["mongodb_uri", "nats_url"]);
     }
 
     #[test]

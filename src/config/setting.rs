@@ -20,6 +20,9 @@ pub struct Setting {
     /// The field's name, which is also the config-file key.
     pub key: &'static str,
     pub(super) help: &'static str,
+    /// The value may hold a secret: it is shown only masked, and `--help`
+    /// does not show its environment variable's value.
+    pub secret: bool,
     /// How the value is written on a command line.
     pub shape: Shape,
     /// The words the value may be, for settings with a fixed set of them.
@@ -130,13 +133,23 @@ impl Setting {
         }
     }
 
+    /// A value of this setting as it may be shown.
+    pub fn masked(&self, value: &str) -> String {
+        if self.secret {
+            crate::redact::uri(value)
+        } else {
+            value.to_owned()
+        }
+    }
+
     /// The setting and its value, as the user wrote them.
     fn named(&self, given: Option<&Given>, config: &RelayConfig) -> String {
         let Some(given) = given else {
             let value = self.shown(config).unwrap_or_default();
-            return format!("{} = {value}", self.flag());
+            return format!("{} = {}", self.flag(), self.masked(&value));
         };
-        let value = format!("{:?}", given.values.join(","));
+        let value = given.values.join(",");
+        let value = format!("{:?}", self.masked(&value));
         match &given.origin {
             Origin::Flag => format!("--{} {value}", self.flag()),
             Origin::Environment => format!("{}={value}", self.env()),
@@ -397,22 +410,33 @@ pub(super) fn within<T: Bounded>(
 
 /// Declares the relay's settings: the struct, its defaults and its table.
 ///
-/// Each entry is a field with its doc comment (the help), its type, its
-/// default and optionally a rule (`within(..)`, `required`).
+/// Each entry is a field with its doc comment (the help), its type,
+/// `[secret]` if its value may hold one (it is then only ever shown
+/// masked), its default, and optionally a rule (`within(..)`, `required`).
 macro_rules! settings {
     (
         $(#[$meta:meta])*
         pub struct $name:ident {
             $(
                 $(#[doc = $doc:literal])+
-                $key:ident: $ty:ty = $default:expr $(, $rule:expr)?;
+                $key:ident: $ty:ty $([$secret:ident])? = $default:expr $(, $rule:expr)?;
             )+
         }
     ) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, PartialEq)]
+        #[derive(Clone, PartialEq)]
         pub struct $name {
             $( $(#[doc = $doc])+ pub $key: $ty, )+
+        }
+
+        /// Secret settings are shown masked, so that no log or panic of a
+        /// configuration shows a password.
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    $( .field(stringify!($key), &settings!(@debug self.$key $(, $secret)?)) )+
+                    .finish()
+            }
         }
 
         impl Default for $name {
@@ -427,6 +451,7 @@ macro_rules! settings {
                 $crate::config::Setting {
                     key: stringify!($key),
                     help: concat!($($doc),+),
+                    secret: settings!(@secret $($secret)?),
                     shape: <$ty as $crate::config::Value>::SHAPE,
                     choices: <$ty as $crate::config::Value>::choices,
                     show: |config| $crate::config::Value::show(&config.$key),
@@ -439,6 +464,10 @@ macro_rules! settings {
             )+];
         }
     };
+    (@secret secret) => { true };
+    (@secret) => { false };
+    (@debug $value:expr) => { $value };
+    (@debug $value:expr, secret) => { $crate::redact::uri(&$value) };
     (@rule $value:expr) => {{ let _ = &$value; Ok(()) }};
     (@rule $value:expr, $rule:expr) => { ($rule)(&$value) };
 }

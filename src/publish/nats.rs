@@ -11,10 +11,11 @@ use async_nats::{ConnectOptions, Event, HeaderMap};
 use futures::future::{BoxFuture, FutureExt};
 
 use super::{Ack, AckFuture, Health, PublishError, Publisher};
-use crate::config::{redact_uri, NatsMode, RelayConfig};
+use crate::config::{NatsMode, RelayConfig};
 use crate::contract::{ContractViolation, OutboxMessage};
 use crate::error::{CheckKind, Error, Result};
 use crate::observe::{Metrics, Server};
+use crate::redact;
 
 /// Publishes to NATS, acknowledged by JetStream or flushed on core NATS.
 #[derive(Debug, Clone)]
@@ -355,7 +356,7 @@ pub(crate) async fn connect(
                 format!(
                     "cannot connect to NATS at {}: {e}; check --nats-url and that nats-server is \
                      running",
-                    redact_uri(url)
+                    redact::uri(url)
                 ),
             )
         })

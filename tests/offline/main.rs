@@ -1,6 +1,8 @@
 //! Tests that need no server: the command line's handling of bad input,
-//! the document contract under generated input, and the docs' links.
+//! secrets kept out of every output, the document contract under
+//! generated input, and the docs' links.
 
 mod cli;
 mod contract_fuzz;
 mod docs;
+mod secrets;
