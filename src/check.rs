@@ -20,7 +20,7 @@ use async_nats::jetstream;
 use crate::config::{NatsMode, RelayConfig};
 use crate::connect::connect_mongodb;
 use crate::error::{CheckKind, Error, Result};
-use crate::publish::connect_nats;
+use crate::publish::NatsConnection;
 use crate::redact;
 use crate::setup;
 
@@ -110,7 +110,7 @@ pub async fn run(config: &RelayConfig) -> Report {
         }
         None => report.skip("outbox collection"),
     }
-    let nats = connect_nats(&config.nats_url, config.ack_timeout).await;
+    let nats = NatsConnection::for_config(config).connect().await;
     let url = redact::uri(&config.nats_url);
     let Some(client) = report.record("nats", nats, |client| {
         format!(

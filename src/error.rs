@@ -107,6 +107,8 @@ pub enum CheckKind {
     OutboxSetup,
     /// NATS cannot be reached.
     NatsUnreachable,
+    /// NATS refused the relay's credentials, or the TLS handshake failed.
+    NatsRefused,
     /// No JetStream stream captures the relay's subjects.
     NoStream,
     /// The stream forgets message ids sooner than the relay may redeliver.
@@ -124,6 +126,7 @@ impl CheckKind {
             CheckKind::NatsUnreachable => 6,
             CheckKind::NoStream => 7,
             CheckKind::DuplicateWindow => 8,
+            CheckKind::NatsRefused => 10,
         }
     }
 }
@@ -257,6 +260,7 @@ mod tests {
             (Error::check(CheckKind::NatsUnreachable, "x"), 6),
             (Error::check(CheckKind::NoStream, "x"), 7),
             (Error::check(CheckKind::DuplicateWindow, "x"), 8),
+            (Error::check(CheckKind::NatsRefused, "x"), 10),
             (Error::io("writing", io()), 1),
             (Error::StoredState("x".into()), 1),
             (Error::Protocol("x".into()), 1),

@@ -11,6 +11,7 @@ mod file;
 mod setting;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub use file::SettingsFile;
@@ -68,16 +69,40 @@ settings! {
     /// mark's `$in` list far under 16 MiB; the lease lasts long enough that
     /// leadership does not flap.
     pub struct RelayConfig {
-        /// MongoDB connection string (a replica set or sharded cluster).
+        /// MongoDB connection string (a replica set or sharded cluster);
+        /// TLS and authentication are options in it.
         mongodb_uri: String [secret] = String::new(), required;
+        /// File holding the MongoDB connection string, e.g. a mounted
+        /// secret (instead of --mongodb-uri).
+        mongodb_uri_file: Option<PathBuf> = None;
         /// Database holding the outbox collection.
         database: String = String::new(), required;
         /// The outbox collection.
         collection: String = crate::writer::DEFAULT_COLLECTION.to_owned(), required;
         /// Collection, in the same database, where resume tokens are kept.
         checkpoint_collection: String = "outbox_checkpoints".to_owned(), required;
-        /// NATS server URL(s), comma-separated.
+        /// NATS server URL(s), comma-separated; tls:// for TLS.
         nats_url: String [secret] = "nats://127.0.0.1:4222".to_owned(), required;
+        /// NATS credentials file (user JWT and nkey seed, as nsc writes it).
+        nats_creds: Option<PathBuf> = None;
+        /// File holding an nkey seed to authenticate to NATS with.
+        nats_nkey: Option<PathBuf> = None;
+        /// NATS user name (with --nats-password-file).
+        nats_user: Option<String> = None;
+        /// File holding the NATS user's password.
+        nats_password_file: Option<PathBuf> = None;
+        /// File holding a NATS authentication token.
+        nats_token_file: Option<PathBuf> = None;
+        /// PEM file of the certificate authority NATS's certificate is checked
+        /// against (a private CA).
+        nats_tls_ca: Option<PathBuf> = None;
+        /// PEM file of the client certificate, for servers that verify clients
+        /// (with --nats-tls-key).
+        nats_tls_cert: Option<PathBuf> = None;
+        /// PEM file of the client certificate's private key.
+        nats_tls_key: Option<PathBuf> = None;
+        /// Refuse to talk to NATS without TLS.
+        nats_tls_required: bool = false;
         /// Subject prefix: messages without a subject go to <prefix>.<type>,
         /// and explicit subjects under it are allowed.
         subject_prefix: String = crate::contract::DEFAULT_SUBJECT_PREFIX.to_owned();
@@ -211,6 +236,18 @@ impl RelayConfig {
             }
             origins.push(value);
         }
+        if let Some(path) = &config.mongodb_uri_file {
+            let uri_given = Self::SETTINGS
+                .iter()
+                .zip(&origins)
+                .any(|(setting, given)| setting.key == "mongodb_uri" && given.is_some());
+            if uri_given {
+                return Err(Error::Config(
+                    "give mongodb-uri or mongodb-uri-file, not both".into(),
+                ));
+            }
+            config.mongodb_uri = read_secret("mongodb-uri-file", path)?;
+        }
         for (setting, given) in Self::SETTINGS.iter().zip(&origins) {
             setting
                 .check(&config, given.as_ref())
@@ -230,6 +267,33 @@ impl RelayConfig {
 
     /// The rules that relate one setting to another.
     fn check_together(&self) -> Result<()> {
+        let nats_auth = [
+            ("nats-creds", self.nats_creds.is_some()),
+            ("nats-nkey", self.nats_nkey.is_some()),
+            ("nats-user", self.nats_user.is_some()),
+            ("nats-token-file", self.nats_token_file.is_some()),
+        ];
+        let chosen: Vec<&str> = nats_auth
+            .iter()
+            .filter(|(_, on)| *on)
+            .map(|(n, _)| *n)
+            .collect();
+        if chosen.len() > 1 {
+            return Err(Error::Config(format!(
+                "{} are different ways to authenticate to NATS: give one",
+                chosen.join(" and ")
+            )));
+        }
+        if self.nats_user.is_some() != self.nats_password_file.is_some() {
+            return Err(Error::Config(
+                "nats-user and nats-password-file go together: give both or neither".into(),
+            ));
+        }
+        if self.nats_tls_cert.is_some() != self.nats_tls_key.is_some() {
+            return Err(Error::Config(
+                "nats-tls-cert and nats-tls-key go together: give both or neither".into(),
+            ));
+        }
         if self.collection == self.checkpoint_collection {
             return Err(Error::Config(
                 "checkpoint-collection must differ from collection".into(),
@@ -295,6 +359,14 @@ impl RelayConfig {
         }
         Ok(rules)
     }
+}
+
+/// Reads a secret from the file a setting names (a mounted secret, say),
+/// without the line break editors add.
+pub fn read_secret(setting: &str, path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("{setting}: cannot read {}: {e}", path.display())))?;
+    Ok(text.trim().to_owned())
 }
 
 #[cfg(test)]

@@ -242,6 +242,16 @@ impl Value for Option<Duration> {
     }
 }
 
+/// A file's path; empty for none.
+impl Value for Option<PathBuf> {
+    fn parse(text: &str) -> Result<Self, String> {
+        Ok(Some(PathBuf::from(text)).filter(|path| !path.as_os_str().is_empty()))
+    }
+    fn show(&self) -> Option<String> {
+        self.as_ref().map(|path| path.display().to_string())
+    }
+}
+
 /// Whole numbers: counts and limits.
 macro_rules! whole_number {
     ($($ty:ty),+) => {$(

@@ -11,12 +11,14 @@
 //! the broker ([`Publisher::probe`]) rather than guess: one message must
 //! not stall the rest, and a broker outage must not dead-letter them all.
 
+mod connection;
 mod nats;
 pub(crate) mod stage;
 #[cfg(test)]
 mod tests;
 
-pub use nats::{connect_nats, NatsPublisher, StreamSetup};
+pub use connection::{connect_nats, NatsConnection};
+pub use nats::{NatsPublisher, StreamSetup};
 
 use futures::future::BoxFuture;
 

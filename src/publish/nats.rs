@@ -2,20 +2,19 @@
 
 use std::collections::HashMap;
 use std::error::Error as _;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, context::PublishErrorKind, ErrorCode};
-use async_nats::{ConnectOptions, Event, HeaderMap};
+use async_nats::HeaderMap;
 use futures::future::{BoxFuture, FutureExt};
 
+use super::connection::NatsConnection;
 use super::{Ack, AckFuture, Health, PublishError, Publisher};
 use crate::config::{NatsMode, RelayConfig};
 use crate::contract::{ContractViolation, OutboxMessage};
-use crate::error::{CheckKind, Error, Result};
-use crate::observe::{Metrics, Server};
-use crate::redact;
+use crate::error::{Error, Result};
+use crate::observe::Metrics;
 
 /// Publishes to NATS, acknowledged by JetStream or flushed on core NATS.
 #[derive(Debug, Clone)]
@@ -48,7 +47,7 @@ impl Denials {
     const PREFIX: &'static str = "permissions violation for publish to ";
 
     /// Records the subject of a server error if it is a publish denial.
-    fn note(&self, server_error: &str) {
+    pub(crate) fn note(&self, server_error: &str) {
         let lower = server_error.to_ascii_lowercase();
         let Some(start) = lower.find(Self::PREFIX) else {
             return;
@@ -78,13 +77,9 @@ impl NatsPublisher {
     /// must succeed.
     pub async fn connect(config: &RelayConfig, metrics: &Metrics) -> Result<Self> {
         let denials = Denials::default();
-        let client = connect(
-            &config.nats_url,
-            config.ack_timeout,
-            denials.clone(),
-            Some(metrics.clone()),
-        )
-        .await?;
+        let client = NatsConnection::for_config(config)
+            .connect_observed(denials.clone(), Some(metrics.clone()))
+            .await?;
         metrics.watch_nats(client.clone());
         let mut publisher = Self::from_client(client, config.nats_mode, config.ack_timeout);
         publisher.denials = denials;
@@ -301,88 +296,6 @@ fn full(info: &jetstream::stream::Info) -> Option<String> {
         return Some(format!("{} of {} bytes", state.bytes, config.max_bytes));
     }
     None
-}
-
-/// Connects to NATS the way the relay does: credentials in the URL are
-/// used, connection changes are logged, and the client reconnects forever.
-pub async fn connect_nats(url: &str, timeout: Duration) -> Result<async_nats::Client> {
-    connect(url, timeout, Denials::default(), None).await
-}
-
-/// Connects to NATS, logging connection changes once each, counting
-/// reconnections and noting publish permission denials.
-pub(crate) async fn connect(
-    url: &str,
-    timeout: Duration,
-    denials: Denials,
-    metrics: Option<Metrics>,
-) -> Result<async_nats::Client> {
-    // Only a connection that follows a disconnection is a reconnection.
-    let disconnected = Arc::new(AtomicBool::new(false));
-    with_url_credentials(ConnectOptions::new(), url)
-        .name("outbox-relay")
-        .connection_timeout(timeout)
-        .max_reconnects(None)
-        .event_callback(move |event| {
-            let (denials, metrics) = (denials.clone(), metrics.clone());
-            let disconnected = disconnected.clone();
-            async move {
-                match event {
-                    Event::Disconnected => {
-                        disconnected.store(true, Ordering::Relaxed);
-                        tracing::warn!("disconnected from NATS; reconnecting");
-                    }
-                    Event::Connected => {
-                        tracing::info!("connected to NATS");
-                        if let (true, Some(metrics)) =
-                            (disconnected.swap(false, Ordering::Relaxed), metrics)
-                        {
-                            metrics.reconnected(Server::Nats);
-                        }
-                    }
-                    Event::ServerError(async_nats::ServerError::Other(error)) => {
-                        denials.note(&error);
-                        tracing::debug!(%error, "NATS server error");
-                    }
-                    other => tracing::debug!(event = %other, "NATS connection event"),
-                }
-            }
-        })
-        .connect(url)
-        .await
-        .map_err(|e| {
-            Error::check(
-                CheckKind::NatsUnreachable,
-                format!(
-                    "cannot connect to NATS at {}: {e}; check --nats-url and that nats-server is \
-                     running",
-                    redact::uri(url)
-                ),
-            )
-        })
-}
-
-/// Applies credentials written in the server URL (`nats://user:pass@host`,
-/// or `nats://token@host`), which async-nats parses but does not send
-/// (nats-io/nats.rs#1623). The first URL that carries any is used.
-fn with_url_credentials(options: ConnectOptions, urls: &str) -> ConnectOptions {
-    let decode = |s: &str| {
-        percent_encoding::percent_decode_str(s)
-            .decode_utf8_lossy()
-            .into_owned()
-    };
-    let credentials = urls
-        .split(',')
-        .filter_map(|url| url.trim().parse::<async_nats::ServerAddr>().ok())
-        .find_map(|addr| {
-            addr.username()
-                .map(|user| (decode(user), addr.password().map(decode)))
-        });
-    match credentials {
-        Some((user, Some(password))) => options.user_and_password(user, password),
-        Some((token, None)) => options.token(token),
-        None => options,
-    }
 }
 
 fn headers(message: &OutboxMessage) -> HeaderMap {

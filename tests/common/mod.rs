@@ -364,6 +364,9 @@ pub struct NatsProcess {
     dir: std::path::PathBuf,
     /// The user clients put in the URL (password `secret`), if the server requires one.
     user: Option<&'static str>,
+    /// The server asks for credentials or TLS that a plain URL lacks, so
+    /// its start is seen by its port accepting connections.
+    secured: bool,
 }
 
 impl NatsProcess {
@@ -387,9 +390,40 @@ impl NatsProcess {
             port,
             dir,
             user,
+            secured: false,
         };
         nats.restart().await;
         nats
+    }
+
+    /// Starts a server whose `extra_config` (authorization, TLS) a plain
+    /// client cannot pass; `files` are written into its folder first, and
+    /// the config may name them by `{dir}`.
+    pub async fn start_secured(extra_config: &str, files: &[(&str, &str)]) -> Self {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("outbox-relay-nats-{port}-{}", ObjectId::new()));
+        std::fs::create_dir_all(&dir).expect("nats-server directory");
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).expect("a file for nats-server");
+        }
+        let extra = extra_config.replace("{dir}", &dir.display().to_string());
+        let config = format!("listen: \"127.0.0.1:{port}\"\n{extra}\n");
+        std::fs::write(dir.join("nats.conf"), config).expect("nats-server config");
+        let mut nats = NatsProcess {
+            child: None,
+            port,
+            dir,
+            user: None,
+            secured: true,
+        };
+        nats.restart().await;
+        nats
+    }
+
+    /// The server's folder, where test files may be written.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     pub fn url(&self) -> String {
@@ -409,10 +443,18 @@ impl NatsProcess {
             .spawn()
             .expect("start nats-server (scripts/services.sh installs it)");
         self.child = Some(child);
-        let url = self.url();
+        let (url, secured, port) = (self.url(), self.secured, self.port);
         wait_until("nats-server to accept connections", || {
             let url = url.clone();
-            async move { connect_nats(&url).await.is_ok() }
+            async move {
+                if secured {
+                    tokio::net::TcpStream::connect(("127.0.0.1", port))
+                        .await
+                        .is_ok()
+                } else {
+                    connect_nats(&url).await.is_ok()
+                }
+            }
         })
         .await;
     }
@@ -601,6 +643,23 @@ pub fn relay_command(env: &TestEnv) -> Command {
         .env("NO_COLOR", "1")
         .stdin(Stdio::null());
     command
+}
+
+/// What a command printed, standard output then standard error.
+pub fn output_text(output: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// The command exited with `code`, saying `saying`, without a panic.
+pub fn assert_exit(output: &std::process::Output, code: i32, saying: &str) {
+    let text = output_text(output);
+    assert_eq!(output.status.code(), Some(code), "{text}");
+    assert!(text.contains(saying), "should say {saying:?}: {text}");
+    assert!(!text.contains("panicked"), "{text}");
 }
 
 /// A relay process with short lease timings, logging to `target/relay-logs`.

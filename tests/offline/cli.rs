@@ -276,3 +276,39 @@ fn a_flag_beats_the_environment_which_beats_the_file() {
         "{from_flag}"
     );
 }
+
+/// The connection string may come from a file (a mounted secret), but not
+/// from a file and a flag at once.
+#[test]
+fn the_connection_string_may_come_from_a_file() {
+    let file = ConfigFile::new(
+        "uri-file",
+        "mongodb://app:FileSecret1729@127.0.0.1:1/?serverSelectionTimeoutMS=200\n",
+    );
+    let path = file.0.to_str().unwrap();
+    assert_exits_saying(
+        &["run", "--database", "d", "--mongodb-uri-file", path],
+        3,
+        &["cannot reach MongoDB at mongodb://app:***@127.0.0.1:1"],
+    );
+    let both = [
+        "run",
+        "--database",
+        "d",
+        "--mongodb-uri-file",
+        path,
+        "--mongodb-uri",
+        "mongodb://h",
+    ];
+    assert_fails_saying(&both, &["mongodb-uri-file, not both"]);
+    assert_fails_saying(
+        &[
+            "run",
+            "--database",
+            "d",
+            "--mongodb-uri-file",
+            "/nonexistent/uri",
+        ],
+        &["mongodb-uri-file: cannot read /nonexistent/uri"],
+    );
+}

@@ -9,6 +9,7 @@ mod common;
 mod contract;
 mod coordination;
 mod leader;
+mod nats_security;
 mod operate;
 mod poison;
 mod process;

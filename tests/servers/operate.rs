@@ -6,7 +6,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use crate::common::{
-    free_port, get, wait_until, write_orders, MongoProcess, RelayProcess, TestEnv,
+    assert_exit, free_port, get, wait_until, write_orders, MongoProcess, RelayProcess, TestEnv,
 };
 use async_nats::jetstream;
 use bson::{doc, oid::ObjectId, DateTime, Document};
@@ -131,21 +131,6 @@ fn relay_command(env: &TestEnv, args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run outbox-relay")
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
-fn assert_exit(output: &Output, code: i32, saying: &str) {
-    let text = text(output);
-    assert_eq!(output.status.code(), Some(code), "{text}");
-    assert!(text.contains(saying), "should say {saying:?}: {text}");
-    assert!(!text.contains("panicked"), "{text}");
 }
 
 #[tokio::test]

@@ -1,0 +1,194 @@
+//! Each way a secured NATS is reached, against a real nats-server set up
+//! for it: a user with a password file, a token file, an nkey, TLS with a
+//! private CA, and mutual TLS. The start-up check passes with the right
+//! credentials, and the wrong ones fail it with exit code 10 and a message
+//! that names what to check, never a hang.
+
+use std::path::Path;
+use std::process::Output;
+
+use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+
+use crate::common::{assert_exit, output_text as text, relay_command, NatsProcess, TestEnv};
+
+/// Runs `check` in core mode (no stream needed) against `nats`.
+fn check(env: &TestEnv, url: &str, args: &[&str]) -> Output {
+    relay_command(env)
+        .args(["check", "--nats-mode", "core", "--nats-url", url])
+        .args(args)
+        .output()
+        .expect("run outbox-relay")
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write a test file");
+    path.display().to_string()
+}
+
+fn plain_url(nats: &NatsProcess) -> String {
+    format!("nats://127.0.0.1:{}", nats.port)
+}
+
+#[tokio::test]
+async fn a_user_with_a_password_file_and_a_token_file_are_accepted_or_refused() {
+    let env = TestEnv::new().await;
+    let users = NatsProcess::start_secured(
+        "authorization { user: relay, password: \"pw-of-relay\" }",
+        &[],
+    )
+    .await;
+    let good = write(users.dir(), "password", "pw-of-relay\n");
+    let bad = write(users.dir(), "wrong", "not-the-password");
+    let url = plain_url(&users);
+    let args = |file: &str| {
+        ["--nats-user", "relay", "--nats-password-file"]
+            .map(str::to_owned)
+            .into_iter()
+            .chain([file.to_owned()])
+            .collect::<Vec<_>>()
+    };
+    let run = |file: &str| {
+        let args = args(file);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        check(&env, &url, &args)
+    };
+    assert_exit(&run(&good), 0, "ok    nats");
+    assert_exit(&run(&bad), 10, "refused the relay's credentials");
+    assert_exit(
+        &check(&env, &url, &[]),
+        10,
+        "refused the relay's credentials",
+    );
+
+    let tokens = NatsProcess::start_secured("authorization { token: \"tok-of-relay\" }", &[]).await;
+    let good = write(tokens.dir(), "token", "tok-of-relay");
+    let bad = write(tokens.dir(), "wrong", "tok-of-someone");
+    let url = plain_url(&tokens);
+    assert_exit(
+        &check(&env, &url, &["--nats-token-file", &good]),
+        0,
+        "ok    nats",
+    );
+    assert_exit(
+        &check(&env, &url, &["--nats-token-file", &bad]),
+        10,
+        "refused",
+    );
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn an_nkey_seed_file_authenticates() {
+    let env = TestEnv::new().await;
+    let user = nkeys::KeyPair::new_user();
+    let stranger = nkeys::KeyPair::new_user();
+    let nats = NatsProcess::start_secured(
+        &format!(
+            "authorization {{ users: [ {{ nkey: {} }} ] }}",
+            user.public_key()
+        ),
+        &[],
+    )
+    .await;
+    let seed = write(nats.dir(), "relay.nk", &user.seed().expect("a seed"));
+    let other = write(nats.dir(), "other.nk", &stranger.seed().expect("a seed"));
+    let url = plain_url(&nats);
+    assert_exit(&check(&env, &url, &["--nats-nkey", &seed]), 0, "ok    nats");
+    assert_exit(&check(&env, &url, &["--nats-nkey", &other]), 10, "refused");
+    env.drop().await;
+}
+
+/// A private CA, a server certificate for 127.0.0.1 and a client
+/// certificate, all signed by it: (file name, PEM) pairs.
+fn certificates() -> Vec<(&'static str, String)> {
+    let ca_key = KeyPair::generate().expect("a CA key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca.self_signed(&ca_key).expect("a CA certificate");
+    let signed = |names: Vec<String>| {
+        let key = KeyPair::generate().expect("a key");
+        let cert = CertificateParams::new(names)
+            .expect("parameters")
+            .signed_by(&key, &ca, &ca_key)
+            .expect("a certificate");
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server, server_key) = signed(vec!["127.0.0.1".into(), "localhost".into()]);
+    let (client, client_key) = signed(vec!["relay".into()]);
+    vec![
+        ("ca.pem", ca.pem()),
+        ("server.pem", server),
+        ("server-key.pem", server_key),
+        ("client.pem", client),
+        ("client-key.pem", client_key),
+    ]
+}
+
+#[tokio::test]
+async fn tls_with_a_private_ca_and_with_client_certificates() {
+    let env = TestEnv::new().await;
+    let pems = certificates();
+    let files: Vec<(&str, &str)> = pems.iter().map(|(n, p)| (*n, p.as_str())).collect();
+    let server_tls = "cert_file: \"{dir}/server.pem\"\nkey_file: \"{dir}/server-key.pem\"";
+    let tls = NatsProcess::start_secured(&format!("tls {{ {server_tls} }}"), &files).await;
+    let dir = tls.dir().display().to_string();
+    let ca = format!("{dir}/ca.pem");
+    let url = format!("tls://127.0.0.1:{}", tls.port);
+    assert_exit(&check(&env, &url, &["--nats-tls-ca", &ca]), 0, "ok    nats");
+    assert_exit(
+        &check(&env, &url, &["--nats-tls-ca", &ca, "--nats-tls-required"]),
+        0,
+        "ok    nats",
+    );
+    // Without the private CA the server's certificate is not trusted.
+    assert_exit(&check(&env, &url, &[]), 10, "TLS handshake");
+
+    let mutual = NatsProcess::start_secured(
+        &format!("tls {{ {server_tls}\nca_file: \"{{dir}}/ca.pem\"\nverify: true }}"),
+        &files,
+    )
+    .await;
+    let dir = mutual.dir().display().to_string();
+    let (ca, cert, key) = (
+        format!("{dir}/ca.pem"),
+        format!("{dir}/client.pem"),
+        format!("{dir}/client-key.pem"),
+    );
+    let url = format!("tls://127.0.0.1:{}", mutual.port);
+    let with_client = [
+        "--nats-tls-ca",
+        &ca,
+        "--nats-tls-cert",
+        &cert,
+        "--nats-tls-key",
+        &key,
+    ];
+    assert_exit(&check(&env, &url, &with_client), 0, "ok    nats");
+    let without = check(&env, &url, &["--nats-tls-ca", &ca]);
+    assert!(
+        matches!(without.status.code(), Some(6 | 10)),
+        "a server that verifies clients turns one without a certificate away: {}",
+        text(&without)
+    );
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_list_of_servers_is_accepted_with_credentials_on_any() {
+    let env = TestEnv::new().await;
+    let users = NatsProcess::start_secured(
+        "authorization { user: relay, password: \"pw-of-relay\" }",
+        &[],
+    )
+    .await;
+    let list = format!(
+        "nats://127.0.0.1:{},nats://relay:pw-of-relay@127.0.0.1:{}",
+        crate::common::free_port(),
+        users.port
+    );
+    let output = check(&env, &list, &[]);
+    assert_exit(&output, 0, "ok    nats");
+    assert!(!text(&output).contains("pw-of-relay"), "{}", text(&output));
+    env.drop().await;
+}
