@@ -247,7 +247,7 @@ mod tests {
             .collect();
         assert_eq!(
             documented,
-            (0..=9).collect::<Vec<u8>>(),
+            (0..=10).collect::<Vec<u8>>(),
             "the exit code table"
         );
         let io = || std::io::Error::other("disk full");
