@@ -192,3 +192,81 @@ async fn a_list_of_servers_is_accepted_with_credentials_on_any() {
     assert!(!text(&output).contains("pw-of-relay"), "{}", text(&output));
     env.drop().await;
 }
+
+/// A JWT as NATS's operator mode signs them: claims about `subject`,
+/// issued and signed by `issuer`.
+fn jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    let header = URL_SAFE_NO_PAD.encode(r#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let claims = serde_json::json!({
+        "jti": bson::oid::ObjectId::new().to_hex(),
+        "iat": 1_700_000_000,
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let claims = URL_SAFE_NO_PAD.encode(claims.to_string());
+    let signed = format!("{header}.{claims}");
+    let signature = issuer.sign(signed.as_bytes()).expect("a signature");
+    format!("{signed}.{}", URL_SAFE_NO_PAD.encode(signature))
+}
+
+/// A credentials file as `nsc` writes it: the user's JWT and seed.
+fn creds(user_jwt: &str, user: &nkeys::KeyPair) -> String {
+    format!(
+        "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+         -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+        user.seed().expect("a seed")
+    )
+}
+
+#[tokio::test]
+async fn an_operator_mode_credentials_file_authenticates() {
+    let env = TestEnv::new().await;
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let stranger_account = nkeys::KeyPair::new_account();
+    let user = nkeys::KeyPair::new_user();
+    let unlimited = serde_json::json!({
+        "limits": { "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+                    "wildcards": true, "conn": -1, "leaf": -1 },
+        "type": "account", "version": 2,
+    });
+    let operator_jwt = jwt(
+        &operator,
+        &operator.public_key(),
+        "O",
+        serde_json::json!({ "type": "operator", "version": 2 }),
+    );
+    let account_jwt = jwt(&operator, &account.public_key(), "A", unlimited);
+    let user_claims = serde_json::json!({
+        "pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1,
+        "type": "user", "version": 2,
+    });
+    let user_jwt = jwt(&account, &user.public_key(), "relay", user_claims.clone());
+    // Signed by an account the server does not know.
+    let stranger_jwt = jwt(&stranger_account, &user.public_key(), "relay", user_claims);
+    let nats = NatsProcess::start_secured(
+        &format!(
+            "operator: {operator_jwt}\nresolver: MEMORY\n\
+             resolver_preload: {{ {}: {account_jwt} }}",
+            account.public_key()
+        ),
+        &[],
+    )
+    .await;
+    let good = write(nats.dir(), "relay.creds", &creds(&user_jwt, &user));
+    let bad = write(nats.dir(), "stranger.creds", &creds(&stranger_jwt, &user));
+    let url = plain_url(&nats);
+    assert_exit(
+        &check(&env, &url, &["--nats-creds", &good]),
+        0,
+        "ok    nats",
+    );
+    assert_exit(&check(&env, &url, &["--nats-creds", &bad]), 10, "refused");
+    let missing = check(&env, &url, &["--nats-creds", "/nonexistent.creds"]);
+    assert_exit(&missing, 2, "nats-creds: cannot use /nonexistent.creds");
+    env.drop().await;
+}
