@@ -527,7 +527,10 @@ pub struct MongoProcess {
     pub port: u16,
     dir: PathBuf,
     /// Flags beyond address and storage, such as `--standalone`.
-    extra: Vec<&'static str>,
+    /// Flags the server is started with.
+    pub extra: Vec<String>,
+    /// Connection-string options a client needs (`&tls=true&...`).
+    pub options: String,
 }
 
 impl MongoProcess {
@@ -536,24 +539,37 @@ impl MongoProcess {
     }
 
     /// A private server started with extra flags.
-    pub async fn start_with(extra: &[&'static str]) -> Self {
-        let port = free_port();
-        let dir =
-            std::env::temp_dir().join(format!("outbox-relay-mongo-{port}-{}", ObjectId::new()));
-        let mut mongo = MongoProcess {
-            child: None,
-            port,
-            dir,
-            extra: extra.to_vec(),
-        };
+    pub async fn start_with(extra: &[&str]) -> Self {
+        let mut mongo = Self::unstarted(extra.iter().map(|s| (*s).to_owned()).collect());
         mongo.restart().await;
         mongo
     }
 
+    /// A server not started yet, with its port and folder chosen, so that
+    /// files it needs can be written into the folder first.
+    pub fn unstarted(extra: Vec<String>) -> Self {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("outbox-relay-mongo-{port}-{}", ObjectId::new()));
+        std::fs::create_dir_all(&dir).expect("a folder for SecantusDB");
+        MongoProcess {
+            child: None,
+            port,
+            dir,
+            extra,
+            options: String::new(),
+        }
+    }
+
+    /// The server's folder.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
     pub fn uri(&self) -> String {
         format!(
-            "mongodb://127.0.0.1:{}/?serverSelectionTimeoutMS=2000",
-            self.port
+            "mongodb://127.0.0.1:{}/?serverSelectionTimeoutMS=2000{}",
+            self.port, self.options
         )
     }
 

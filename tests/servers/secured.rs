@@ -1,7 +1,9 @@
-//! Each way a secured NATS is reached, against a real nats-server set up
-//! for it: a user with a password file, a token file, an nkey, TLS with a
-//! private CA, and mutual TLS. The start-up check passes with the right
-//! credentials, and the wrong ones fail it with exit code 10 and a message
+//! Each way a secured server is reached, against a real server set up for
+//! it. NATS: a user with a password file, a token file, an nkey, operator
+//! mode with a credentials file, TLS with a private CA, and mutual TLS.
+//! MongoDB: TLS with a private CA, and a user with a password. The start-up
+//! check passes with the right credentials; the wrong ones fail it at once
+//! with their own exit code (10 for NATS, 3 for MongoDB) and a message
 //! that names what to check, never a hang.
 
 use std::path::Path;
@@ -9,7 +11,9 @@ use std::process::Output;
 
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
 
-use crate::common::{assert_exit, output_text as text, relay_command, NatsProcess, TestEnv};
+use crate::common::{
+    assert_exit, output_text as text, relay_command, MongoProcess, NatsProcess, TestEnv,
+};
 
 /// Runs `check` in core mode (no stream needed) against `nats`.
 fn check(env: &TestEnv, url: &str, args: &[&str]) -> Output {
@@ -268,5 +272,82 @@ async fn an_operator_mode_credentials_file_authenticates() {
     assert_exit(&check(&env, &url, &["--nats-creds", &bad]), 10, "refused");
     let missing = check(&env, &url, &["--nats-creds", "/nonexistent.creds"]);
     assert_exit(&missing, 2, "nats-creds: cannot use /nonexistent.creds");
+    env.drop().await;
+}
+
+/// Runs `check` against a private MongoDB at `uri` (the shared NATS).
+fn check_mongodb(env: &TestEnv, uri: &str) -> Output {
+    relay_command(env)
+        .args(["check", "--nats-mode", "core", "--mongodb-uri", uri])
+        .output()
+        .expect("run outbox-relay")
+}
+
+#[tokio::test]
+async fn mongodb_over_tls_with_a_private_ca() {
+    let env = TestEnv::new().await;
+    let pems = certificates();
+    let mut mongo = MongoProcess::unstarted(Vec::new());
+    let folder = mongo.dir().with_extension("tls");
+    std::fs::create_dir_all(&folder).expect("a folder for certificates");
+    for (name, pem) in &pems {
+        write(&folder, name, pem);
+    }
+    let file = |name: &str| folder.join(name).display().to_string();
+    mongo.extra = vec![
+        "--tls-cert-file".into(),
+        file("server.pem"),
+        "--tls-key-file".into(),
+        file("server-key.pem"),
+    ];
+    mongo.options = format!("&tls=true&tlsCAFile={}", file("ca.pem"));
+    mongo.restart().await;
+
+    assert_exit(&check_mongodb(&env, &mongo.uri()), 0, "ok    mongodb");
+    let untrusted = format!(
+        "mongodb://127.0.0.1:{}/?serverSelectionTimeoutMS=1000&tls=true",
+        mongo.port
+    );
+    assert_exit(&check_mongodb(&env, &untrusted), 3, "cannot reach MongoDB");
+    drop(mongo);
+    let _ = std::fs::remove_dir_all(&folder);
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn mongodb_with_a_user_and_password() {
+    let env = TestEnv::new().await;
+    let mut mongo = MongoProcess::start_with(&[]).await;
+    let admin = mongodb::Client::with_uri_str(mongo.uri())
+        .await
+        .expect("a client")
+        .database("admin");
+    admin
+        .run_command(bson::doc! {
+            "createUser": "relay", "pwd": "pw-of-relay", "roles": ["root"],
+        })
+        .await
+        .expect("create the relay's user");
+    mongo.stop();
+    mongo.extra = vec!["--auth".into()];
+    mongo.restart().await;
+    let uri = |password: &str| {
+        format!(
+            "mongodb://relay:{password}@127.0.0.1:{}/?authSource=admin&serverSelectionTimeoutMS=1000",
+            mongo.port
+        )
+    };
+    assert_exit(
+        &check_mongodb(&env, &uri("pw-of-relay")),
+        0,
+        "ok    mongodb",
+    );
+    let refused = check_mongodb(&env, &uri("not-the-password"));
+    assert_exit(&refused, 3, "cannot reach MongoDB");
+    assert!(
+        !text(&refused).contains("not-the-password"),
+        "{}",
+        text(&refused)
+    );
     env.drop().await;
 }
