@@ -31,7 +31,9 @@ impl SettingsFile {
                 path.display()
             ))
         };
-        let table: toml::Table = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        // A syntax error quotes its line, which may hold a connection string.
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| invalid(crate::redact::uri(&e.to_string())))?;
         let mut given = HashMap::new();
         for (key, value) in table {
             let Some(setting) = RelayConfig::SETTINGS.iter().find(|s| s.key == key) else {
@@ -78,6 +80,17 @@ mod tests {
 
     fn parse(text: &str) -> Result<SettingsFile> {
         SettingsFile::parse(text, Path::new("relay.toml"))
+    }
+
+    #[test]
+    fn a_syntax_error_does_not_quote_a_password() {
+        let error = parse("mongodb_uri = \"mongodb://app:s3cret@h/\" oops")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("relay.toml") && !error.contains("s3cret"),
+            "{error}"
+        );
     }
 
     #[test]
