@@ -115,7 +115,10 @@ impl Lease {
                         tracing::info!("standing by: another relay holds the lease");
                         announced = true;
                     }
-                    remaining.min(self.timing.standby_poll_interval)
+                    // Not at once even if the lease read as over: a read
+                    // may lag the write that took it.
+                    let poll = self.timing.standby_poll_interval;
+                    remaining.clamp(poll / 10, poll)
                 }
                 Err(error) => {
                     outage.failed(&error);

@@ -59,23 +59,82 @@ fn url(text: &str) -> String {
         Some(at) => text.split_at(at + 3),
         None => ("", text),
     };
-    let query_start = rest.find(['?', '#']).unwrap_or(rest.len());
-    let (address, tail) = rest.split_at(query_start);
-    // The user info ends at the last '@' before the query, and begins after
-    // the last '/' before it (so `mongodb//u:p@h`, a typo, is masked too).
-    let address = match address.rfind('@') {
-        Some(at) => {
-            let start = address[..at].rfind('/').map_or(0, |i| i + 1);
-            let shown = match address[start..at].split_once(':') {
+    let (shown, after) = match user_info(rest) {
+        Some((start, at)) => {
+            let shown = match rest[start..at].split_once(':') {
                 Some((user, _password)) => format!("{user}:{MASK}"),
                 // A user part without a password is a token or an nkey.
                 None => MASK.to_owned(),
             };
-            format!("{}{shown}{}", &address[..start], &address[at..])
+            (format!("{}{shown}", &rest[..start]), &rest[at..])
         }
-        None => address.to_owned(),
+        None => (String::new(), rest),
     };
-    format!("{scheme}{address}{}", options(tail))
+    let host_end = after.find(['/', '?', '#']).unwrap_or(after.len());
+    let (host, tail) = after.split_at(host_end);
+    format!("{scheme}{shown}{host}{}", options(tail))
+}
+
+/// Where the user info of `rest` (a URL after its scheme) begins and ends.
+///
+/// A password may hold characters that should have been percent-encoded
+/// (`/`, `?`, `#`, `@`), and a query may hold an `@`; when in doubt this
+/// masks too much rather than too little. The user info ends at the last
+/// `@`. It starts at the beginning if no `/` comes before that `@`, or if a
+/// `:` comes before the first `/` (a password with a `/`); otherwise the
+/// `@` is in a path or query, unless the last path segment before it reads
+/// like user info (`mongodb//u:p@h`, a typo).
+fn user_info(rest: &str) -> Option<(usize, usize)> {
+    let at = rest.rfind('@')?;
+    let before = &rest[..at];
+    match (before.find(':'), before.find('/')) {
+        (_, None) => Some((0, at)),
+        (Some(colon), Some(slash)) if colon < slash => Some((0, at)),
+        (_, Some(_)) => {
+            let start = before.rfind('/').map_or(0, |i| i + 1);
+            let segment = &before[start..];
+            (!segment.contains(['?', '=', '&', '#'])).then_some((start, at))
+        }
+    }
+}
+
+/// A URL without its user info, for a client that takes credentials
+/// apart from the address and might log the address.
+pub fn without_user_info(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(at) => url.split_at(at + 3),
+        None => ("", url),
+    };
+    match user_info(rest) {
+        Some((start, at)) => format!("{scheme}{}{}", &rest[..start], &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
+
+/// Masks every word of a message that reads like a connection string or
+/// an address with user info, leaving the rest of the message as it is.
+pub fn text(message: &str) -> String {
+    let mut shown = String::with_capacity(message.len());
+    let mut word = String::new();
+    for c in message.chars() {
+        if c.is_whitespace() || matches!(c, '"' | '\'' | '`') {
+            shown.push_str(&masked_word(&word));
+            word.clear();
+            shown.push(c);
+        } else {
+            word.push(c);
+        }
+    }
+    shown.push_str(&masked_word(&word));
+    shown
+}
+
+fn masked_word(word: &str) -> String {
+    if word.contains("://") || word.contains('@') {
+        uri(word)
+    } else {
+        word.to_owned()
+    }
 }
 
 /// The path and query of a URL, with secret options' values masked.
@@ -103,7 +162,7 @@ fn is_secret(option: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::uri;
+    use super::{text, uri};
 
     #[test]
     fn masks_passwords_tokens_and_secret_options_only() {
@@ -129,9 +188,22 @@ mod tests {
             ),
             ("u:s3cret@127.0.0.1:4222", "u:***@127.0.0.1:4222"),
             ("mongodb//app:s3cret@h", "mongodb//app:***@h"),
+            ("mongodb://app:Pa?ss#w0rd@h:1/?w=1", "mongodb://app:***@h:1/?w=1"),
+            ("mongodb://app:Pa/ss@h:1/db", "mongodb://app:***@h:1/db"),
+            ("nats://u:p@ss@h:4222", "nats://u:***@h:4222"),
+            ("mongodb://[::1]:27017/?w=1", "mongodb://[::1]:27017/?w=1"),
         ];
         for (given, shown) in cases {
             assert_eq!(uri(given), shown, "{given}");
         }
+    }
+
+    #[test]
+    fn masks_the_addresses_in_a_message_and_nothing_else() {
+        assert_eq!(
+            text("bad value \"mongodb://u:pw@h/\" at line 1, near ops@corp"),
+            "bad value \"mongodb://u:***@h/\" at line 1, near ***@corp"
+        );
+        assert_eq!(text("no address here: 5s"), "no address here: 5s");
     }
 }

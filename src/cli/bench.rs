@@ -16,11 +16,17 @@ pub struct BenchArgs {
     #[arg(
         long,
         env = "OUTBOX_MONGODB_URI",
+        hide_env_values = true,
         default_value = "mongodb://127.0.0.1:27017"
     )]
     pub mongodb_uri: String,
     /// NATS to measure against.
-    #[arg(long, env = "OUTBOX_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    #[arg(
+        long,
+        env = "OUTBOX_NATS_URL",
+        hide_env_values = true,
+        default_value = "nats://127.0.0.1:4222"
+    )]
     pub nats_url: String,
     /// Offered rates in messages a second, comma-separated; "max" is as fast as it goes.
     #[arg(long, default_value = "100,1000,max", value_delimiter = ',')]

@@ -33,7 +33,7 @@ impl SettingsFile {
         };
         // A syntax error quotes its line, which may hold a connection string.
         let table: toml::Table =
-            toml::from_str(text).map_err(|e| invalid(crate::redact::uri(&e.to_string())))?;
+            toml::from_str(text).map_err(|e| invalid(crate::redact::text(&e.to_string())))?;
         let mut given = HashMap::new();
         for (key, value) in table {
             let Some(setting) = RelayConfig::SETTINGS.iter().find(|s| s.key == key) else {

@@ -91,7 +91,7 @@ impl NatsConnection {
     ) -> Result<async_nats::Client> {
         let servers = self.servers()?;
         let options = self
-            .authenticated(self.tls(watched(denials, metrics)))
+            .authenticated(self.tls(watched(denials, metrics))?)
             .await?;
         options
             .name("outbox-relay")
@@ -102,26 +102,47 @@ impl NatsConnection {
             .map_err(|e| self.refused(e))
     }
 
-    /// The server list; each URL may carry credentials.
+    /// The server list, without the credentials the URLs may carry (they
+    /// are sent apart, by [`with_url_credentials`], and the client logs
+    /// the addresses it connects to).
     fn servers(&self) -> Result<Vec<ServerAddr>> {
         self.urls
             .split(',')
             .map(str::trim)
             .filter(|url| !url.is_empty())
             .map(|url| {
-                url.parse::<ServerAddr>().map_err(|e| {
-                    Error::Config(format!(
-                        "nats-url {} is not a NATS URL ({e}); write it like \
+                redact::without_user_info(url)
+                    .parse::<ServerAddr>()
+                    .map_err(|e| {
+                        Error::Config(format!(
+                            "nats-url {} is not a NATS URL ({e}); write it like \
                          \"nats://host:4222\" or \"tls://host:4222\", several separated by commas",
-                        redact::uri(url)
-                    ))
-                })
+                            redact::uri(url)
+                        ))
+                    })
             })
             .collect()
     }
 
     /// The credentials: from files the settings name, else from the URLs.
     async fn authenticated(&self, options: ConnectOptions) -> Result<ConnectOptions> {
+        let in_urls = url_credentials(&self.urls);
+        let from_files = self.creds.is_some()
+            || self.nkey.is_some()
+            || self.user.is_some()
+            || self.token_file.is_some();
+        if in_urls.len() > 1 {
+            return Err(Error::Config(
+                "nats-url carries different credentials on different servers; the relay \
+                 authenticates one way to all of them: give one set"
+                    .into(),
+            ));
+        }
+        if from_files && !in_urls.is_empty() {
+            return Err(Error::Config(
+                "nats-url carries credentials, and another setting names more: give one".into(),
+            ));
+        }
         if let Some(path) = &self.creds {
             return options.credentials_file(path).await.map_err(|e| {
                 Error::Config(format!("nats-creds: cannot use {}: {e}", path.display()))
@@ -140,14 +161,30 @@ impl NatsConnection {
         Ok(with_url_credentials(options, &self.urls))
     }
 
-    fn tls(&self, mut options: ConnectOptions) -> ConnectOptions {
+    /// TLS as set: a CA or a client certificate implies TLS, so that a
+    /// server that offers none is refused rather than talked to in clear.
+    fn tls(&self, mut options: ConnectOptions) -> Result<ConnectOptions> {
+        let readable = |setting: &str, path: &PathBuf| {
+            if path.is_file() {
+                Ok(path.clone())
+            } else {
+                Err(Error::Config(format!(
+                    "{setting}: cannot read {}: no such file",
+                    path.display()
+                )))
+            }
+        };
         if let Some(ca) = &self.tls_ca {
-            options = options.add_root_certificates(ca.clone());
+            options = options.add_root_certificates(readable("nats-tls-ca", ca)?);
         }
         if let Some((cert, key)) = &self.tls_client {
-            options = options.add_client_certificate(cert.clone(), key.clone());
+            options = options.add_client_certificate(
+                readable("nats-tls-cert", cert)?,
+                readable("nats-tls-key", key)?,
+            );
         }
-        options.require_tls(self.tls_required)
+        let implied = self.tls_ca.is_some() || self.tls_client.is_some();
+        Ok(options.require_tls(self.tls_required || implied))
     }
 
     /// Why the first connection failed, as a start-up check's failure: a
@@ -246,6 +283,23 @@ fn watched(denials: Denials, metrics: Option<Metrics>) -> ConnectOptions {
 /// are used, connection changes are logged, and the client reconnects forever.
 pub async fn connect_nats(url: &str, timeout: Duration) -> Result<async_nats::Client> {
     NatsConnection::new(url, timeout).connect().await
+}
+
+/// The distinct credentials written in the URLs.
+fn url_credentials(urls: &str) -> Vec<(String, Option<String>)> {
+    let mut found: Vec<(String, Option<String>)> = Vec::new();
+    for addr in urls
+        .split(',')
+        .filter_map(|url| url.trim().parse::<ServerAddr>().ok())
+    {
+        if let Some(user) = addr.username() {
+            let credential = (user.to_owned(), addr.password().map(str::to_owned));
+            if !found.contains(&credential) {
+                found.push(credential);
+            }
+        }
+    }
+    found
 }
 
 /// Applies credentials written in the server URL (`nats://user:pass@host`,

@@ -661,6 +661,18 @@ pub fn relay_command(env: &TestEnv) -> Command {
     command
 }
 
+/// Runs a command to its end, failing the test if it takes longer than
+/// [`WAIT`] (a hang is a failure, not a stuck suite).
+pub async fn bounded(command: Command) -> std::process::Output {
+    let run = tokio::process::Command::from(command)
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(WAIT, run)
+        .await
+        .expect("the command ends by itself")
+        .expect("run the command")
+}
+
 /// What a command printed, standard output then standard error.
 pub fn output_text(output: &std::process::Output) -> String {
     format!(

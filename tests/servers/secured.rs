@@ -12,16 +12,19 @@ use std::process::Output;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
 
 use crate::common::{
-    assert_exit, output_text as text, relay_command, MongoProcess, NatsProcess, TestEnv,
+    assert_exit, bounded, output_text as text, relay_command, MongoProcess, NatsProcess, TestEnv,
 };
 
 /// Runs `check` in core mode (no stream needed) against `nats`.
-fn check(env: &TestEnv, url: &str, args: &[&str]) -> Output {
-    relay_command(env)
+async fn check(env: &TestEnv, url: &str, args: &[&str]) -> Output {
+    let mut command = relay_command(env);
+    command
         .args(["check", "--nats-mode", "core", "--nats-url", url])
         .args(args)
-        .output()
-        .expect("run outbox-relay")
+        // The client's own debug logs name the servers it connects to;
+        // no secret may be among them.
+        .env("RUST_LOG", "debug");
+    bounded(command).await
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> String {
@@ -45,22 +48,21 @@ async fn a_user_with_a_password_file_and_a_token_file_are_accepted_or_refused() 
     let good = write(users.dir(), "password", "pw-of-relay\n");
     let bad = write(users.dir(), "wrong", "not-the-password");
     let url = plain_url(&users);
-    let args = |file: &str| {
-        ["--nats-user", "relay", "--nats-password-file"]
-            .map(str::to_owned)
-            .into_iter()
-            .chain([file.to_owned()])
-            .collect::<Vec<_>>()
-    };
-    let run = |file: &str| {
-        let args = args(file);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        check(&env, &url, &args)
-    };
-    assert_exit(&run(&good), 0, "ok    nats");
-    assert_exit(&run(&bad), 10, "refused the relay's credentials");
+    for (file, code, saying) in [
+        (&good, 0, "ok    nats"),
+        (&bad, 10, "refused the relay's credentials"),
+    ] {
+        let with_user = ["--nats-user", "relay", "--nats-password-file", file];
+        let output = check(&env, &url, &with_user).await;
+        assert_exit(&output, code, saying);
+        let said = text(&output);
+        assert!(
+            !said.contains("pw-of-relay") && !said.contains("not-the-password"),
+            "{said}"
+        );
+    }
     assert_exit(
-        &check(&env, &url, &[]),
+        &check(&env, &url, &[]).await,
         10,
         "refused the relay's credentials",
     );
@@ -70,12 +72,12 @@ async fn a_user_with_a_password_file_and_a_token_file_are_accepted_or_refused() 
     let bad = write(tokens.dir(), "wrong", "tok-of-someone");
     let url = plain_url(&tokens);
     assert_exit(
-        &check(&env, &url, &["--nats-token-file", &good]),
+        &check(&env, &url, &["--nats-token-file", &good]).await,
         0,
         "ok    nats",
     );
     assert_exit(
-        &check(&env, &url, &["--nats-token-file", &bad]),
+        &check(&env, &url, &["--nats-token-file", &bad]).await,
         10,
         "refused",
     );
@@ -98,8 +100,16 @@ async fn an_nkey_seed_file_authenticates() {
     let seed = write(nats.dir(), "relay.nk", &user.seed().expect("a seed"));
     let other = write(nats.dir(), "other.nk", &stranger.seed().expect("a seed"));
     let url = plain_url(&nats);
-    assert_exit(&check(&env, &url, &["--nats-nkey", &seed]), 0, "ok    nats");
-    assert_exit(&check(&env, &url, &["--nats-nkey", &other]), 10, "refused");
+    assert_exit(
+        &check(&env, &url, &["--nats-nkey", &seed]).await,
+        0,
+        "ok    nats",
+    );
+    assert_exit(
+        &check(&env, &url, &["--nats-nkey", &other]).await,
+        10,
+        "refused",
+    );
     env.drop().await;
 }
 
@@ -139,14 +149,23 @@ async fn tls_with_a_private_ca_and_with_client_certificates() {
     let dir = tls.dir().display().to_string();
     let ca = format!("{dir}/ca.pem");
     let url = format!("tls://127.0.0.1:{}", tls.port);
-    assert_exit(&check(&env, &url, &["--nats-tls-ca", &ca]), 0, "ok    nats");
     assert_exit(
-        &check(&env, &url, &["--nats-tls-ca", &ca, "--nats-tls-required"]),
+        &check(&env, &url, &["--nats-tls-ca", &ca]).await,
         0,
         "ok    nats",
     );
+    assert_exit(
+        &check(&env, &url, &["--nats-tls-ca", &ca, "--nats-tls-required"]).await,
+        0,
+        "ok    nats",
+    );
+    // A CA implies TLS: a server in clear is refused, not talked to.
+    let in_clear = check(&env, &env.nats_url, &["--nats-tls-ca", &ca]).await;
+    assert_exit(&in_clear, 10, "TLS");
+    let missing = check(&env, &url, &["--nats-tls-ca", "/nonexistent/ca.pem"]).await;
+    assert_exit(&missing, 2, "nats-tls-ca: cannot read /nonexistent/ca.pem");
     // Without the private CA the server's certificate is not trusted.
-    assert_exit(&check(&env, &url, &[]), 10, "TLS handshake");
+    assert_exit(&check(&env, &url, &[]).await, 10, "TLS handshake");
 
     let mutual = NatsProcess::start_secured(
         &format!("tls {{ {server_tls}\nca_file: \"{{dir}}/ca.pem\"\nverify: true }}"),
@@ -168,8 +187,8 @@ async fn tls_with_a_private_ca_and_with_client_certificates() {
         "--nats-tls-key",
         &key,
     ];
-    assert_exit(&check(&env, &url, &with_client), 0, "ok    nats");
-    let without = check(&env, &url, &["--nats-tls-ca", &ca]);
+    assert_exit(&check(&env, &url, &with_client).await, 0, "ok    nats");
+    let without = check(&env, &url, &["--nats-tls-ca", &ca]).await;
     assert!(
         matches!(without.status.code(), Some(6 | 10)),
         "a server that verifies clients turns one without a certificate away: {}",
@@ -186,13 +205,32 @@ async fn a_list_of_servers_is_accepted_with_credentials_on_any() {
         &[],
     )
     .await;
+    // The first server accepts connections and never speaks: the client
+    // gives up on it (and logs it at debug) before trying the next.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a silent server");
     let list = format!(
-        "nats://127.0.0.1:{},nats://relay:pw-of-relay@127.0.0.1:{}",
-        crate::common::free_port(),
+        "nats://relay:pw-of-relay@{},nats://relay:pw-of-relay@127.0.0.1:{}",
+        silent.local_addr().expect("its address"),
         users.port
     );
-    let output = check(&env, &list, &[]);
+    let output = check(&env, &list, &["--ack-timeout", "1s"]).await;
     assert_exit(&output, 0, "ok    nats");
+    let token = write(users.dir(), "token", "tok");
+    let twice = check(&env, &list, &["--nats-token-file", &token]).await;
+    assert_exit(
+        &twice,
+        2,
+        "nats-url carries credentials, and another setting",
+    );
+    let two_sets = format!(
+        "nats://a:1@127.0.0.1:1,nats://relay:pw-of-relay@127.0.0.1:{}",
+        users.port
+    );
+    assert_exit(
+        &check(&env, &two_sets, &[]).await,
+        2,
+        "different credentials",
+    );
     assert!(!text(&output).contains("pw-of-relay"), "{}", text(&output));
     env.drop().await;
 }
@@ -265,22 +303,25 @@ async fn an_operator_mode_credentials_file_authenticates() {
     let bad = write(nats.dir(), "stranger.creds", &creds(&stranger_jwt, &user));
     let url = plain_url(&nats);
     assert_exit(
-        &check(&env, &url, &["--nats-creds", &good]),
+        &check(&env, &url, &["--nats-creds", &good]).await,
         0,
         "ok    nats",
     );
-    assert_exit(&check(&env, &url, &["--nats-creds", &bad]), 10, "refused");
-    let missing = check(&env, &url, &["--nats-creds", "/nonexistent.creds"]);
+    assert_exit(
+        &check(&env, &url, &["--nats-creds", &bad]).await,
+        10,
+        "refused",
+    );
+    let missing = check(&env, &url, &["--nats-creds", "/nonexistent.creds"]).await;
     assert_exit(&missing, 2, "nats-creds: cannot use /nonexistent.creds");
     env.drop().await;
 }
 
 /// Runs `check` against a private MongoDB at `uri` (the shared NATS).
-fn check_mongodb(env: &TestEnv, uri: &str) -> Output {
-    relay_command(env)
-        .args(["check", "--nats-mode", "core", "--mongodb-uri", uri])
-        .output()
-        .expect("run outbox-relay")
+async fn check_mongodb(env: &TestEnv, uri: &str) -> Output {
+    let mut command = relay_command(env);
+    command.args(["check", "--nats-mode", "core", "--mongodb-uri", uri]);
+    bounded(command).await
 }
 
 #[tokio::test]
@@ -303,12 +344,16 @@ async fn mongodb_over_tls_with_a_private_ca() {
     mongo.options = format!("&tls=true&tlsCAFile={}", file("ca.pem"));
     mongo.restart().await;
 
-    assert_exit(&check_mongodb(&env, &mongo.uri()), 0, "ok    mongodb");
+    assert_exit(&check_mongodb(&env, &mongo.uri()).await, 0, "ok    mongodb");
     let untrusted = format!(
         "mongodb://127.0.0.1:{}/?serverSelectionTimeoutMS=1000&tls=true",
         mongo.port
     );
-    assert_exit(&check_mongodb(&env, &untrusted), 3, "cannot reach MongoDB");
+    assert_exit(
+        &check_mongodb(&env, &untrusted).await,
+        3,
+        "cannot reach MongoDB",
+    );
     drop(mongo);
     let _ = std::fs::remove_dir_all(&folder);
     env.drop().await;
@@ -338,11 +383,11 @@ async fn mongodb_with_a_user_and_password() {
         )
     };
     assert_exit(
-        &check_mongodb(&env, &uri("pw-of-relay")),
+        &check_mongodb(&env, &uri("pw-of-relay")).await,
         0,
         "ok    mongodb",
     );
-    let refused = check_mongodb(&env, &uri("not-the-password"));
+    let refused = check_mongodb(&env, &uri("not-the-password")).await;
     assert_exit(&refused, 3, "cannot reach MongoDB");
     assert!(
         !text(&refused).contains("not-the-password"),
