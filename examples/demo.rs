@@ -102,8 +102,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let outbox = Outbox::new(&db);
             let orders = db.collection::<Document>("orders");
             while let Ok(n) = ticks_rx.recv().await {
-                if let Err(e) = place_order(&client, &outbox, &orders, n, &committed).await {
-                    eprintln!("order {n} failed: {e}");
+                // A transaction that conflicts with a concurrent one is
+                // retried, as MongoDB's TransientTransactionError label asks.
+                for attempt in 1..=5 {
+                    let placed = place_order(&client, &outbox, &orders, n, &committed)
+                        .await
+                        .map_err(|e| (is_transient(e.as_ref()), brief(e.as_ref())));
+                    match placed {
+                        Ok(()) => break,
+                        Err((true, _)) if attempt < 5 => {
+                            tokio::time::sleep(Duration::from_millis(5 * attempt)).await;
+                        }
+                        Err((_, why)) => {
+                            eprintln!("order {n} failed: {why}");
+                            break;
+                        }
+                    }
                 }
             }
         }));
@@ -178,4 +192,23 @@ async fn place_order(
     }
     session.commit_transaction().await?;
     Ok(())
+}
+
+fn is_transient(error: &(dyn std::error::Error + 'static)) -> bool {
+    error
+        .downcast_ref::<mongodb::error::Error>()
+        .is_some_and(|e| e.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR))
+}
+
+/// A driver error in one line: the server's message, not its raw reply.
+fn brief(error: &(dyn std::error::Error + 'static)) -> String {
+    match error
+        .downcast_ref::<mongodb::error::Error>()
+        .map(|e| &*e.kind)
+    {
+        Some(mongodb::error::ErrorKind::Command(command)) => {
+            format!("{} (code {})", command.message, command.code)
+        }
+        _ => error.to_string(),
+    }
 }
