@@ -53,12 +53,18 @@ fn url_starts(text: &str) -> Vec<usize> {
     starts
 }
 
-/// One URL (with whatever separator follows it), masked.
-fn url(text: &str) -> String {
-    let (scheme, rest) = match text.find("://") {
+/// A URL's scheme with its `://`, and the rest; no scheme for an address
+/// written without one.
+fn split_scheme(text: &str) -> (&str, &str) {
+    match text.find("://") {
         Some(at) => text.split_at(at + 3),
         None => ("", text),
-    };
+    }
+}
+
+/// One URL (with whatever separator follows it), masked.
+fn url(text: &str) -> String {
+    let (scheme, rest) = split_scheme(text);
     let (shown, after) = match user_info(rest) {
         Some((start, at)) => {
             let shown = match rest[start..at].split_once(':') {
@@ -101,10 +107,7 @@ fn user_info(rest: &str) -> Option<(usize, usize)> {
 /// A URL without its user info, for a client that takes credentials
 /// apart from the address and might log the address.
 pub fn without_user_info(url: &str) -> String {
-    let (scheme, rest) = match url.find("://") {
-        Some(at) => url.split_at(at + 3),
-        None => ("", url),
-    };
+    let (scheme, rest) = split_scheme(url);
     match user_info(rest) {
         Some((start, at)) => format!("{scheme}{}{}", &rest[..start], &rest[at + 1..]),
         None => url.to_owned(),

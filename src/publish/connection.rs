@@ -103,13 +103,10 @@ impl NatsConnection {
     }
 
     /// The server list, without the credentials the URLs may carry (they
-    /// are sent apart, by [`with_url_credentials`], and the client logs
-    /// the addresses it connects to).
+    /// are sent apart, from [`url_credentials`], and the client logs the
+    /// addresses it connects to).
     fn servers(&self) -> Result<Vec<ServerAddr>> {
-        self.urls
-            .split(',')
-            .map(str::trim)
-            .filter(|url| !url.is_empty())
+        each_url(&self.urls)
             .map(|url| {
                 redact::without_user_info(url)
                     .parse::<ServerAddr>()
@@ -158,7 +155,11 @@ impl NatsConnection {
         if let Some(path) = &self.token_file {
             return Ok(options.token(read_secret("nats-token-file", path)?));
         }
-        Ok(with_url_credentials(options, &self.urls))
+        Ok(match in_urls.into_iter().next() {
+            Some((user, Some(password))) => options.user_and_password(user, password),
+            Some((token, None)) => options.token(token),
+            None => options,
+        })
     }
 
     /// TLS as set: a CA or a client certificate implies TLS, so that a
@@ -285,42 +286,28 @@ pub async fn connect_nats(url: &str, timeout: Duration) -> Result<async_nats::Cl
     NatsConnection::new(url, timeout).connect().await
 }
 
-/// The distinct credentials written in the URLs.
+/// The URLs of a comma-separated list.
+fn each_url(urls: &str) -> impl Iterator<Item = &str> {
+    urls.split(',').map(str::trim).filter(|url| !url.is_empty())
+}
+
+/// The distinct credentials written in the URLs (`nats://user:pass@host`,
+/// or `nats://token@host`), decoded. async-nats parses them but does not
+/// send them (nats-io/nats.rs#1623), so the relay applies them itself.
 fn url_credentials(urls: &str) -> Vec<(String, Option<String>)> {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
     let mut found: Vec<(String, Option<String>)> = Vec::new();
-    for addr in urls
-        .split(',')
-        .filter_map(|url| url.trim().parse::<ServerAddr>().ok())
-    {
+    for addr in each_url(urls).filter_map(|url| url.parse::<ServerAddr>().ok()) {
         if let Some(user) = addr.username() {
-            let credential = (user.to_owned(), addr.password().map(str::to_owned));
+            let credential = (decode(user), addr.password().map(decode));
             if !found.contains(&credential) {
                 found.push(credential);
             }
         }
     }
     found
-}
-
-/// Applies credentials written in the server URL (`nats://user:pass@host`,
-/// or `nats://token@host`), which async-nats parses but does not send
-/// (nats-io/nats.rs#1623). The first URL that carries any is used.
-fn with_url_credentials(options: ConnectOptions, urls: &str) -> ConnectOptions {
-    let decode = |s: &str| {
-        percent_encoding::percent_decode_str(s)
-            .decode_utf8_lossy()
-            .into_owned()
-    };
-    let credentials = urls
-        .split(',')
-        .filter_map(|url| url.trim().parse::<async_nats::ServerAddr>().ok())
-        .find_map(|addr| {
-            addr.username()
-                .map(|user| (decode(user), addr.password().map(decode)))
-        });
-    match credentials {
-        Some((user, Some(password))) => options.user_and_password(user, password),
-        Some((token, None)) => options.token(token),
-        None => options,
-    }
 }
