@@ -134,7 +134,7 @@ impl Setting {
     }
 
     /// A value of this setting as it may be shown.
-    pub fn masked(&self, value: &str) -> String {
+    fn masked(&self, value: &str) -> String {
         if self.secret {
             crate::redact::uri(value)
         } else {
