@@ -15,6 +15,8 @@
 //! - `complete` and [`checkpoint`]: marking messages and keeping the resume
 //!   token, with `complete::fate` deciding a refused message's next attempt
 //!   or dead letter;
+//! - [`order`]: per-key order, one message of a key on the wire and held
+//!   keys, shared by the pipelines of a term;
 //! - `work`: what flows between the stages, and what they share (a leaf:
 //!   it imports no stage);
 //! - `pipeline`: a publish stage and a completion stage joined by channels;
@@ -50,6 +52,7 @@ pub mod contract;
 pub mod error;
 pub mod lease;
 pub mod observe;
+pub mod order;
 mod pipeline;
 pub mod publish;
 pub mod redact;
@@ -60,7 +63,7 @@ pub mod source;
 mod work;
 pub mod writer;
 
-pub use config::{NatsMode, RelayConfig, RelayMode, RetryPolicy};
+pub use config::{DeadLetters, NatsMode, RelayConfig, RelayMode, RetryPolicy};
 pub use contract::{ContractViolation, OutboxMessage};
 pub use error::{CheckKind, Error, Result};
 pub use observe::Metrics;

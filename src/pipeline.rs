@@ -16,6 +16,7 @@ use crate::checkpoint::CheckpointStore;
 use crate::complete::CompletionStage;
 use crate::config::RetryPolicy;
 use crate::observe::Metrics;
+use crate::order::KeyOrder;
 use crate::publish::stage::PublishStage;
 use crate::publish::Publisher;
 use crate::work::{Budget, Feed, LastDelivery, Tally, Unmarkable};
@@ -34,6 +35,9 @@ pub(crate) struct Pipeline {
     pub unmarkable: Unmarkable,
     pub budget: Budget,
     pub deliveries: LastDelivery,
+    /// The term's per-key order, shared by its pipelines; `None` outside a
+    /// term (no order by key is kept).
+    pub order: Option<KeyOrder>,
     /// The graceful stop: sources read nothing new, what was read is
     /// published and recorded, and waits for the broker end.
     pub shutdown: CancellationToken,
@@ -61,6 +65,7 @@ impl Pipeline {
             abandon: self.abandon.clone(),
             metrics: self.metrics.clone(),
             deliveries: self.deliveries.clone(),
+            order: self.order.clone(),
         };
         let complete = CompletionStage {
             outbox: self.outbox.clone(),
@@ -72,6 +77,7 @@ impl Pipeline {
             metrics: self.metrics.clone(),
             unmarkable: self.unmarkable.clone(),
             deliveries: self.deliveries.clone(),
+            order: self.order.clone(),
         };
         let publishing = tokio::spawn(publish.run(work, finished_tx));
         let done = tokio::spawn(async move {

@@ -12,6 +12,10 @@
 //! to back: the sources stop reading, the publish stages finish what is in
 //! flight, and the completion stages record it and write the final token.
 //! In poll mode the sweep runs alone.
+//!
+//! Only the relay holding the lease publishes, in either mode: the stream
+//! and the sweep of one term share its per-key order ([`KeyOrder`]), read
+//! back from MongoDB when the term starts, so each key has one line.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,9 +31,10 @@ use crate::contract::{DecodeRules, SubjectRules};
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Term};
 use crate::observe::{self, Metrics, Role};
+use crate::order::{self, KeyOrder};
 use crate::pipeline::Pipeline;
 use crate::publish::{NatsPublisher, Publisher, StreamSetup};
-use crate::retry::until_settled;
+use crate::retry::{until_ok, until_settled};
 use crate::setup;
 use crate::source::change_stream::{ChangeStreamSource, Prepare};
 use crate::source::sweep::Sweeper;
@@ -132,19 +137,8 @@ impl Relay {
         let mut tasks = JoinSet::new();
         tasks.spawn(mark_stopping(self.metrics.clone(), shutdown.clone()));
         tasks.spawn(observe::collect(self.collector(), shutdown.clone()));
-        match config.mode {
-            RelayMode::Push => {
-                let sweeper = self.sweeper(pipeline.clone());
-                tasks.spawn(sweeper.run(config.sweep_interval, shutdown.clone()));
-                self.lead_while_elected(&pipeline, &shutdown, &abandon)
-                    .await;
-            }
-            RelayMode::Poll => {
-                self.metrics.set_role_unless_stopping(Role::Polling);
-                let sweeper = self.sweeper(pipeline);
-                tasks.spawn(sweeper.run(config.poll_interval, shutdown.clone()));
-            }
-        }
+        self.lead_while_elected(&pipeline, &shutdown, &abandon)
+            .await;
         while let Some(joined) = tasks.join_next().await {
             if let Err(error) = joined {
                 shutdown.cancel();
@@ -160,9 +154,10 @@ impl Relay {
         Ok(())
     }
 
-    /// Stands by until this relay holds the lease, then tails the change
-    /// stream until it loses the lease (and stands by again) or `shutdown`
-    /// fires (and it releases the lease).
+    /// Stands by until this relay holds the lease, then delivers (the
+    /// change stream and the sweep, or the sweep alone in poll mode) until
+    /// it loses the lease (and stands by again) or `shutdown` fires (and it
+    /// releases the lease).
     async fn lead_while_elected(
         &self,
         pipeline: &Pipeline,
@@ -170,15 +165,13 @@ impl Relay {
         abandon: &CancellationToken,
     ) {
         let config = &self.config;
-        let lease = Lease::new(
-            &self.database,
-            &config.checkpoint_collection,
-            &config.collection,
-            config.lease_timing(),
-        );
+        let lease = self.lease();
         self.metrics.set_role_unless_stopping(Role::Standby);
         while let Some(held) = lease.acquire(shutdown).await {
-            self.metrics.set_role_unless_stopping(Role::Leading);
+            self.metrics.set_role_unless_stopping(match config.mode {
+                RelayMode::Push => Role::Leading,
+                RelayMode::Poll => Role::Polling,
+            });
             self.metrics.leading(Some(held.term.0));
             // Leadership ends with shutdown or with the lease; `lost` also
             // stops the completion stage writing anything more.
@@ -187,7 +180,7 @@ impl Relay {
             tokio::spawn(cancel_when(lost.clone(), term_over.clone()));
             let keeper_stop = CancellationToken::new();
             let keeper = tokio::spawn(lease.clone().keep(held, lost.clone(), keeper_stop.clone()));
-            self.tail_as_leader(pipeline, lease.owner(), held.term, &term_over, &lost)
+            self.serve_term(pipeline, lease.owner(), held.term, &term_over, &lost)
                 .await;
             keeper_stop.cancel();
             let held = keeper.await.unwrap_or(held);
@@ -203,14 +196,65 @@ impl Relay {
         }
     }
 
-    /// Runs the change-stream pipeline for one term, until `term_over` fires.
-    async fn tail_as_leader(
+    /// Delivers for one term, until `term_over` fires: the sweep, and in
+    /// push mode the change stream, sharing the term's per-key order.
+    async fn serve_term(
         &self,
         pipeline: &Pipeline,
         owner: &str,
         term: Term,
         term_over: &CancellationToken,
         lost: &CancellationToken,
+    ) {
+        let Some(order) = self.read_order(term_over).await else {
+            return;
+        };
+        let term_pipeline = Pipeline {
+            shutdown: term_over.clone(),
+            abandon: lost.clone(),
+            order: Some(order),
+            ..pipeline.clone()
+        };
+        let interval = match self.config.mode {
+            RelayMode::Push => self.config.sweep_interval,
+            RelayMode::Poll => self.config.poll_interval,
+        };
+        let sweeper = self.sweeper(term_pipeline.clone());
+        let sweeping = tokio::spawn(sweeper.run(interval, term_over.clone()));
+        if self.config.mode == RelayMode::Push {
+            self.tail(&term_pipeline, owner, term, term_over).await;
+        }
+        if let Err(error) = sweeping.await {
+            tracing::error!(%error, "the sweep stopped unexpectedly");
+        }
+    }
+
+    /// The held keys as MongoDB records them, for a new term's order.
+    /// `None` if the term ended first.
+    async fn read_order(&self, term_over: &CancellationToken) -> Option<KeyOrder> {
+        let outbox = self.database.collection(&self.config.collection);
+        let held = until_ok("MongoDB reading held keys", term_over, || {
+            order::held_keys(&outbox)
+        })
+        .await?;
+        if !held.is_empty() {
+            tracing::info!(keys = held.len(), "keys held by refused or failed messages");
+        }
+        Some(KeyOrder::new(
+            held,
+            self.config.on_dead_letter,
+            self.publisher.acknowledges_storage(),
+            self.metrics.clone(),
+        ))
+    }
+
+    /// Runs the change-stream pipeline for one term, until `term_over` fires.
+    async fn tail(
+        &self,
+        term_pipeline: &Pipeline,
+        owner: &str,
+        term: Term,
+        term_over: &CancellationToken,
     ) {
         let config = &self.config;
         let checkpoints = CheckpointStore::for_config(&self.database, config).fenced(owner, term);
@@ -232,14 +276,9 @@ impl Relay {
                 None
             }
         };
-        let term_pipeline = Pipeline {
-            shutdown: term_over.clone(),
-            abandon: lost.clone(),
-            ..pipeline.clone()
-        };
         let stream = term_pipeline.start(Some(checkpoints));
         let source = ChangeStreamSource {
-            outbox: pipeline.outbox.clone(),
+            outbox: term_pipeline.outbox.clone(),
             rules: self.rules(),
             max_await_time: config.max_await_time,
             idle_checkpoint_interval: config.idle_checkpoint_interval,
@@ -253,10 +292,12 @@ impl Relay {
         }
     }
 
-    /// Sweeps until nothing due is left, once (`outbox-relay sweep --once`).
-    /// Gives up if the servers keep it from finishing within `give_up_after`
-    /// (an outage of NATS or MongoDB): what it did not deliver stays pending,
-    /// and its claims are released.
+    /// Sweeps until nothing due is left, once (`outbox-relay sweep --once`),
+    /// holding the lease meanwhile so that no other relay publishes the same
+    /// keys. Gives up if another relay leads (it sweeps already), or if the
+    /// servers keep it from finishing within `give_up_after` (an outage of
+    /// NATS or MongoDB): what it did not deliver stays pending, and its
+    /// claims are released.
     pub async fn sweep_once(&self, give_up_after: Duration) -> Result<Tally> {
         let deadline = CancellationToken::new();
         let _cancel_on_return = deadline.clone().drop_guard();
@@ -267,19 +308,57 @@ impl Relay {
                 _ = tokio::time::sleep(give_up_after) => timer.cancel(),
             }
         });
-        let drained = self
-            .sweeper(self.pipeline(deadline.clone(), deadline.clone()))
-            .drain()
-            .await;
-        if deadline.is_cancelled() {
-            return Err(Error::GaveUp(format!(
+        let lease = self.lease();
+        let Ok(held) = lease.try_acquire().await? else {
+            return Err(Error::GaveUp(
+                "another relay leads this outbox and sweeps it already; run sweep --once only \
+                 where no relay is running"
+                    .to_owned(),
+            ));
+        };
+        let lost = deadline.child_token();
+        let keeper_stop = CancellationToken::new();
+        let keeper = tokio::spawn(lease.clone().keep(held, lost.clone(), keeper_stop.clone()));
+        let drained = match self.read_order(&deadline).await {
+            Some(order) => {
+                let pipeline = Pipeline {
+                    order: Some(order),
+                    ..self.pipeline(deadline.clone(), lost.clone())
+                };
+                Some(self.sweeper(pipeline).drain().await)
+            }
+            None => None,
+        };
+        keeper_stop.cancel();
+        let held = keeper.await.unwrap_or(held);
+        if !lost.is_cancelled() {
+            if let Err(error) = lease.release(&held).await {
+                tracing::warn!(%error, "could not release the lease; it ends when it expires");
+            }
+        }
+        match drained {
+            _ if deadline.is_cancelled() => Err(Error::GaveUp(format!(
                 "the sweep did not finish within {} (is NATS or MongoDB down?); what it did not \
                  deliver stays pending for the next sweep or relay (raise --give-up-after to \
                  wait longer)",
                 humantime::format_duration(give_up_after)
-            )));
+            ))),
+            _ if lost.is_cancelled() => Err(Error::GaveUp(
+                "lost the lease to another relay during the sweep; it delivers the rest".to_owned(),
+            )),
+            Some(drained) => drained,
+            None => Ok(Tally::default()),
         }
-        drained
+    }
+
+    fn lease(&self) -> Lease {
+        let config = &self.config;
+        Lease::new(
+            &self.database,
+            &config.checkpoint_collection,
+            &config.collection,
+            config.lease_timing(),
+        )
     }
 
     /// What prepares the outbox collection again, for a change stream that
@@ -321,6 +400,7 @@ impl Relay {
             unmarkable: self.unmarkable.clone(),
             budget: self.budget.clone(),
             deliveries: self.deliveries.clone(),
+            order: None,
             shutdown,
             abandon,
         }

@@ -38,6 +38,8 @@ pub(crate) struct Work {
     /// This work's share of the relay's byte budget, given back when the
     /// work is dropped (after its verdict is recorded).
     pub reserved: Option<OwnedSemaphorePermit>,
+    /// A parked message read back to release its key (see `order`).
+    pub release: bool,
 }
 
 impl Work {
@@ -49,6 +51,7 @@ impl Work {
             claim: None,
             at,
             reserved: None,
+            release: false,
         }
     }
 
@@ -60,6 +63,7 @@ impl Work {
             claim,
             at: None,
             reserved: None,
+            release: false,
         }
     }
 
@@ -72,6 +76,7 @@ impl Work {
             claim: None,
             at,
             reserved: None,
+            release: false,
         }
     }
 
@@ -111,6 +116,9 @@ pub(crate) enum Verdict {
         /// probe said so), so the refusal is this message's own.
         own: bool,
     },
+    /// Not sent: an earlier message of its key holds the key, so it is
+    /// parked until the key is released (see `order`).
+    Parked,
     /// Nothing to deliver: a bare stream position.
     Passed,
 }
@@ -131,11 +139,13 @@ pub struct Tally {
     pub retried: u64,
     /// Marked `failed`: broken, or out of attempts.
     pub failed: u64,
+    /// Parked behind an earlier message of their key.
+    pub parked: u64,
 }
 
 impl Tally {
     pub fn total(&self) -> u64 {
-        self.delivered + self.retried + self.failed
+        self.delivered + self.retried + self.failed + self.parked
     }
 }
 
@@ -144,6 +154,7 @@ impl std::ops::AddAssign for Tally {
         self.delivered += other.delivered;
         self.retried += other.retried;
         self.failed += other.failed;
+        self.parked += other.parked;
     }
 }
 

@@ -1,9 +1,12 @@
-//! A refused message's fate: another attempt, or a dead letter.
+//! A message's fate when it was not delivered: another attempt, a dead
+//! letter, or parked behind an earlier message of its key.
 //!
 //! Deciding is where a broker's fault could pass for a message's: a
 //! message out of attempts is failed only on evidence that the fault is its
 //! own, and every decision is one write fenced by the claim and the
-//! attempts the message was read with.
+//! attempts the message was read with. A dead letter that holds its key
+//! (`--on-dead-letter hold`) says so in `holdsKey`, so a new leader finds
+//! the hold in the collection.
 
 use std::time::Duration;
 
@@ -12,6 +15,7 @@ use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use super::{still_ours, unlock, CompletionStage};
 use crate::contract::{field, status, ContractViolation, Decoded};
 use crate::observe::FailureKind;
+use crate::order::PARKED;
 
 /// What became of a refused message.
 pub(super) enum Retry {
@@ -32,7 +36,7 @@ impl CompletionStage {
         now: DateTime,
     ) -> Option<bool> {
         let reason = violation.to_string();
-        let failed = fail(&reason, None, now);
+        let failed = fail(&reason, None, self.holds_key(message), now);
         let decided = self
             .decide(message, claim, Fate::Failed(&failed), &reason, now)
             .await?;
@@ -67,12 +71,15 @@ impl CompletionStage {
         let exhausted = self.retry.exhausted(attempts);
         if exhausted && (own || self.deliveries.within(self.evidence_window())) {
             let reason = format!("{reason} (gave up after {attempts} attempts)");
-            let failed = fail(&reason, Some(stored), now);
+            let failed = fail(&reason, Some(stored), self.holds_key(message), now);
             let decided = self
                 .decide(message, claim, Fate::Failed(&failed), &reason, now)
                 .await?;
             if decided {
                 self.metrics.failed(FailureKind::Exhausted);
+                if let (Some(order), Some(key)) = (&self.order, key(message)) {
+                    order.dead_letter(key, &message.id);
+                }
             }
             return Some(if decided {
                 Retry::GaveUp
@@ -121,6 +128,37 @@ impl CompletionStage {
         })
     }
 
+    /// Parks a message behind the earlier message holding its key: out of
+    /// every range the sweep reads, until a release reads it back. Returns
+    /// whether it was ours to park.
+    pub(super) async fn park(
+        &self,
+        message: &Decoded,
+        claim: Option<ObjectId>,
+        now: DateTime,
+    ) -> Option<bool> {
+        let update = doc! {
+            "$set": { field::NEXT_ATTEMPT_AT: PARKED },
+            "$unset": unlock(),
+        };
+        let parked = self
+            .decide(message, claim, Fate::Parked(&update), "", now)
+            .await;
+        if let (Some(order), Some(key)) = (&self.order, key(message)) {
+            order.parked(key);
+        }
+        parked
+    }
+
+    /// Whether a dead letter of this message holds its key.
+    fn holds_key(&self, message: &Decoded) -> bool {
+        key(message).is_some()
+            && self
+                .order
+                .as_ref()
+                .is_some_and(|order| order.dead_letters_hold())
+    }
+
     /// How recent a delivery must be to show that the broker takes messages:
     /// the longest retry delay, and at least a minute. A held message waits
     /// as long before it is tried again.
@@ -156,19 +194,22 @@ impl CompletionStage {
         };
         // Should the document not take its fate, fail it with the reason,
         // or else with the least change that takes it out of pending.
-        let failed = fail(reason, None, now);
+        let failed = fail(reason, None, false, now);
         let least = doc! { "$set": { field::STATUS: status::FAILED } };
         let fallbacks: &[&Document] = match fate {
             Fate::Failed(update) => &[update, &least],
             Fate::Retried(update) => &[update, &failed, &least],
+            // A message that cannot be parked is left as it is: pending
+            // and skipped, like any document no write can change.
+            Fate::Parked(update) => &[update],
         };
         self.write_one(&message.id, filter, fallbacks).await
     }
 }
 
 /// The update that fails a message, with its reason (and attempts, when
-/// the failure used the last one).
-fn fail(reason: &str, attempts: Option<i32>, now: DateTime) -> Document {
+/// the failure used the last one), marking it as holding its key if it does.
+fn fail(reason: &str, attempts: Option<i32>, holds_key: bool, now: DateTime) -> Document {
     let mut fields = doc! {
         field::STATUS: status::FAILED,
         field::FAILED_AT: now,
@@ -177,12 +218,21 @@ fn fail(reason: &str, attempts: Option<i32>, now: DateTime) -> Document {
     if let Some(attempts) = attempts {
         fields.insert(field::ATTEMPTS, attempts);
     }
+    if holds_key {
+        fields.insert(field::HOLDS_KEY, true);
+    }
     doc! { "$set": fields, "$unset": unlock() }
 }
 
-/// What a decision writes: a failure, or another attempt scheduled.
+/// The message's key, if it has one and could be read.
+fn key(message: &Decoded) -> Option<&str> {
+    message.message.as_ref().ok()?.key()
+}
+
+/// What a decision writes: a failure, another attempt scheduled, or a park.
 #[derive(Clone, Copy)]
 enum Fate<'a> {
     Failed(&'a Document),
     Retried(&'a Document),
+    Parked(&'a Document),
 }

@@ -36,6 +36,7 @@ use crate::config::RetryPolicy;
 use crate::contract::{field, status};
 use crate::error::{brief, is_document_error};
 use crate::observe::Metrics;
+use crate::order::KeyOrder;
 use crate::retry::{until_ok, until_settled};
 use crate::work::{Finished, LastDelivery, Tally, Unmarkable, Verdict};
 
@@ -59,6 +60,8 @@ pub(crate) struct CompletionStage {
     pub unmarkable: Unmarkable,
     /// When the relay last delivered anything: evidence the broker works.
     pub deliveries: LastDelivery,
+    /// The term's per-key order, told of dead letters and written parks.
+    pub order: Option<KeyOrder>,
 }
 
 /// A stream position waiting to be written, with the time it was reached.
@@ -159,6 +162,11 @@ impl CompletionStage {
                         }
                         Retry::GaveUp => tally.failed += 1,
                         Retry::NotOurs => {}
+                    }
+                }
+                Verdict::Parked => {
+                    if self.park(message, claim, now).await? {
+                        tally.parked += 1;
                     }
                 }
                 Verdict::Passed => {}

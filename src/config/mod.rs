@@ -53,6 +53,23 @@ impl Named for RelayMode {
         &[("push", RelayMode::Push), ("poll", RelayMode::Poll)];
 }
 
+/// What a dead letter does to the later messages of its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeadLetters {
+    /// The key goes on: the next message of the key is delivered.
+    #[default]
+    Release,
+    /// The key waits until the dead letter is replayed or discarded.
+    Hold,
+}
+
+impl Named for DeadLetters {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("release", DeadLetters::Release),
+        ("hold", DeadLetters::Hold),
+    ];
+}
+
 const MS: Duration = Duration::from_millis(1);
 const SECOND: Duration = Duration::from_secs(1);
 const MINUTE: Duration = Duration::from_secs(60);
@@ -146,6 +163,9 @@ settings! {
         lock_timeout: Duration = MINUTE, within(MS..=DAY);
         /// Refused attempts after which a message is marked failed.
         max_attempts: u32 = 10, within(1..=1_000);
+        /// release: a failed message lets the later messages of its key go
+        /// on; hold: they wait until it is replayed or discarded.
+        on_dead_letter: DeadLetters = DeadLetters::Release;
         /// Delay after the first refused attempt, doubling each time.
         retry_initial_delay: Duration = SECOND, within(MS..=DAY);
         /// Longest delay between refused attempts.

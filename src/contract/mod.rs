@@ -38,6 +38,8 @@ pub mod field {
     pub const PROCESSED_AT: &str = "processedAt";
     pub const FAILED_AT: &str = "failedAt";
     pub const LAST_ERROR: &str = "lastError";
+    /// On a dead letter: it holds its key (`--on-dead-letter hold`).
+    pub const HOLDS_KEY: &str = "holdsKey";
 }
 
 /// The subject prefix of a relay that is not given one.
@@ -97,6 +99,14 @@ pub struct OutboxMessage {
 }
 
 impl OutboxMessage {
+    /// The document's `key`, which orders it among the messages sharing it.
+    pub fn key(&self) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(name, _)| name == header::KEY)
+            .map(|(_, value)| value.as_str())
+    }
+
     /// Size on the wire as NATS counts it against `max_payload`: the body plus
     /// the encoded header block (`NATS/1.0\r\n`, one `name: value\r\n` a
     /// header, and a closing `\r\n`).

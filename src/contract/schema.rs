@@ -85,6 +85,7 @@ pub fn contract_schema(subjects: &SubjectRules) -> Document {
             field::PROCESSED_AT: date.clone(),
             field::FAILED_AT: date,
             field::LAST_ERROR: string,
+            field::HOLDS_KEY: { "bsonType": "bool" },
         },
     }
 }

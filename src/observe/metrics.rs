@@ -178,6 +178,8 @@ struct Inner {
     pending: Gauge,
     failed_depth: Gauge,
     oldest_pending_age: FloatGauge,
+    held_keys: Gauge,
+    oldest_held_age: FloatGauge,
     stream_lag: FloatGauge,
     checkpoint_age: FloatGauge,
     leader: Gauge,
@@ -186,6 +188,7 @@ struct Inner {
     oplog_headroom: FloatGauge,
     /// Milliseconds since the epoch each age counts from; 0 for none.
     oldest_pending_since: AtomicI64,
+    oldest_held_since: AtomicI64,
     checkpoint_saved_at: AtomicI64,
     last_event_at: AtomicI64,
     stream_caught_up: AtomicBool,
@@ -223,6 +226,8 @@ impl Metrics {
             pending: Gauge::default(),
             failed_depth: Gauge::default(),
             oldest_pending_age: FloatGauge::default(),
+            held_keys: Gauge::default(),
+            oldest_held_age: FloatGauge::default(),
             stream_lag: FloatGauge::default(),
             checkpoint_age: FloatGauge::default(),
             leader: Gauge::default(),
@@ -230,6 +235,7 @@ impl Metrics {
             oplog_window: FloatGauge::default(),
             oplog_headroom: FloatGauge::default(),
             oldest_pending_since: AtomicI64::new(0),
+            oldest_held_since: AtomicI64::new(0),
             checkpoint_saved_at: AtomicI64::new(0),
             last_event_at: AtomicI64::new(0),
             stream_caught_up: AtomicBool::new(true),
@@ -374,6 +380,17 @@ impl Metrics {
         );
     }
 
+    /// How many keys wait on a refused or held message, and when the oldest
+    /// message they wait on was created.
+    pub(crate) fn held_keys(&self, keys: usize, oldest: Option<DateTime>) {
+        let inner = &self.0;
+        inner.held_keys.set(i64::try_from(keys).unwrap_or(i64::MAX));
+        inner.oldest_held_since.store(
+            oldest.map_or(0, |t| t.timestamp_millis()),
+            Ordering::Relaxed,
+        );
+    }
+
     /// The oplog's span, and how far its first entry lies before the
     /// stored position in seconds (negative once the position is lost).
     pub(crate) fn oplog(&self, window: Duration, headroom: Option<f64>) {
@@ -472,6 +489,7 @@ impl Metrics {
         inner
             .oldest_pending_age
             .set(age(&inner.oldest_pending_since));
+        inner.oldest_held_age.set(age(&inner.oldest_held_since));
         inner.checkpoint_age.set(age(&inner.checkpoint_saved_at));
         let lag = if inner.stream_caught_up.load(Ordering::Relaxed) {
             0.0
@@ -574,6 +592,17 @@ impl Inner {
             "Age of the oldest pending message (0 when none is pending)",
             Unit::Seconds,
             self.oldest_pending_age.clone(),
+        );
+        registry.register(
+            "held_keys",
+            "Keys whose messages wait on a refused or held message of the key (on the leader)",
+            self.held_keys.clone(),
+        );
+        registry.register_with_unit(
+            "oldest_held_age",
+            "Age of the oldest message a held key waits on (0 when no key is held)",
+            Unit::Seconds,
+            self.oldest_held_age.clone(),
         );
         registry.register_with_unit(
             "change_stream_lag",

@@ -78,7 +78,9 @@ pub type AckFuture = BoxFuture<'static, Result<Ack, PublishError>>;
 /// are retried with backoff and count towards the message's attempts.
 pub trait Publisher: Send + Sync + 'static {
     /// Puts the message on the wire and returns its acknowledgement to await.
-    /// Calls are made one at a time, in delivery order.
+    /// Messages of one key are sent one at a time, in order, each once the
+    /// one before has its answer (where [`Publisher::acknowledges_storage`]);
+    /// messages without a key are sent in the order they were read.
     fn send<'a>(
         &'a self,
         message: &'a OutboxMessage,
@@ -86,6 +88,14 @@ pub trait Publisher: Send + Sync + 'static {
 
     /// The largest message, headers included, the broker takes.
     fn max_payload(&self) -> usize;
+
+    /// Whether an acknowledgement means the broker stored the message.
+    /// Where it does, the next message of a key waits for the answer to the
+    /// one before, so that no resend can put them out of order; where it
+    /// does not (core NATS), they are sent in order without waiting.
+    fn acknowledges_storage(&self) -> bool {
+        true
+    }
 
     /// Whether the broker takes messages now where a message to `subject`
     /// would go. Asked whenever a publish fails in a way that could be the

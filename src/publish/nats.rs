@@ -261,6 +261,10 @@ impl Publisher for NatsPublisher {
         self.client.server_info().max_payload
     }
 
+    fn acknowledges_storage(&self) -> bool {
+        self.jetstream.is_some()
+    }
+
     fn probe<'a>(&'a self, subject: &'a str) -> BoxFuture<'a, Health> {
         self.probe_cached(subject).boxed()
     }

@@ -1,10 +1,14 @@
-//! The publish stage: keeps many publishes in flight, in order, rides out
-//! broker outages, and keeps each message's failure its own.
+//! The publish stage: keeps many publishes in flight, keeps each key's
+//! messages in order, rides out broker outages, and keeps each message's
+//! failure its own.
 //!
 //! Messages are put on the wire one after another and their acknowledgements
 //! are awaited together, up to `max_in_flight` at once, so throughput is not
 //! bound by one round trip per message. Verdicts leave in the order the work
-//! came in.
+//! came in. A message with a `key` takes its turn in its key's line
+//! ([`KeyOrder`]): it is sent once the message of its key before it has its
+//! answer, or parked if an earlier message holds the key; keys do not wait
+//! for each other.
 //!
 //! A failure is either the broker's (it takes no message: delivery pauses,
 //! no attempt is charged) or the message's (it is refused: an attempt is
@@ -13,8 +17,8 @@
 //! [`Publisher::probe`] about the stream of the message's subject: if the
 //! broker takes messages there, the message is sent once more, and a second
 //! failure is its own; if not, it is an outage and delivery pauses, reported
-//! to readiness. Messages held behind a paused one are settled one at a time
-//! when the broker is back, each probed before it is charged.
+//! to readiness. A message in doubt keeps its turn until it is settled, so
+//! no later message of its key is sent before it is.
 //!
 //! A refusal the publisher reports directly (a permission denied, say) may
 //! still be the broker refusing everything; the stage cannot know, so it
@@ -22,7 +26,6 @@
 //! only with evidence that the broker takes other messages (see
 //! [`LastDelivery`]).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Ack, Health, PublishError, Publisher};
 use crate::observe::{Metrics, Origin, PausedDelivery};
+use crate::order::{Admission, KeyOrder, Outcome, Turn};
 use crate::retry::{pause, reconnect_backoff, Outage};
 use crate::work::{Finished, LastDelivery, Verdict, Work};
 
@@ -46,9 +50,44 @@ struct Attempt {
     /// The failure was found to be the message's own (the broker took
     /// others meanwhile), so it says nothing about the broker.
     own: bool,
+    /// Not sent: an earlier message of its key holds the key.
+    parked: bool,
+    /// The message's turn in its key's line, kept while its answer is in
+    /// doubt, so the next message of the key waits for it.
+    turn: Option<Turn>,
 }
 
 impl Attempt {
+    fn new(
+        work: Work,
+        result: Result<Ack, PublishError>,
+        started: Instant,
+        turn: Option<Turn>,
+    ) -> Self {
+        let mut attempt = Attempt {
+            work,
+            result,
+            waited: started.elapsed(),
+            own: false,
+            parked: false,
+            turn,
+        };
+        attempt.conclude();
+        attempt
+    }
+
+    /// Work that was not sent, because an earlier message holds its key.
+    fn parked(work: Work) -> Self {
+        Attempt {
+            work,
+            result: Ok(Ack::default()),
+            waited: Duration::ZERO,
+            own: false,
+            parked: true,
+            turn: None,
+        }
+    }
+
     /// The failure may be the broker's: find out before charging anyone.
     fn in_doubt(&self) -> bool {
         matches!(
@@ -58,10 +97,24 @@ impl Attempt {
     }
 
     fn delivered(&self) -> bool {
-        matches!(
-            (self.work.message.as_ref().map(|m| &m.message), &self.result),
-            (Some(Ok(_)), Ok(_))
-        )
+        !self.parked
+            && matches!(
+                (self.work.message.as_ref().map(|m| &m.message), &self.result),
+                (Some(Ok(_)), Ok(_))
+            )
+    }
+
+    /// Ends the message's turn once its answer is no longer in doubt.
+    fn conclude(&mut self) {
+        let outcome = match &self.result {
+            _ if self.in_doubt() => return,
+            Ok(_) => Outcome::Delivered,
+            Err(PublishError::Invalid(_)) => Outcome::Failed,
+            Err(_) => Outcome::Refused,
+        };
+        if let Some(turn) = self.turn.take() {
+            turn.finish(outcome);
+        }
     }
 
     /// The verdict, recorded in the metrics if the broker took the message.
@@ -77,6 +130,7 @@ impl Attempt {
         let verdict = match (self.work.message.as_ref().map(|m| &m.message), self.result) {
             (None, _) => Verdict::Passed,
             (Some(Err(violation)), _) => Verdict::Rejected(violation.clone()),
+            (Some(Ok(_)), _) if self.parked => Verdict::Parked,
             (Some(Ok(_)), Ok(_)) => Verdict::Delivered,
             (Some(Ok(_)), Err(PublishError::Invalid(violation))) => Verdict::Rejected(violation),
             (Some(Ok(_)), Err(error)) => Verdict::Refused {
@@ -109,6 +163,8 @@ pub(crate) struct PublishStage {
     pub metrics: Metrics,
     /// When the relay last delivered anything, for the completion stage.
     pub deliveries: LastDelivery,
+    /// The term's per-key order; `None` keeps no order by key.
+    pub order: Option<KeyOrder>,
 }
 
 impl PublishStage {
@@ -121,12 +177,15 @@ impl PublishStage {
                 biased;
                 _ = self.abandon.cancelled(), if input_open => input_open = false,
                 Some(attempt) = in_flight.next(), if !in_flight.is_empty() => {
-                    let forwarded = if attempt.in_doubt() {
-                        self.recover(attempt, &mut in_flight, &mut outage, &output).await
+                    let attempt = if attempt.in_doubt() {
+                        match self.settle(attempt, &mut outage).await {
+                            Some(attempt) => attempt,
+                            None => return,
+                        }
                     } else {
-                        self.forward(attempt, &output).await
+                        attempt
                     };
-                    if !forwarded {
+                    if !self.forward(attempt, &output).await {
                         return;
                     }
                 }
@@ -146,50 +205,36 @@ impl PublishStage {
         output.send(finished).await.is_ok()
     }
 
-    /// Sends the message (if any) and returns the future of its attempt.
+    /// Takes the work's turn in its key's line, and sends it if nothing of
+    /// its key is before it; returns the future of its attempt.
     async fn start(&self, work: Work) -> BoxFuture<'static, Attempt> {
         let started = Instant::now();
-        let sent = match work.message.as_ref().map(|m| &m.message) {
-            Some(Ok(message)) => Some(self.publisher.send(message).await),
-            _ => None,
-        };
-        let done = move |work, result| Attempt {
-            work,
-            result,
-            waited: started.elapsed(),
-            own: false,
-        };
-        match sent {
-            Some(Ok(ack)) => ack.map(move |result| done(work, result)).boxed(),
-            Some(Err(error)) => future::ready(done(work, Err(error))).boxed(),
-            None => future::ready(done(work, Ok(Ack::default()))).boxed(),
+        let turn = self.turn(&work);
+        match turn {
+            Some(mut turn) if !turn.first() => {
+                let publisher = self.publisher.clone();
+                async move {
+                    turn.wait().await;
+                    match turn.admit() {
+                        Admission::Park => Attempt::parked(work),
+                        Admission::Send => put(&*publisher, work, Some(turn), started).await.await,
+                    }
+                }
+                .boxed()
+            }
+            Some(turn) if turn.admit() == Admission::Park => {
+                future::ready(Attempt::parked(work)).boxed()
+            }
+            turn => put(&*self.publisher, work, turn, started).await,
         }
     }
 
-    /// Handles a failure that may be the broker's: gathers everything in
-    /// flight behind it, then settles each attempt in order, pausing where
-    /// the broker takes nothing. Returns false if the relay is stopping or
-    /// completion has gone.
-    async fn recover(
-        &self,
-        failed: Attempt,
-        in_flight: &mut InFlight,
-        outage: &mut Outage,
-        output: &mpsc::Sender<Finished>,
-    ) -> bool {
-        let mut held = VecDeque::from([failed]);
-        while let Some(attempt) = in_flight.next().await {
-            held.push_back(attempt);
-        }
-        while let Some(attempt) = held.pop_front() {
-            let Some(attempt) = self.settle(attempt, outage).await else {
-                return false;
-            };
-            if !self.forward(attempt, output).await {
-                return false;
-            }
-        }
-        true
+    /// The work's place in its key's line, if it carries a keyed message.
+    fn turn(&self, work: &Work) -> Option<Turn> {
+        let order = self.order.as_ref()?;
+        let decoded = work.message.as_ref()?;
+        let key = decoded.message.as_ref().ok()?.key()?;
+        Some(order.enter(key, &decoded.id, work.release))
     }
 
     /// Tries one attempt again until its failure is no longer in doubt:
@@ -241,8 +286,12 @@ impl PublishStage {
             if self.abandon.is_cancelled() {
                 return None;
             }
-            attempt = self.start(attempt.work).await.await;
+            let started = Instant::now();
+            attempt = put(&*self.publisher, attempt.work, attempt.turn, started)
+                .await
+                .await;
         }
+        attempt.conclude();
         if paused.is_some() {
             outage.recovered();
         }
@@ -256,6 +305,27 @@ impl PublishStage {
             _ = self.abandon.cancelled() => false,
             resumed = pause(backoff, &self.shutdown) => resumed,
         }
+    }
+}
+
+/// Puts the work's message (if any) on the wire now and returns the future
+/// of its attempt, which ends the message's turn once its answer is final.
+async fn put(
+    publisher: &dyn Publisher,
+    work: Work,
+    turn: Option<Turn>,
+    started: Instant,
+) -> BoxFuture<'static, Attempt> {
+    let sent = match work.message.as_ref().map(|m| &m.message) {
+        Some(Ok(message)) => Some(publisher.send(message).await),
+        _ => None,
+    };
+    match sent {
+        Some(Ok(ack)) => ack
+            .map(move |result| Attempt::new(work, result, started, turn))
+            .boxed(),
+        Some(Err(error)) => future::ready(Attempt::new(work, Err(error), started, turn)).boxed(),
+        None => future::ready(Attempt::new(work, Ok(Ack::default()), started, turn)).boxed(),
     }
 }
 
@@ -345,6 +415,7 @@ mod tests {
             abandon: abandon.clone(),
             metrics: Metrics::new(),
             deliveries: deliveries.clone(),
+            order: None,
         };
         tokio::spawn(stage.run(work, finished));
         Running {

@@ -23,8 +23,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::stage::PublishStage;
 use super::{Ack, AckFuture, Health, PublishError, Publisher};
-use crate::contract::{ContractViolation, Decoded, OutboxMessage};
+use crate::config::DeadLetters;
+use crate::contract::{header, ContractViolation, Decoded, OutboxMessage};
 use crate::observe::Metrics;
+use crate::order::KeyOrder;
 use crate::work::{Finished, LastDelivery, Verdict, Work};
 
 /// Long enough for anything the stage does, backoff included; with the
@@ -195,6 +197,17 @@ struct Running {
 }
 
 fn start(max_in_flight: usize) -> (Arc<FakeBroker>, Running) {
+    start_with(max_in_flight, None)
+}
+
+/// A stage keeping per-key order, starting with no key held.
+fn start_keyed(max_in_flight: usize, chained: bool) -> (Arc<FakeBroker>, Running, KeyOrder) {
+    let order = KeyOrder::new(Vec::new(), DeadLetters::Release, chained, Metrics::new());
+    let (broker, running) = start_with(max_in_flight, Some(order.clone()));
+    (broker, running, order)
+}
+
+fn start_with(max_in_flight: usize, order: Option<KeyOrder>) -> (Arc<FakeBroker>, Running) {
     let (sent, sent_rx) = mpsc::unbounded_channel();
     let (probed, probed_rx) = mpsc::unbounded_channel();
     let broker = Arc::new(FakeBroker {
@@ -215,6 +228,7 @@ fn start(max_in_flight: usize) -> (Arc<FakeBroker>, Running) {
         abandon: abandon.clone(),
         metrics: metrics.clone(),
         deliveries: deliveries.clone(),
+        order,
     };
     let task = tokio::spawn(stage.run(work, finished));
     let running = Running {
@@ -248,6 +262,27 @@ fn message(subject: &str) -> Work {
         },
         None,
     )
+}
+
+/// A message named `subject` (its subject too) with the key `key`.
+fn keyed(subject: &str, key: &str) -> Work {
+    let mut work = message(subject);
+    if let Some(Ok(message)) = work.message.as_mut().map(|m| &mut m.message) {
+        message
+            .headers
+            .push((header::KEY.to_owned(), key.to_owned()));
+    }
+    work
+}
+
+/// a1, a2 of key a, b1 of key b, then a3 of key a.
+fn three_of_a_one_of_b() -> [Work; 4] {
+    [
+        keyed("a1", "a"),
+        keyed("a2", "a"),
+        keyed("b1", "b"),
+        keyed("a3", "a"),
+    ]
 }
 
 /// A document that failed decoding, known by `name`.
@@ -840,4 +875,102 @@ async fn a_shutdown_ends_the_wait_for_a_broker_that_is_away() {
 
     assert_eq!(verdicts, [], "the message stays pending, uncharged");
     assert_eq!(broker.sends(), sends_at_shutdown);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_has_one_message_on_the_wire_and_keys_do_not_wait_for_each_other() {
+    let (broker, mut stage, _) = start_keyed(16, true);
+    broker.by_default(Reply::Hold);
+    stage.feed(three_of_a_one_of_b()).await;
+    assert_eq!(
+        stage.sends_until_idle().await,
+        ["a1", "b1"],
+        "a2 waits for a1's answer; b1 does not"
+    );
+    broker.release("b1", Ok(Ack::default()));
+    assert!(stage.sends_until_idle().await.is_empty());
+    broker.release("a1", Ok(Ack::default()));
+    assert_eq!(stage.sends_until_idle().await, ["a2"]);
+    broker.release("a2", Ok(Ack::default()));
+    assert_eq!(stage.sends_until_idle().await, ["a3"]);
+    broker.release("a3", Ok(Ack::default()));
+    let verdicts = stage.verdicts(4).await;
+    assert_eq!(names(&verdicts), ["a1", "a2", "b1", "a3"]);
+    assert!(verdicts.iter().all(|(_, v)| *v == Verdict::Delivered));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_message_holds_its_key_and_the_rest_are_parked() {
+    let (broker, mut stage, order) = start_keyed(16, true);
+    broker.reply(
+        "a1",
+        [Reply::AckFails(PublishError::Refused("too big".into()))],
+    );
+    stage.feed(three_of_a_one_of_b()).await;
+    let verdicts = stage.verdicts(4).await;
+    assert!(
+        matches!(verdicts[0].1, Verdict::Refused { .. }),
+        "{verdicts:?}"
+    );
+    assert_eq!(verdicts[1], ("a2".into(), Verdict::Parked));
+    assert_eq!(verdicts[2], ("b1".into(), Verdict::Delivered));
+    assert_eq!(verdicts[3], ("a3".into(), Verdict::Parked));
+    assert_eq!(
+        broker.sends(),
+        ["a1", "b1"],
+        "nothing of a is sent after a1"
+    );
+    assert_eq!(
+        order.holders(),
+        [("a".to_owned(), Bson::String("a1".into()))]
+    );
+
+    // The holder's retry goes; then only the parked messages, read back.
+    stage.feed([keyed("a1", "a"), keyed("a4", "a")]).await;
+    let verdicts = stage.verdicts(2).await;
+    assert_eq!(verdicts[0], ("a1".into(), Verdict::Delivered));
+    assert_eq!(
+        verdicts[1],
+        ("a4".into(), Verdict::Parked),
+        "a4 is newer than the parked"
+    );
+    let mut released = keyed("a2", "a");
+    released.release = true;
+    stage.feed([released]).await;
+    assert_eq!(stage.verdict().await, ("a2".into(), Verdict::Delivered));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_in_doubt_keeps_its_turn_through_an_outage() {
+    let (broker, mut stage, _) = start_keyed(16, true);
+    broker.reply(
+        "a1",
+        [Reply::AckFails(PublishError::Unavailable(
+            "timed out".into(),
+        ))],
+    );
+    broker.answer_probes([Health::TakesNone("JetStream does not answer".into())]);
+    stage
+        .feed([keyed("a1", "a"), keyed("a2", "a"), keyed("b1", "b")])
+        .await;
+    let verdicts = stage.verdicts(3).await;
+    assert_eq!(names(&verdicts), ["a1", "a2", "b1"]);
+    assert!(
+        verdicts.iter().all(|(_, v)| *v == Verdict::Delivered),
+        "{verdicts:?}"
+    );
+    let sends = broker.sends();
+    let of_a: Vec<&String> = sends.iter().filter(|s| s.starts_with('a')).collect();
+    assert_eq!(of_a, ["a1", "a1", "a2"], "a2 only after a1 was settled");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_stored_acknowledgements_a_key_is_sent_in_order_without_waiting() {
+    let (broker, mut stage, _) = start_keyed(16, false);
+    broker.by_default(Reply::Hold);
+    stage.feed([keyed("a1", "a"), keyed("a2", "a")]).await;
+    assert_eq!(stage.sends_until_idle().await, ["a1", "a2"]);
+    broker.release("a1", Ok(Ack::default()));
+    broker.release("a2", Ok(Ack::default()));
+    assert_eq!(names(&stage.verdicts(2).await), ["a1", "a2"]);
 }

@@ -20,7 +20,7 @@
 //! claimed longer ago than the lock timeout) is decided by the claim's
 //! conditional update, which is the authority anyway.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::contract::{field, status, DecodeRules};
 use crate::error::{brief, is_document_error, Error, Result};
+use crate::order::{stored::parked_messages, KeyOrder};
 use crate::pipeline::Pipeline;
 use crate::retry::Outage;
 use crate::work::{id_key, Tally, Work};
@@ -54,6 +55,9 @@ pub struct Sweeper {
 /// costs a scan of every pending entry.
 pub const MISFIT_INTERVAL: Duration = Duration::from_secs(60);
 
+/// The most keys one release reads, and the most holders one read checks.
+const RELEASE_KEYS: usize = 1000;
+
 /// The result of one pass.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Pass {
@@ -67,11 +71,12 @@ pub struct Pass {
 
 impl Sweeper {
     /// Runs passes until shutdown: at once again after a full pass, else
-    /// after `interval`.
+    /// after `interval` or as soon as a key starts releasing. After each
+    /// pass it tends the held keys (see [`Sweeper::tend_keys`]).
     pub(crate) async fn run(self, interval: Duration, shutdown: CancellationToken) {
         let mut outage = Outage::new("MongoDB sweep");
         while !shutdown.is_cancelled() {
-            let full = match self.pass().await {
+            let full = match self.pass_and_tend().await {
                 Ok(pass) => {
                     outage.recovered();
                     if pass.claimed > 0 {
@@ -85,9 +90,17 @@ impl Sweeper {
                 }
             };
             if !full {
+                let order = self.pipeline.order.clone();
+                let release_wanted = async move {
+                    match order {
+                        Some(order) => order.release_wanted().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(interval) => {}
+                    _ = release_wanted => {}
                 }
             }
         }
@@ -98,7 +111,7 @@ impl Sweeper {
     pub async fn drain(&self) -> Result<Tally> {
         let mut tally = Tally::default();
         loop {
-            let pass = self.pass().await?;
+            let pass = self.pass_and_tend().await?;
             tally += pass.tally;
             if !pass.full {
                 return Ok(tally);
@@ -106,19 +119,42 @@ impl Sweeper {
         }
     }
 
+    /// One pass, then the held keys tended.
+    async fn pass_and_tend(&self) -> Result<Pass> {
+        let mut pass = self.pass().await?;
+        pass.tally += self.tend_keys().await?;
+        Ok(pass)
+    }
+
     /// One pass: claim, publish, complete, release what was not completed.
     pub async fn pass(&self) -> Result<Pass> {
+        let now = DateTime::now();
+        let [never_tried, retry_due, misfits] = candidate_queries(now, self.grace_period);
+        let reads = [(never_tried, true), (retry_due, true), (misfits, false)];
+        Ok(self.pass_over(reads, false).await?.0)
+    }
+
+    /// A pass over `reads` (each a query, and whether it is read every
+    /// pass rather than when misfits are due), in order, until a batch is
+    /// claimed. `release` marks parked messages read back to release their
+    /// keys. Returns the pass, and the keys of the messages it read.
+    async fn pass_over(
+        &self,
+        reads: impl IntoIterator<Item = ((Document, Document), bool)>,
+        release: bool,
+    ) -> Result<(Pass, HashSet<String>)> {
         let claim = ObjectId::new();
         let now = DateTime::now();
-        let (mut documents, mut read) = (Vec::new(), 0);
-        let [never_tried, retry_due, misfits] = candidate_queries(now, self.grace_period);
-        for (query, always) in [(never_tried, true), (retry_due, true), (misfits, false)] {
+        let (mut documents, mut read, mut keys) = (Vec::new(), 0, HashSet::new());
+        for (query, always) in reads {
             let room = self.batch_size - documents.len();
             let bytes = self.max_pass_bytes.saturating_sub(read);
             if room == 0 || bytes == 0 || !(always || self.misfits_due()) {
                 break;
             }
-            let claimed = self.claim(query, claim, now, room, bytes).await?;
+            let claimed = self
+                .claim(query, claim, now, room, bytes, &mut keys)
+                .await?;
             read += claimed
                 .iter()
                 .map(|(d, _)| d.as_bytes().len())
@@ -127,11 +163,12 @@ impl Sweeper {
         }
         let claimed = documents.len() as u64;
         if claimed == 0 {
-            return Ok(Pass::default());
+            return Ok((Pass::default(), keys));
         }
         let running = self.pipeline.start(None);
         for (document, claim) in &documents {
-            let work = Work::from_collection(self.rules.decode_raw(document), *claim);
+            let mut work = Work::from_collection(self.rules.decode_raw(document), *claim);
+            work.release = release;
             if running.input.send(work).await.is_err() {
                 break;
             }
@@ -148,11 +185,86 @@ impl Sweeper {
         // one that was cut short (a stop, a broker that takes nothing) would
         // otherwise claim and release the same messages in a tight loop.
         let whole = documents.len() == self.batch_size || read >= self.max_pass_bytes;
-        Ok(Pass {
+        let pass = Pass {
             tally,
             claimed,
             full: whole && tally.total() == claimed,
-        })
+        };
+        Ok((pass, keys))
+    }
+
+    /// Tends the keys the term's order holds: lets go of keys whose holder
+    /// was settled out of this relay's sight, then releases the parked
+    /// messages of releasing keys, in `_id` order, until none is left or a
+    /// read makes no progress. Returns what the releases did.
+    pub(crate) async fn tend_keys(&self) -> Result<Tally> {
+        let mut tally = Tally::default();
+        let Some(order) = &self.pipeline.order else {
+            return Ok(tally);
+        };
+        self.check_holders(order).await?;
+        loop {
+            let releasing = order.releasing(RELEASE_KEYS);
+            if releasing.is_empty() {
+                return Ok(tally);
+            }
+            let names: Vec<String> = releasing.iter().map(|(key, _)| key.clone()).collect();
+            let (pass, found) = self
+                .pass_over([(parked_messages(&names), true)], true)
+                .await?;
+            tally += pass.tally;
+            let mut freed = false;
+            if !pass.full {
+                for (key, before) in releasing.iter().filter(|(key, _)| !found.contains(key)) {
+                    order.released(key, *before);
+                    freed = true;
+                }
+            }
+            if pass.tally.delivered == 0 && !freed {
+                return Ok(tally);
+            }
+        }
+    }
+
+    /// Lets go of keys whose holder is no longer what holds them: delivered
+    /// or failed by another processor, replayed, discarded, or a document no
+    /// write can change. A failed holder keeps its key only if it is marked
+    /// `holdsKey` and dead letters hold their keys.
+    async fn check_holders(&self, order: &KeyOrder) -> Result<()> {
+        let failed = |e| Error::mongo("sweep: reading the messages holding keys failed", e);
+        for holders in order.holders().chunks(RELEASE_KEYS) {
+            let ids: Vec<&Bson> = holders.iter().map(|(_, id)| id).collect();
+            let found: Vec<Document> = self
+                .pipeline
+                .outbox
+                .find(doc! { field::ID: { "$in": ids } })
+                .projection(doc! { field::STATUS: 1, field::HOLDS_KEY: 1 })
+                .await
+                .map_err(failed)?
+                .try_collect()
+                .await
+                .map_err(failed)?;
+            let states: HashMap<String, &Document> = found
+                .iter()
+                .filter_map(|d| Some((id_key(d.get(field::ID)?), d)))
+                .collect();
+            for (key, id) in holders {
+                let holds = states.get(&id_key(id)).is_some_and(|document| {
+                    match document.get_str(field::STATUS).unwrap_or_default() {
+                        status::PENDING => !self.pipeline.unmarkable.contains(id),
+                        status::FAILED => {
+                            order.dead_letters_hold()
+                                && document.get_bool(field::HOLDS_KEY).unwrap_or(false)
+                        }
+                        _ => false,
+                    }
+                });
+                if !holds {
+                    order.let_go_of(key, id);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The misfit read, if it is due: at most once per [`MISFIT_INTERVAL`],
@@ -208,6 +320,7 @@ impl Sweeper {
     /// returned without one, so that it is still delivered or failed: the
     /// fences of its completion (pending, unclaimed, its attempts) keep that
     /// safe, and should two processors publish it, JetStream drops the repeat.
+    /// The keys of every candidate read, claimed or not, go into `keys`.
     async fn claim(
         &self,
         (mut filter, sort): (Document, Document),
@@ -215,8 +328,14 @@ impl Sweeper {
         now: DateTime,
         limit: usize,
         max_bytes: usize,
+        keys: &mut HashSet<String>,
     ) -> Result<Vec<(RawDocumentBuf, Option<ObjectId>)>> {
         let candidates = self.candidates(&filter, sort, limit, max_bytes).await?;
+        keys.extend(
+            candidates
+                .iter()
+                .filter_map(|d| Some(d.get_str(field::KEY).ok()?.to_owned())),
+        );
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
