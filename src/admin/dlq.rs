@@ -140,7 +140,10 @@ async fn replay_one(
     };
     let update = doc! {
         "$set": { field::STATUS: status::PENDING, field::ATTEMPTS: 0, field::NEXT_ATTEMPT_AT: now },
-        "$unset": { field::FAILED_AT: "", field::LAST_ERROR: "", field::LOCK_ID: "", field::LOCKED_AT: "" },
+        "$unset": {
+            field::FAILED_AT: "", field::LAST_ERROR: "", field::LOCK_ID: "", field::LOCKED_AT: "",
+            field::HOLDS_KEY: "",
+        },
         "$push": { ERROR_HISTORY: history },
     };
     let result = outbox

@@ -13,9 +13,10 @@ use mongodb::{Client, Collection, Database};
 use serde::Serialize;
 
 use crate::checkpoint::{CheckpointStore, POSITION_AT};
-use crate::config::RelayConfig;
+use crate::config::{DeadLetters, RelayConfig};
 use crate::contract::{field, status};
 use crate::error::{Error, Result};
+use crate::order::{held_keys, HeldKey};
 
 /// Pending and failed depths, and the oldest pending message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,6 +270,51 @@ pub struct Status {
     pub oplog_headroom_seconds: Option<f64>,
     /// Why the oplog figures are missing, where they are.
     pub oplog_note: Option<String>,
+    /// How many keys are held.
+    pub held_keys_total: usize,
+    /// The held keys, oldest first, up to [`HELD_KEYS_SHOWN`].
+    pub held_keys: Vec<HeldKeyStatus>,
+}
+
+/// The most held keys `status` lists.
+pub const HELD_KEYS_SHOWN: usize = 100;
+
+/// One held key and the message holding it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HeldKeyStatus {
+    pub key: String,
+    /// The `_id` of the message holding the key; none once it went and the
+    /// parked messages are being released.
+    pub holder: Option<String>,
+    /// `retrying`, `dead letter` or `releasing`.
+    pub state: &'static str,
+    /// Messages of the key parked behind it.
+    pub parked: u64,
+    /// Age of the oldest message the key waits on.
+    pub age_seconds: f64,
+}
+
+impl HeldKeyStatus {
+    fn new(held: HeldKey, dead_letters: DeadLetters, now: DateTime) -> Self {
+        let state = match (&held.holder, held.dead_letter, dead_letters) {
+            (None, _, _) | (Some(_), true, DeadLetters::Release) => "releasing",
+            (Some(_), true, DeadLetters::Hold) => "dead letter",
+            (Some(_), false, _) => "retrying",
+        };
+        HeldKeyStatus {
+            holder: held
+                .holder
+                .filter(|_| state != "releasing")
+                .map(|id| match id {
+                    Bson::ObjectId(id) => id.to_hex(),
+                    other => other.to_string(),
+                }),
+            key: held.key,
+            state,
+            parked: held.parked,
+            age_seconds: seconds_between(held.since, now),
+        }
+    }
 }
 
 impl Status {
@@ -284,6 +330,13 @@ impl Status {
             .map_err(|e| Error::mongo("counting processed messages failed", e))?;
         let store = CheckpointStore::for_config(database, config);
         let checkpoint = Checkpoint::read(&store).await?;
+        let held = held_keys(&outbox).await?;
+        let held_keys_total = held.len();
+        let held_keys = held
+            .into_iter()
+            .take(HELD_KEYS_SHOWN)
+            .map(|held| HeldKeyStatus::new(held, config.on_dead_letter, now))
+            .collect();
         let (oplog, oplog_note) = match Oplog::read(database.client()).await {
             Ok(Some(oplog)) => (Some(oplog), None),
             Ok(None) => (None, Some("the oplog is empty".to_owned())),
@@ -310,6 +363,8 @@ impl Status {
                 .map(|(o, at)| o.headroom_seconds(at)),
             oplog_note,
             checkpoint,
+            held_keys_total,
+            held_keys,
         })
     }
 
@@ -359,6 +414,28 @@ impl Status {
             (None, Some(note)) => format!("  oplog: {note}"),
             (None, None) => "  oplog: unknown".to_owned(),
         });
+        if !self.held_keys.is_empty() {
+            lines.push(format!("  held keys: {}", self.held_keys_total));
+            for held in &self.held_keys {
+                lines.push(format!(
+                    "    {}: {}{}, {} parked, waiting {}",
+                    held.key,
+                    held.state,
+                    held.holder
+                        .as_ref()
+                        .map(|id| format!(" ({id})"))
+                        .unwrap_or_default(),
+                    held.parked,
+                    age(held.age_seconds)
+                ));
+            }
+            if self.held_keys_total > self.held_keys.len() {
+                lines.push(format!(
+                    "    … and {} more",
+                    self.held_keys_total - self.held_keys.len()
+                ));
+            }
+        }
         if !self.failed_by_type.is_empty() {
             lines.push("  failed by type:".to_owned());
             for failed in &self.failed_by_type {

@@ -162,6 +162,48 @@ impl TestEnv {
         stream.info().await.expect("stream info").state.messages
     }
 
+    /// Every message in this test's stream, in stream order.
+    pub async fn stored(&self) -> Vec<Stored> {
+        let mut stream = self
+            .jetstream
+            .get_stream(&self.stream)
+            .await
+            .expect("stream");
+        let state = stream.info().await.expect("stream info").state.clone();
+        let mut stored = Vec::new();
+        for sequence in state.first_sequence..=state.last_sequence {
+            let Ok(message) = stream.get_raw_message(sequence).await else {
+                continue; // deleted, or never there (an empty stream)
+            };
+            let header = |name: &str| {
+                message
+                    .headers
+                    .get(name)
+                    .map(|value| value.as_str().to_owned())
+            };
+            stored.push(Stored {
+                sequence,
+                id: header("Nats-Msg-Id").unwrap_or_default(),
+                key: header("Outbox-Key"),
+            });
+        }
+        stored
+    }
+
+    /// Inserts a pending message of `key` whose payload is `size` bytes;
+    /// returns its id once it is committed.
+    pub async fn insert_keyed(&self, key: &str, size: usize) -> ObjectId {
+        let id = ObjectId::new();
+        self.outbox()
+            .insert_one(doc! {
+                "_id": id, "type": "keyed", "key": key, "payload": "x".repeat(size),
+                "status": "pending",
+            })
+            .await
+            .expect("insert a keyed message");
+        id
+    }
+
     /// The stored resume token of this test's outbox, if any.
     pub async fn checkpoint_token(&self) -> Option<bson::Bson> {
         self.db
@@ -302,6 +344,42 @@ where
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// One message as a JetStream stream holds it.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub sequence: u64,
+    /// `Nats-Msg-Id`: the outbox message's id.
+    pub id: String,
+    /// `Outbox-Key`.
+    pub key: Option<String>,
+}
+
+/// Asserts that the stream holds each key's messages exactly as committed:
+/// `committed` gives each key's ids in commit order, and the stream must
+/// hold those ids, in that order by stream sequence, each once, and no
+/// other message of the key.
+pub fn assert_order_per_key(stored: &[Stored], committed: &HashMap<String, Vec<ObjectId>>) {
+    let mut by_key: HashMap<&str, Vec<&str>> = HashMap::new();
+    for message in stored {
+        if let Some(key) = &message.key {
+            by_key.entry(key).or_default().push(&message.id);
+        }
+    }
+    for (key, ids) in committed {
+        let expected: Vec<String> = ids.iter().map(|id| id.to_hex()).collect();
+        let found = by_key.remove(key.as_str()).unwrap_or_default();
+        assert_eq!(
+            found, expected,
+            "key {key}: the stream's messages (left) are not the committed ones in commit order"
+        );
+    }
+    assert!(
+        by_key.is_empty(),
+        "messages of keys never committed: {:?}",
+        by_key.keys()
+    );
 }
 
 /// A relay running in this process.

@@ -10,6 +10,7 @@ mod contract;
 mod coordination;
 mod leader;
 mod operate;
+mod order;
 mod poison;
 mod process;
 mod relay;
