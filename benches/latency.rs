@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use outbox_relay::bench::{self, BenchConfig};
+use outbox_relay::bench::{self, BenchConfig, Keys};
 
 #[tokio::main]
 async fn main() {
@@ -30,6 +30,11 @@ async fn main() {
         count: if full { 2000 } else { 20 },
         poll_intervals: vec![Duration::from_millis(100)],
         backlog: if full { 10_000 } else { 50 },
+        keys: if full {
+            vec![Keys::None, Keys::Spread(10_000), Keys::One]
+        } else {
+            vec![Keys::None, Keys::One]
+        },
         output: output.clone(),
         server: bench::describe_server(&env("MONGODB_URI", "mongodb://127.0.0.1:27017")).await,
     };

@@ -1,7 +1,8 @@
 //! Fault injection: messages are written in transactions by a real client
 //! while relays are killed, servers stop and tokens are lost. Afterwards the
 //! JetStream stream must hold exactly the committed outbox messages: none
-//! missing, none extra, none from an aborted transaction. Each scenario
+//! missing, none extra, none from an aborted transaction, and each key's
+//! messages in commit order. Each scenario
 //! reports the raw publishes (a core subscriber counts every one) and, for
 //! leader changes, how long delivery paused, to `target/fault-report.jsonl`.
 //!
@@ -150,7 +151,9 @@ async fn write_one(
         .session(&mut session)
         .await
         .map_err(failed)?;
-    let message = NewMessage::serialized("order.placed", &doc! { "n": n })?;
+    // A few keys, so each scenario checks the order of each key too; one
+    // writer writes them in turn, so `n` is commit order.
+    let message = NewMessage::serialized("order.placed", &doc! { "n": n })?.key(key_of(n));
     let id = outbox.add(&mut session, message).await?;
     if abort {
         session.abort_transaction().await.map_err(failed)?;
@@ -160,8 +163,30 @@ async fn write_one(
     Ok(id)
 }
 
+fn key_of(n: i64) -> String {
+    format!("k{}", n % 5)
+}
+
+/// Each key's committed messages in commit order (by the writer's `n`).
+fn committed_per_key(documents: &[Document]) -> HashMap<String, Vec<ObjectId>> {
+    let mut numbered: Vec<(i64, ObjectId)> = documents
+        .iter()
+        .filter_map(|d| {
+            let n = d.get_document("payload").ok()?.get_i64("n").ok()?;
+            Some((n, d.get_object_id("_id").ok()?))
+        })
+        .collect();
+    numbered.sort();
+    let mut per_key: HashMap<String, Vec<ObjectId>> = HashMap::new();
+    for (n, id) in numbered {
+        per_key.entry(key_of(n)).or_default().push(id);
+    }
+    per_key
+}
+
 /// Waits until nothing is pending, then checks the stream against the
-/// collection, and writes the scenario's figures to the report.
+/// collection (each key in commit order), and writes the scenario's
+/// figures to the report.
 async fn verify(
     env: &TestEnv,
     scenario: &str,
@@ -203,17 +228,10 @@ async fn verify(
         .map(|id| id.to_hex())
         .collect();
 
-    let mut stream = env.jetstream.get_stream(&env.stream).await.unwrap();
-    let last = stream.info().await.unwrap().state.last_sequence;
+    let stored = env.stored().await;
     let mut in_stream: HashMap<String, usize> = HashMap::new();
-    for sequence in 1..=last {
-        let message = stream.get_raw_message(sequence).await.unwrap();
-        let id = message
-            .headers
-            .get("Nats-Msg-Id")
-            .map(|v| v.as_str().to_owned())
-            .unwrap_or_default();
-        *in_stream.entry(id).or_default() += 1;
+    for message in &stored {
+        *in_stream.entry(message.id.clone()).or_default() += 1;
     }
     let stream_ids: HashSet<String> = in_stream.keys().cloned().collect();
     let missing: Vec<&String> = committed.difference(&stream_ids).collect();
@@ -245,6 +263,7 @@ async fn verify(
         committed.len() >= 20,
         "{scenario}: too few messages written to mean anything"
     );
+    common::assert_order_per_key(&stored, &committed_per_key(&documents));
 
     // Let late duplicates land before counting them.
     tokio::time::sleep(Duration::from_millis(300)).await;

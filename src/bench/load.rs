@@ -41,6 +41,54 @@ impl Clock {
     }
 }
 
+/// How a run's messages are keyed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keys {
+    /// No key: no order per key is kept.
+    None,
+    /// Message `n` has key `n % count`: many keys, each seldom twice in flight.
+    Spread(u32),
+    /// Every message has the same key: one line, one message on the wire.
+    One,
+}
+
+impl Keys {
+    /// The key of message `n`.
+    pub fn of(&self, n: usize) -> Option<String> {
+        match self {
+            Keys::None => None,
+            Keys::Spread(count) => Some(format!("k{}", n % (*count).max(1) as usize)),
+            Keys::One => Some("hot".to_owned()),
+        }
+    }
+
+    /// How results name it: "" for no keys.
+    pub fn label(&self) -> String {
+        match self {
+            Keys::None => String::new(),
+            Keys::Spread(count) => format!(", {count} keys"),
+            Keys::One => ", one key".to_owned(),
+        }
+    }
+
+    pub fn slug(&self) -> String {
+        match self {
+            Keys::None => String::new(),
+            Keys::Spread(count) => format!("_k{count}"),
+            Keys::One => "_hot".to_owned(),
+        }
+    }
+}
+
+/// What a producer writes: how many messages, how fast, keyed how.
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    pub count: usize,
+    /// Messages a second; `None` is as fast as the writers go.
+    pub rate: Option<u32>,
+    pub keys: Keys,
+}
+
 /// Latencies from `started` to `arrived`, for ids in both, sorted.
 pub fn latencies(started: &Clock, arrived: &Clock) -> Vec<Duration> {
     let arrived = arrived.snapshot();
@@ -60,11 +108,11 @@ pub async fn produce(
     client: &Client,
     database: &Database,
     collection: &str,
-    count: usize,
-    rate: Option<u32>,
+    load: Load,
     started: &Clock,
     progress: &indicatif::ProgressBar,
 ) -> Result<Duration> {
+    let Load { count, rate, keys } = load;
     let workers = 8;
     let (tickets, queue) = async_channel::bounded::<usize>(workers * 4);
     let began = Instant::now();
@@ -80,7 +128,7 @@ pub async fn produce(
         let orders = database.collection::<Document>("orders");
         writers.push(tokio::spawn(async move {
             while let Ok(n) = queue.recv().await {
-                write_order(&client, &outbox, &orders, n, &started).await?;
+                write_order(&client, &outbox, &orders, n, keys.of(n), &started).await?;
                 progress.inc(1);
             }
             Ok::<(), Error>(())
@@ -112,12 +160,13 @@ async fn write_order(
     outbox: &Outbox,
     orders: &Collection<Document>,
     n: usize,
+    key: Option<String>,
     started: &Clock,
 ) -> Result<()> {
     let mut tries = 0;
     loop {
         tries += 1;
-        match try_write_order(client, outbox, orders, n, started).await {
+        match try_write_order(client, outbox, orders, n, key.clone(), started).await {
             Err(Error::Mongo { source, .. })
                 if tries < 20
                     && source.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR) =>
@@ -134,6 +183,7 @@ async fn try_write_order(
     outbox: &Outbox,
     orders: &Collection<Document>,
     n: usize,
+    key: Option<String>,
     started: &Clock,
 ) -> Result<()> {
     let failed = |e| Error::mongo("benchmark write failed", e);
@@ -144,7 +194,10 @@ async fn try_write_order(
         .session(&mut session)
         .await
         .map_err(failed)?;
-    let message = NewMessage::serialized("order.placed", &doc! { "n": n as i64 })?;
+    let mut message = NewMessage::serialized("order.placed", &doc! { "n": n as i64 })?;
+    if let Some(key) = key {
+        message = message.key(key);
+    }
     let id = outbox.add(&mut session, message).await?;
     started.note(id, Instant::now());
     session.commit_transaction().await.map_err(failed)?;

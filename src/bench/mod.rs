@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::publish::{connect_nats, StreamSetup};
 use crate::redact;
 use load::Clock;
+pub use load::Keys;
 use process::{RelayProcess, RelayView, Usage};
 
 pub use report::{print_table, write_json, write_plot};
@@ -55,6 +56,9 @@ pub struct BenchConfig {
     pub poll_intervals: Vec<Duration>,
     /// Messages in the backlog drain (0: skip it).
     pub backlog: usize,
+    /// How messages are keyed: push over JetStream and the drain run once
+    /// for each (the other modes without keys).
+    pub keys: Vec<Keys>,
     /// Where the JSON, the plot and the relay logs go.
     pub output: PathBuf,
     /// A description of the MongoDB server, for the record.
@@ -142,6 +146,18 @@ pub struct Drain {
     pub relay: Usage,
 }
 
+/// The same backlog drained with its messages keyed.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyedDrain {
+    pub keys: String,
+    pub messages: usize,
+    pub seconds: f64,
+    pub rate: f64,
+    /// Drain rate as a share of the drain without keys.
+    pub share_of_unkeyed: f64,
+    pub relay: Usage,
+}
+
 /// Everything a benchmark measured, with what it was run with.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -154,6 +170,7 @@ pub struct Report {
     pub started_at: String,
     pub runs: Vec<RunResult>,
     pub drain: Option<Drain>,
+    pub keyed_drains: Vec<KeyedDrain>,
 }
 
 /// A description of the server at `uri` for the record: its buildInfo version.
@@ -196,6 +213,7 @@ pub async fn run(config: &BenchConfig) -> Result<Report> {
         started_at: DateTime::now().try_to_rfc3339_string().unwrap_or_default(),
         runs: Vec::new(),
         drain: None,
+        keyed_drains: Vec::new(),
     };
     let outcome = bench.all(&mut report).await;
     bench.clean_up().await;
@@ -222,18 +240,46 @@ impl Bench<'_> {
         // slower across the board; it is run once and thrown away.
         if let Some(&rate) = self.config.rates.first() {
             tracing::info!("warm-up run, not reported");
-            self.run_one(Mode::Push(NatsMode::Jetstream), rate, "_warmup")
+            self.run_one(Mode::Push(NatsMode::Jetstream), rate, Keys::None, "_warmup")
                 .await?;
         }
         for &rate in &self.config.rates {
             for &mode in &modes {
-                report.runs.extend(self.run_one(mode, rate, "").await?);
+                let keyed = mode == Mode::Push(NatsMode::Jetstream);
+                for &keys in self.keys_for(keyed) {
+                    report
+                        .runs
+                        .extend(self.run_one(mode, rate, keys, "").await?);
+                }
             }
         }
         if self.config.backlog > 0 {
-            report.drain = Some(self.drain().await?);
+            let drain = self.drain().await?;
+            for &keys in self.keys_for(true).iter().filter(|k| **k != Keys::None) {
+                let (seconds, relay) = self.drain_keyed(keys).await?;
+                let rate = self.config.backlog as f64 / seconds;
+                report.keyed_drains.push(KeyedDrain {
+                    keys: keys.label().trim_start_matches(", ").to_owned(),
+                    messages: self.config.backlog,
+                    seconds,
+                    rate,
+                    share_of_unkeyed: rate / drain.rate,
+                    relay,
+                });
+            }
+            report.drain = Some(drain);
         }
         Ok(())
+    }
+
+    /// The key spreads a run of a mode measures: all of them for push over
+    /// JetStream, none for the rest.
+    fn keys_for(&self, keyed: bool) -> &[Keys] {
+        if keyed {
+            &self.config.keys
+        } else {
+            &[Keys::None]
+        }
     }
 
     /// The subject prefix and collection of one run.
@@ -294,9 +340,15 @@ impl Bench<'_> {
     /// a bare change stream on the very same inserts, under the same load.
     /// `suffix` keeps a run's collection and subjects apart from another
     /// run of the same mode and rate.
-    async fn run_one(&self, mode: Mode, rate: Option<u32>, suffix: &str) -> Result<Vec<RunResult>> {
+    async fn run_one(
+        &self,
+        mode: Mode,
+        rate: Option<u32>,
+        keys: Keys,
+        suffix: &str,
+    ) -> Result<Vec<RunResult>> {
         let rate_tag = rate.map_or("max".to_owned(), |r| r.to_string());
-        let tag = format!("{}_{rate_tag}{suffix}", mode.slug());
+        let tag = format!("{}{}_{rate_tag}{suffix}", mode.slug(), keys.slug());
         let (prefix, collection) = self.names(&tag);
         let (started, arrived, stop) =
             (Clock::default(), Clock::default(), CancellationToken::new());
@@ -322,8 +374,11 @@ impl Bench<'_> {
             &self.client,
             &self.database,
             &collection,
-            1,
-            None,
+            load::Load {
+                count: 1,
+                rate: None,
+                keys,
+            },
             &Clock::default(),
             &hidden,
         )
@@ -338,14 +393,17 @@ impl Bench<'_> {
         }
         let progress = report::progress(
             self.config.count,
-            &format!("{} at {rate_tag}/s", mode.label()),
+            &format!("{}{} at {rate_tag}/s", mode.label(), keys.label()),
         );
         let took = load::produce(
             &self.client,
             &self.database,
             &collection,
-            self.config.count,
-            rate,
+            load::Load {
+                count: self.config.count,
+                rate,
+                keys,
+            },
             &started,
             &progress,
         )
@@ -363,7 +421,7 @@ impl Bench<'_> {
         let result = |mode: Mode, arrived: &Clock, relay: Option<Usage>, relay_view| {
             let latencies = load::latencies(&started, arrived);
             RunResult {
-                mode: mode.label(),
+                mode: format!("{}{}", mode.label(), keys.label()),
                 offered_rate: rate,
                 messages: self.config.count,
                 received: latencies.len(),
@@ -390,55 +448,9 @@ impl Bench<'_> {
     /// server's own rate for updating the same documents in bulk.
     async fn drain(&self) -> Result<Drain> {
         let n = self.config.backlog;
-        let (prefix, collection) = self.names("drain");
-        self.stream_for(&prefix).await?;
-        let outbox = self.database.collection::<Document>(&collection);
-        self.insert_backlog(&outbox, n).await?;
-        // Receipts on NATS are counted for free; the collection is only
-        // counted once they are all in, so measuring does not load the server.
-        let (arrived, stop) = (Clock::default(), CancellationToken::new());
-        let _stop_receiver = stop.clone().drop_guard();
-        load::subscribe(&self.nats, &prefix, arrived.clone(), stop).await?;
-        let relay = self.start_relay(
-            "drain",
-            &collection,
-            &prefix,
-            Mode::Push(NatsMode::Jetstream),
-        )?;
-        let began = Instant::now();
-        let progress = report::progress(n, "backlog drain");
-        let limit = Duration::from_secs(3600);
-        while arrived.len() < n {
-            if began.elapsed() > limit {
-                return Err(Error::Bench(
-                    "the backlog did not drain within an hour".into(),
-                ));
-            }
-            progress.set_position(arrived.len() as u64);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        loop {
-            let done = outbox
-                .count_documents(doc! { "status": "processed" })
-                .await
-                .map_err(|e| Error::mongo("counting drained messages failed", e))?;
-            if done as usize >= n {
-                break;
-            }
-            if began.elapsed() > limit {
-                return Err(Error::Bench(
-                    "the backlog was not all marked within an hour".into(),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let seconds = began.elapsed().as_secs_f64();
-        progress.finish_and_clear();
-        let usage = relay.usage();
-        relay.stop(Duration::from_secs(15)).await;
-
+        let (seconds, usage) = self.drain_keyed(Keys::None).await?;
         let bulk = self.database.collection::<Document>("outbox_bulk");
-        self.insert_backlog(&bulk, n).await?;
+        self.insert_backlog(&bulk, n, Keys::None).await?;
         let began = Instant::now();
         bulk.update_many(
             doc! { "status": "pending" },
@@ -469,7 +481,7 @@ impl Bench<'_> {
     /// How fast the server marks `n` documents named 500 at a time.
     async fn batched_update_rate(&self, n: usize) -> Result<f64> {
         let batched = self.database.collection::<Document>("outbox_batched");
-        self.insert_backlog(&batched, n).await?;
+        self.insert_backlog(&batched, n, Keys::None).await?;
         let ids: Vec<ObjectId> = batched
             .find(doc! {})
             .projection(doc! { "_id": 1 })
@@ -493,7 +505,7 @@ impl Bench<'_> {
     async fn read_and_mark_rate(&self, n: usize) -> Result<f64> {
         let outbox = self.database.collection::<Document>("outbox_read_and_mark");
         crate::setup::ensure_indexes(&outbox, None).await?;
-        self.insert_backlog(&outbox, n).await?;
+        self.insert_backlog(&outbox, n, Keys::None).await?;
         let failed = |e| Error::mongo("reading pending documents failed", e);
         let began = Instant::now();
         let mut cursor = outbox
@@ -513,11 +525,71 @@ impl Bench<'_> {
         Ok(n as f64 / began.elapsed().as_secs_f64())
     }
 
-    async fn insert_backlog(&self, outbox: &mongodb::Collection<Document>, n: usize) -> Result<()> {
+    /// A backlog of `n` messages keyed by `keys`, written with the relay
+    /// stopped, then drained by a relay in push mode. Returns how long the
+    /// drain took, and what the relay used.
+    async fn drain_keyed(&self, keys: Keys) -> Result<(f64, Usage)> {
+        let n = self.config.backlog;
+        let (prefix, collection) = self.names(&format!("drain{}", keys.slug()));
+        self.stream_for(&prefix).await?;
+        let outbox = self.database.collection::<Document>(&collection);
+        self.insert_backlog(&outbox, n, keys).await?;
+        // Receipts on NATS are counted for free; the collection is only
+        // counted once they are all in, so measuring does not load the server.
+        let (arrived, stop) = (Clock::default(), CancellationToken::new());
+        let _stop_receiver = stop.clone().drop_guard();
+        load::subscribe(&self.nats, &prefix, arrived.clone(), stop).await?;
+        let tag = format!("drain{}", keys.slug());
+        let relay =
+            self.start_relay(&tag, &collection, &prefix, Mode::Push(NatsMode::Jetstream))?;
+        let began = Instant::now();
+        let progress = report::progress(n, &format!("backlog drain{}", keys.label()));
+        let limit = Duration::from_secs(3600);
+        while arrived.len() < n {
+            if began.elapsed() > limit {
+                return Err(Error::Bench(
+                    "the backlog did not drain within an hour".into(),
+                ));
+            }
+            progress.set_position(arrived.len() as u64);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        loop {
+            let done = outbox
+                .count_documents(doc! { "status": "processed" })
+                .await
+                .map_err(|e| Error::mongo("counting drained messages failed", e))?;
+            if done as usize >= n {
+                break;
+            }
+            if began.elapsed() > limit {
+                return Err(Error::Bench(
+                    "the backlog was not all marked within an hour".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let seconds = began.elapsed().as_secs_f64();
+        progress.finish_and_clear();
+        let usage = relay.usage();
+        relay.stop(Duration::from_secs(15)).await;
+        Ok((seconds, usage))
+    }
+
+    async fn insert_backlog(
+        &self,
+        outbox: &mongodb::Collection<Document>,
+        n: usize,
+        keys: Keys,
+    ) -> Result<()> {
         let progress = report::progress(n, "writing the backlog");
         for start in (0..n).step_by(1000) {
             let batch = (start..n.min(start + 1000)).map(|i| {
-                doc! { "_id": ObjectId::new(), "type": "order.placed", "payload": { "n": i as i64 }, "status": "pending" }
+                let mut message = doc! { "_id": ObjectId::new(), "type": "order.placed", "payload": { "n": i as i64 }, "status": "pending" };
+                if let Some(key) = keys.of(i) {
+                    message.insert("key", key);
+                }
+                message
             });
             outbox
                 .insert_many(batch)

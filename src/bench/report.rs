@@ -95,6 +95,19 @@ pub fn print_table(report: &Report) {
             drain.relay.peak_rss_mib,
         );
     }
+    for keyed in &report.keyed_drains {
+        println!(
+            "backlog drain, {}: {} messages in {:.2} s = {:.0}/s ({:.0}% of the drain without \
+             keys); relay cpu {:.2} s, peak rss {:.1} MiB",
+            keyed.keys,
+            keyed.messages,
+            keyed.seconds,
+            keyed.rate,
+            keyed.share_of_unkeyed * 100.0,
+            keyed.relay.cpu_seconds,
+            keyed.relay.peak_rss_mib,
+        );
+    }
 }
 
 /// Writes the report as JSON.

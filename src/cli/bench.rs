@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use outbox_relay::bench::{self, BenchConfig};
+use outbox_relay::bench::{self, BenchConfig, Keys};
 use outbox_relay::{Error, Result};
 
 use super::duration;
@@ -40,6 +40,11 @@ pub struct BenchArgs {
     /// Messages in the backlog drain; 0 skips it.
     #[arg(long, default_value_t = 100_000)]
     pub backlog: usize,
+    /// How messages are keyed, comma-separated: "none", a number of
+    /// distinct keys, or "one" (a single hot key); push over JetStream and
+    /// the backlog drain run once for each.
+    #[arg(long, default_value = "none,10000,one", value_delimiter = ',')]
+    pub keys: Vec<String>,
     /// Folder for bench.json, latency-cdf.svg and the relay logs.
     #[arg(long, default_value = "bench-results")]
     pub output: PathBuf,
@@ -68,6 +73,24 @@ impl BenchArgs {
                     }),
             })
             .collect::<Result<Vec<_>>>()?;
+        let keys = self
+            .keys
+            .iter()
+            .map(|keys| match keys.trim() {
+                "none" => Ok(Keys::None),
+                "one" => Ok(Keys::One),
+                number => number
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .map(Keys::Spread)
+                    .ok_or_else(|| {
+                        Error::Config(format!(
+                            "--keys: {number:?} is neither \"none\", \"one\" nor a positive number"
+                        ))
+                    }),
+            })
+            .collect::<Result<Vec<_>>>()?;
         if self.count == 0 {
             return Err(Error::Config("--count must be at least 1".into()));
         }
@@ -81,6 +104,7 @@ impl BenchArgs {
             count: self.count,
             poll_intervals: self.poll_intervals,
             backlog: self.backlog,
+            keys,
             output: self.output,
             server: self.server.unwrap_or(server),
         })
