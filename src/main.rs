@@ -79,8 +79,8 @@ async fn execute(command: Command) -> Result<ExitCode> {
             let relay = Relay::connect(args.settings.resolve()?).await?;
             let tally = relay.sweep_once(args.give_up_after).await?;
             println!(
-                "delivered {}, retried {}, failed {}",
-                tally.delivered, tally.retried, tally.failed
+                "delivered {}, retried {}, failed {}, parked {}",
+                tally.delivered, tally.retried, tally.failed, tally.parked
             );
             Ok(ExitCode::SUCCESS)
         }

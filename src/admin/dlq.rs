@@ -2,7 +2,10 @@
 //!
 //! A replay puts a message back to `pending` with its attempts reset and its
 //! last error moved into `errorHistory`, so what went wrong before is kept.
-//! The next sweep pass delivers it. Each change matches `status: "failed"`,
+//! The next sweep pass delivers it. A dead letter that holds its key
+//! (`holdsKey`, under `--on-dead-letter hold`) is released by either: a
+//! replay clears the mark and the message goes before the key's parked
+//! ones, a discard removes it, and the leader's next sweep notices. Each change matches `status: "failed"`,
 //! so a message replayed or discarded twice at once is changed only once.
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};

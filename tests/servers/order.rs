@@ -347,3 +347,28 @@ async fn the_sweep_racing_the_stream_on_a_backlog_keeps_each_key_in_order() {
     relay.stop().await.unwrap();
     env.drop().await;
 }
+
+#[tokio::test]
+async fn sweep_once_gives_up_where_a_relay_leads() {
+    let env = TestEnv::new().await;
+    let config = env.quick_config(3);
+    let relay = RunningRelay::start(config.clone()).await;
+    env.insert_keyed("k", 10).await;
+    env.wait_count(doc! { "status": "processed" }, 1).await;
+    let mut once = config;
+    once.mode = outbox_relay::RelayMode::Poll; // no grace period
+    let sweeper = outbox_relay::Relay::connect(once).await.unwrap();
+    let outcome = sweeper.sweep_once(crate::common::WAIT).await;
+    match outcome {
+        Err(outbox_relay::Error::GaveUp(why)) => {
+            assert!(why.contains("another relay leads"), "{why}")
+        }
+        other => panic!("expected to give up, got {other:?}"),
+    }
+    relay.stop().await.unwrap();
+    // With the leader gone, the sweep runs.
+    env.insert_keyed("k", 10).await;
+    let tally = sweeper.sweep_once(crate::common::WAIT).await.unwrap();
+    assert_eq!(tally.delivered, 1);
+    env.drop().await;
+}

@@ -53,7 +53,7 @@ async fn sweep_once_delivers_everything_due_and_prints_the_counts() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert_eq!(stdout.trim(), "delivered 30, retried 0, failed 1");
+    assert_eq!(stdout.trim(), "delivered 30, retried 0, failed 1, parked 0");
     assert_eq!(env.count(doc! { "status": "processed" }).await, 30);
     assert_eq!(env.stream_count().await, 30);
     env.drop().await;
