@@ -26,6 +26,7 @@
 //! only with evidence that the broker takes other messages (see
 //! [`LastDelivery`]).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -147,6 +148,41 @@ impl Attempt {
 
 type InFlight = FuturesOrdered<BoxFuture<'static, Attempt>>;
 
+/// How many messages in flight wait for their key's turn, unsent.
+///
+/// `--max-in-flight` bounds what is on the wire; messages waiting behind an
+/// earlier one of their key are not on the wire, so they do not count
+/// against it, and a hot key cannot fill the window and hold back other
+/// keys. Up to [`Waiting::PER_SENT`] times as many may wait.
+#[derive(Default, Clone)]
+struct Waiting(Arc<AtomicUsize>);
+
+impl Waiting {
+    const PER_SENT: usize = 3;
+
+    /// One message waiting, until the slot is dropped.
+    fn take(&self) -> WaitingSlot {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        WaitingSlot(self.0.clone())
+    }
+
+    /// Whether the stage may take more work: room on the wire, and room
+    /// in all it holds.
+    fn room(&self, in_flight: usize, max_in_flight: usize) -> bool {
+        let waiting = self.0.load(Ordering::Relaxed).min(in_flight);
+        in_flight - waiting < max_in_flight
+            && in_flight < max_in_flight.saturating_mul(Self::PER_SENT + 1)
+    }
+}
+
+struct WaitingSlot(Arc<AtomicUsize>);
+
+impl Drop for WaitingSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Drives a [`Publisher`] from a channel of work to a channel of verdicts.
 pub(crate) struct PublishStage {
     pub publisher: Arc<dyn Publisher>,
@@ -170,9 +206,11 @@ pub(crate) struct PublishStage {
 impl PublishStage {
     pub async fn run(self, mut input: mpsc::Receiver<Work>, output: mpsc::Sender<Finished>) {
         let mut in_flight = InFlight::new();
+        let waiting = Waiting::default();
         let mut input_open = true;
         let mut outage = Outage::new("NATS publishing");
         while input_open || !in_flight.is_empty() {
+            let room = waiting.room(in_flight.len(), self.max_in_flight);
             tokio::select! {
                 biased;
                 _ = self.abandon.cancelled(), if input_open => input_open = false,
@@ -189,9 +227,9 @@ impl PublishStage {
                         return;
                     }
                 }
-                work = input.recv(), if input_open && in_flight.len() < self.max_in_flight => {
+                work = input.recv(), if input_open && room => {
                     match work {
-                        Some(work) => in_flight.push_back(self.start(work).await),
+                        Some(work) => in_flight.push_back(self.start(work, &waiting).await),
                         None => input_open = false,
                     }
                 }
@@ -207,14 +245,16 @@ impl PublishStage {
 
     /// Takes the work's turn in its key's line, and sends it if nothing of
     /// its key is before it; returns the future of its attempt.
-    async fn start(&self, work: Work) -> BoxFuture<'static, Attempt> {
+    async fn start(&self, work: Work, waiting: &Waiting) -> BoxFuture<'static, Attempt> {
         let started = Instant::now();
         let turn = self.turn(&work);
         match turn {
             Some(mut turn) if !turn.first() => {
                 let publisher = self.publisher.clone();
+                let slot = waiting.take();
                 async move {
                     turn.wait().await;
+                    drop(slot);
                     match turn.admit() {
                         Admission::Park => Attempt::parked(work),
                         Admission::Send => put(&*publisher, work, Some(turn), started).await.await,

@@ -974,3 +974,25 @@ async fn without_stored_acknowledgements_a_key_is_sent_in_order_without_waiting(
     broker.release("a2", Ok(Ack::default()));
     assert_eq!(names(&stage.verdicts(2).await), ["a1", "a2"]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn messages_waiting_for_their_key_do_not_fill_the_window() {
+    let (broker, mut stage, _) = start_keyed(2, true);
+    broker.by_default(Reply::Hold);
+    let hot: Vec<Work> = (1..=5).map(|n| keyed(&format!("a{n}"), "a")).collect();
+    stage.feed(hot).await;
+    stage.feed([keyed("b1", "b"), keyed("c1", "c")]).await;
+    assert_eq!(
+        stage.sends_until_idle().await,
+        ["a1", "b1"],
+        "b1 goes while a2..a5 wait; c1 waits for room on the wire"
+    );
+    broker.release("b1", Ok(Ack::default()));
+    for n in 1..=5 {
+        broker.release(&format!("a{n}"), Ok(Ack::default()));
+        stage.sends_until_idle().await;
+    }
+    broker.release("c1", Ok(Ack::default()));
+    let verdicts = stage.verdicts(7).await;
+    assert_eq!(names(&verdicts), ["a1", "a2", "a3", "a4", "a5", "b1", "c1"]);
+}
