@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use crate::contract::{ContractViolation, Decoded};
 use crate::observe::{Metrics, Origin};
+use crate::order::ParkTicket;
 
 /// One unit of work: a message to deliver, a resume token to record once all
 /// earlier work is done, or both.
@@ -40,6 +41,9 @@ pub(crate) struct Work {
     pub reserved: Option<OwnedSemaphorePermit>,
     /// A parked message read back to release its key (see `order`).
     pub release: bool,
+    /// The park decided for this work, settled when the work is dropped
+    /// (after its verdict is recorded).
+    pub park: Option<ParkTicket>,
 }
 
 impl Work {
@@ -52,6 +56,7 @@ impl Work {
             at,
             reserved: None,
             release: false,
+            park: None,
         }
     }
 
@@ -64,6 +69,7 @@ impl Work {
             at: None,
             reserved: None,
             release: false,
+            park: None,
         }
     }
 
@@ -77,6 +83,7 @@ impl Work {
             at,
             reserved: None,
             release: false,
+            park: None,
         }
     }
 

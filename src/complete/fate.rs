@@ -141,13 +141,8 @@ impl CompletionStage {
             "$set": { field::NEXT_ATTEMPT_AT: PARKED },
             "$unset": unlock(),
         };
-        let parked = self
-            .decide(message, claim, Fate::Parked(&update), "", now)
-            .await;
-        if let (Some(order), Some(key)) = (&self.order, key(message)) {
-            order.parked(key);
-        }
-        parked
+        self.decide(message, claim, Fate::Parked(&update), "", now)
+            .await
     }
 
     /// Whether a dead letter of this message holds its key.
@@ -194,7 +189,7 @@ impl CompletionStage {
         };
         // Should the document not take its fate, fail it with the reason,
         // or else with the least change that takes it out of pending.
-        let failed = fail(reason, None, false, now);
+        let failed = fail(reason, None, self.holds_key(message), now);
         let least = doc! { "$set": { field::STATUS: status::FAILED } };
         let fallbacks: &[&Document] = match fate {
             Fate::Failed(update) => &[update, &least],
@@ -224,9 +219,9 @@ fn fail(reason: &str, attempts: Option<i32>, holds_key: bool, now: DateTime) -> 
     doc! { "$set": fields, "$unset": unlock() }
 }
 
-/// The message's key, if it has one and could be read.
+/// The message's key, if it has one.
 fn key(message: &Decoded) -> Option<&str> {
-    message.message.as_ref().ok()?.key()
+    message.key.as_deref()
 }
 
 /// What a decision writes: a failure, another attempt scheduled, or a park.

@@ -132,6 +132,11 @@ pub struct Decoded {
     /// its type: a write that records another attempt matches it, so two
     /// processors cannot both count from the same value.
     pub attempts: Option<Bson>,
+    /// The `key` field if it is a string, read even from a document that
+    /// breaks the contract, so that such a message keeps its place among
+    /// its key's messages (and holds the key as a dead letter with
+    /// `--on-dead-letter hold`).
+    pub key: Option<String>,
 }
 
 impl Decoded {
@@ -194,6 +199,7 @@ impl DecodeRules {
                         "the document cannot be read as BSON: {error}"
                     ))),
                     attempts: field(field::ATTEMPTS),
+                    key: raw.get_str(field::KEY).ok().map(str::to_owned),
                 }
             }
         }
@@ -208,6 +214,7 @@ impl DecodeRules {
             id,
             message,
             attempts: document.get(field::ATTEMPTS).cloned(),
+            key: document.get_str(field::KEY).ok().map(str::to_owned),
         }
     }
 

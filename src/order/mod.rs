@@ -96,11 +96,35 @@ struct Shared {
     metrics: Metrics,
 }
 
-/// What a message of a held key does instead of going out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Whether a message goes out, or is parked behind its key's holder.
+#[derive(Debug)]
 pub(crate) enum Admission {
     Send,
-    Park,
+    Park(ParkTicket),
+}
+
+/// A park decided: counts as settled when dropped, once the verdict is
+/// recorded (the park written, or found impossible) or given up with the
+/// relay's stop. Until then its key cannot be freed, since a release might
+/// read the collection before the park is in it.
+#[derive(Debug)]
+pub(crate) struct ParkTicket {
+    order: KeyOrder,
+    key: String,
+}
+
+impl Drop for ParkTicket {
+    fn drop(&mut self) {
+        if let Some(parks) = self.order.keys().parks.get_mut(&self.key) {
+            parks.written += 1;
+        }
+    }
+}
+
+impl std::fmt::Debug for KeyOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyOrder").finish_non_exhaustive()
+    }
 }
 
 /// How a message's turn ended, as far as its key is concerned.
@@ -188,17 +212,20 @@ impl KeyOrder {
             number,
             done,
             before,
+            sent: false,
         }
     }
 
     /// Whether a message may go now: the key is free, the message is the
-    /// one holding it, or the key is releasing and this is a parked message.
+    /// one holding it or older (then it came first, and either is stored
+    /// already, a repeat JetStream drops, or must go first), or the key is
+    /// releasing and this is a parked message.
     fn admit(&self, turn: &Turn) -> Admission {
         let mut keys = self.keys();
         let admitted = match keys.holds.get(&turn.key) {
             None => true,
             Some(hold) => match &hold.holder {
-                Some(holder) => *holder == turn.id,
+                Some(holder) => *holder == turn.id || earlier(&turn.id, holder),
                 None => turn.release,
             },
         };
@@ -206,7 +233,10 @@ impl KeyOrder {
             return Admission::Send;
         }
         keys.parks.entry(turn.key.clone()).or_default().decided += 1;
-        Admission::Park
+        Admission::Park(ParkTicket {
+            order: self.clone(),
+            key: turn.key.clone(),
+        })
     }
 
     fn finished(&self, turn: &Turn, outcome: Outcome) {
@@ -234,11 +264,17 @@ impl KeyOrder {
         self.report(&keys);
     }
 
+    /// Holds `key` by `id`, unless an older message holds it already
+    /// (where messages of a key are not chained, two can be refused).
     fn hold(&self, keys: &mut Keys, key: &str, id: &Bson, kind: HoldKind) {
-        let since = keys
-            .holds
-            .get(key)
-            .map_or_else(|| created(id), |hold| hold.since);
+        let current = keys.holds.get(key);
+        if current
+            .and_then(|hold| hold.holder.as_ref())
+            .is_some_and(|holder| earlier(holder, id))
+        {
+            return;
+        }
+        let since = current.map_or_else(|| created(id), |hold| hold.since);
         let holder = Some(id.clone());
         keys.holds.insert(
             key.to_owned(),
@@ -248,6 +284,15 @@ impl KeyOrder {
                 since,
             },
         );
+    }
+
+    /// A message sent whose answer never came (the relay stopped while it
+    /// was in doubt): it may yet be stored, so nothing later of its key may
+    /// go in this term.
+    fn unsettled(&self, key: &str, id: &Bson) {
+        let mut keys = self.keys();
+        self.hold(&mut keys, key, id, HoldKind::Retrying);
+        self.report(&keys);
     }
 
     fn release(&self, keys: &mut Keys, key: &str) {
@@ -290,13 +335,6 @@ impl KeyOrder {
         }
     }
 
-    /// A park decided for `key` is written (or found impossible to write).
-    pub fn parked(&self, key: &str) {
-        if let Some(parks) = self.keys().parks.get_mut(key) {
-            parks.written += 1;
-        }
-    }
-
     /// The messages holding keys, for checking against the collection.
     pub fn holders(&self) -> Vec<(String, Bson)> {
         let keys = self.keys();
@@ -323,16 +361,19 @@ impl KeyOrder {
 
     /// A release found no parked message of `key` left, in a read that
     /// began when its park decisions were `before`: the key is free, unless
-    /// a park was decided since or was not yet written when the read began.
-    pub fn released(&self, key: &str, before: Parks) {
+    /// a park was decided since or was not yet settled when the read began.
+    /// Returns whether it freed the key.
+    pub fn released(&self, key: &str, before: Parks) -> bool {
         let mut keys = self.keys();
         let now = keys.parks.get(key).copied().unwrap_or_default();
         let releasing = keys.holds.get(key).is_some_and(|h| h.holder.is_none());
-        if releasing && before.decided == before.written && now.decided == before.decided {
+        let free = releasing && before.decided == before.written && now.decided == before.decided;
+        if free {
             keys.holds.remove(key);
             keys.parks.remove(key);
+            self.report(&keys);
         }
-        self.report(&keys);
+        free
     }
 
     /// Waits until a key starts releasing.
@@ -366,6 +407,8 @@ pub(crate) struct Turn {
     number: u64,
     done: watch::Sender<bool>,
     before: Option<watch::Receiver<bool>>,
+    /// On the wire, with no final answer yet.
+    sent: bool,
 }
 
 impl Turn {
@@ -387,14 +430,24 @@ impl Turn {
         self.order.admit(self)
     }
 
+    /// The message is on the wire: dropped before [`Turn::finish`], its
+    /// key stays held.
+    pub fn sent(&mut self) {
+        self.sent = true;
+    }
+
     /// The message's answer is final: updates its key and lets the next go.
-    pub fn finish(self, outcome: Outcome) {
+    pub fn finish(mut self, outcome: Outcome) {
+        self.sent = false;
         self.order.finished(&self, outcome);
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
+        if self.sent {
+            self.order.unsettled(&self.key, &self.id);
+        }
         let _ = self.done.send(true);
         let mut keys = self.order.keys();
         if keys
@@ -405,6 +458,11 @@ impl Drop for Turn {
             keys.tails.remove(&self.key);
         }
     }
+}
+
+/// Whether `a` was created before `b`: both ObjectIds, `a` the smaller.
+pub(crate) fn earlier(a: &Bson, b: &Bson) -> bool {
+    matches!((a, b), (Bson::ObjectId(a), Bson::ObjectId(b)) if a < b)
 }
 
 /// When a message was created, from its ObjectId; now for any other id.

@@ -13,6 +13,7 @@ use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::Collection;
 
+use super::earlier;
 use crate::contract::{field, status};
 use crate::error::{Error, Result};
 
@@ -93,6 +94,9 @@ fn held_key_groups() -> Vec<Document> {
     vec![
         doc! { "$match": {
             field::KEY: { "$type": "string" },
+            // Only an ObjectId can hold a key (others break the contract),
+            // and one must not hide an ObjectId's group minimum.
+            field::ID: { "$type": "objectId" },
             "$or": [
                 { field::STATUS: status::PENDING, field::NEXT_ATTEMPT_AT: { "$type": "date" } },
                 { field::STATUS: status::FAILED, field::HOLDS_KEY: true },
@@ -123,36 +127,21 @@ struct Group {
 impl Group {
     fn read(group: &Document) -> Option<Self> {
         let id = group.get_document("_id").ok()?;
-        // Only an ObjectId can hold a key: a message with another `_id`
-        // breaks the contract and is never sent.
-        let first = match group.get("first")? {
-            Bson::ObjectId(id) => Bson::ObjectId(*id),
-            _ => return None,
+        let Bson::ObjectId(first) = group.get("first")? else {
+            return None;
         };
         let count = match group.get("count") {
             Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
             Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
             _ => 0,
         };
-        let since = match &first {
-            Bson::ObjectId(id) => id.timestamp(),
-            _ => DateTime::now(),
-        };
         Some(Group {
             key: id.get_str("key").ok()?.to_owned(),
             failed: id.get_str("status").ok()? == status::FAILED,
             parked: id.get_bool("parked").unwrap_or(false),
-            first,
+            first: Bson::ObjectId(*first),
             count,
-            since,
+            since: first.timestamp(),
         })
-    }
-}
-
-/// Whether `a` sorts before `b` as MongoDB orders `_id`s of one type.
-fn earlier(a: &Bson, b: &Bson) -> bool {
-    match (a, b) {
-        (Bson::ObjectId(a), Bson::ObjectId(b)) => a < b,
-        _ => false,
     }
 }

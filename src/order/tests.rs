@@ -12,37 +12,52 @@ fn id(name: &str) -> Bson {
     Bson::String(name.to_owned())
 }
 
-/// Lets a message in, waits its turn, and says whether it may go.
-async fn admit(order: &KeyOrder, key: &str, name: &str, release: bool) -> (Turn, Admission) {
+const SEND: Option<()> = None;
+const PARK: Option<()> = Some(());
+
+/// Lets a message in, waits its turn, and says whether it may go: the
+/// park's ticket if it is parked.
+async fn admit(
+    order: &KeyOrder,
+    key: &str,
+    name: &str,
+    release: bool,
+) -> (Turn, Option<ParkTicket>) {
     let mut turn = order.enter(key, &id(name), release);
     turn.wait().await;
-    let admission = turn.admit();
-    (turn, admission)
+    match turn.admit() {
+        Admission::Send => (turn, None),
+        Admission::Park(ticket) => (turn, Some(ticket)),
+    }
+}
+
+fn parked(ticket: &Option<ParkTicket>) -> Option<()> {
+    ticket.as_ref().map(|_| ())
 }
 
 #[tokio::test]
 async fn a_held_key_admits_its_holder_and_parks_the_rest_until_released() {
     let order = order(Vec::new(), DeadLetters::Release);
     let (turn, admission) = admit(&order, "k", "m1", false).await;
-    assert_eq!(admission, Admission::Send);
+    assert_eq!(parked(&admission), SEND);
     turn.finish(Outcome::Refused);
     let (_, admission) = admit(&order, "k", "m2", false).await;
-    assert_eq!(admission, Admission::Park);
+    assert_eq!(parked(&admission), PARK);
     let (_, admission) = admit(&order, "other", "o1", false).await;
-    assert_eq!(admission, Admission::Send, "other keys go on");
+    assert_eq!(parked(&admission), SEND, "other keys go on");
 
     let (turn, admission) = admit(&order, "k", "m1", false).await;
-    assert_eq!(admission, Admission::Send, "the holder's retry goes");
+    assert_eq!(parked(&admission), SEND, "the holder's retry goes");
     turn.finish(Outcome::Delivered);
     assert_eq!(order.held()[0].2, HoldKind::Releasing);
     let (_, admission) = admit(&order, "k", "m3", false).await;
     assert_eq!(
-        admission,
-        Admission::Park,
+        parked(&admission),
+        PARK,
         "newer messages wait for the parked"
     );
     let (_, admission) = admit(&order, "k", "m2", true).await;
-    assert_eq!(admission, Admission::Send, "parked messages are released");
+    assert_eq!(parked(&admission), SEND, "parked messages are released");
 }
 
 #[tokio::test]
@@ -50,18 +65,18 @@ async fn a_releasing_key_is_free_only_once_every_park_is_written_and_read() {
     let order = order(Vec::new(), DeadLetters::Release);
     let (turn, _) = admit(&order, "k", "m1", false).await;
     turn.finish(Outcome::Refused);
-    let (_, parked) = admit(&order, "k", "m2", false).await;
-    assert_eq!(parked, Admission::Park);
+    let (_, ticket) = admit(&order, "k", "m2", false).await;
+    assert_eq!(parked(&ticket), PARK);
     order.let_go_of("k", &id("m1"));
 
     // A read that began before m2's park was written proves nothing.
     let before = order.releasing(10)[0].1;
-    order.parked("k");
-    order.released("k", before);
+    drop(ticket);
+    assert!(!order.released("k", before));
     assert_eq!(order.held().len(), 1, "m2 may not have been seen");
 
     let before = order.releasing(10)[0].1;
-    order.released("k", before);
+    assert!(order.released("k", before));
     assert!(order.held().is_empty(), "nothing parked is left unread");
 
     // A park decided while a read ran keeps the key.
@@ -69,10 +84,10 @@ async fn a_releasing_key_is_free_only_once_every_park_is_written_and_read() {
     turn.finish(Outcome::Refused);
     order.let_go_of("k", &id("m3"));
     let before = order.releasing(10)[0].1;
-    let (_, parked) = admit(&order, "k", "m4", false).await;
-    assert_eq!(parked, Admission::Park);
-    order.parked("k");
-    order.released("k", before);
+    let (_, ticket) = admit(&order, "k", "m4", false).await;
+    assert_eq!(parked(&ticket), PARK);
+    drop(ticket);
+    assert!(!order.released("k", before));
     assert_eq!(order.held().len(), 1);
 }
 
@@ -89,7 +104,7 @@ async fn a_dead_letter_releases_its_key_or_holds_it() {
     turn.finish(Outcome::Failed);
     assert_eq!(hold.held()[0].2, HoldKind::DeadLetter);
     let (_, admission) = admit(&hold, "k", "m2", false).await;
-    assert_eq!(admission, Admission::Park);
+    assert_eq!(parked(&admission), PARK);
     hold.let_go_of("k", &id("m1"));
     assert_eq!(
         hold.held()[0].2,
@@ -127,7 +142,7 @@ async fn a_new_term_starts_from_the_holds_the_collection_records() {
     );
     assert_eq!(kinds["parked"], HoldKind::Releasing);
     let (_, admission) = admit(&order, "retrying", "later", false).await;
-    assert_eq!(admission, Admission::Park);
+    assert_eq!(parked(&admission), PARK);
 }
 
 #[tokio::test]
@@ -140,5 +155,27 @@ async fn a_turn_dropped_lets_the_next_message_of_its_key_go() {
     tokio::time::timeout(std::time::Duration::from_secs(5), second.wait())
         .await
         .expect("the wait ends once the turn before is dropped");
-    assert_eq!(second.admit(), Admission::Send);
+    assert!(matches!(second.admit(), Admission::Send));
+}
+
+#[tokio::test]
+async fn a_message_older_than_the_holder_goes_and_a_sent_turn_dropped_holds_its_key() {
+    let order = order(Vec::new(), DeadLetters::Release);
+    let (older, holder) = (ObjectId::new(), ObjectId::new());
+    let mut turn = order.enter("k", &Bson::ObjectId(holder), false);
+    turn.sent();
+    turn.finish(Outcome::Refused);
+    let mut turn = order.enter("k", &Bson::ObjectId(older), false);
+    turn.wait().await;
+    assert!(
+        matches!(turn.admit(), Admission::Send),
+        "it came first: stored already, or it must go first"
+    );
+    drop(turn);
+
+    let mut unsettled = order.enter("u", &id("u1"), false);
+    unsettled.sent();
+    drop(unsettled);
+    let (_, ticket) = admit(&order, "u", "u2", false).await;
+    assert_eq!(parked(&ticket), PARK, "u1 may yet be stored");
 }

@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Ack, Health, PublishError, Publisher};
 use crate::observe::{Metrics, Origin, PausedDelivery};
-use crate::order::{Admission, KeyOrder, Outcome, Turn};
+use crate::order::{Admission, KeyOrder, Outcome, ParkTicket, Turn};
 use crate::retry::{pause, reconnect_backoff, Outage};
 use crate::work::{Finished, LastDelivery, Verdict, Work};
 
@@ -78,7 +78,8 @@ impl Attempt {
     }
 
     /// Work that was not sent, because an earlier message holds its key.
-    fn parked(work: Work) -> Self {
+    fn parked(mut work: Work, ticket: ParkTicket) -> Self {
+        work.park = Some(ticket);
         Attempt {
             work,
             result: Ok(Ack::default()),
@@ -107,7 +108,9 @@ impl Attempt {
 
     /// Ends the message's turn once its answer is no longer in doubt.
     fn conclude(&mut self) {
+        let broken = matches!(self.work.message.as_ref().map(|m| &m.message), Some(Err(_)));
         let outcome = match &self.result {
+            _ if broken => Outcome::Failed,
             _ if self.in_doubt() => return,
             Ok(_) => Outcome::Delivered,
             Err(PublishError::Invalid(_)) => Outcome::Failed,
@@ -153,25 +156,22 @@ type InFlight = FuturesOrdered<BoxFuture<'static, Attempt>>;
 /// `--max-in-flight` bounds what is on the wire; messages waiting behind an
 /// earlier one of their key are not on the wire, so they do not count
 /// against it, and a hot key cannot fill the window and hold back other
-/// keys. Up to [`Waiting::PER_SENT`] times as many may wait.
+/// keys. What waits is bounded by `--max-buffered-bytes`, as everything
+/// read and not yet recorded is.
 #[derive(Default, Clone)]
 struct Waiting(Arc<AtomicUsize>);
 
 impl Waiting {
-    const PER_SENT: usize = 3;
-
     /// One message waiting, until the slot is dropped.
     fn take(&self) -> WaitingSlot {
         self.0.fetch_add(1, Ordering::Relaxed);
         WaitingSlot(self.0.clone())
     }
 
-    /// Whether the stage may take more work: room on the wire, and room
-    /// in all it holds.
+    /// Whether the stage may take more work: room on the wire.
     fn room(&self, in_flight: usize, max_in_flight: usize) -> bool {
         let waiting = self.0.load(Ordering::Relaxed).min(in_flight);
         in_flight - waiting < max_in_flight
-            && in_flight < max_in_flight.saturating_mul(Self::PER_SENT + 1)
     }
 }
 
@@ -250,30 +250,39 @@ impl PublishStage {
         let turn = self.turn(&work);
         match turn {
             Some(mut turn) if !turn.first() => {
-                let publisher = self.publisher.clone();
+                let (publisher, abandon) = (self.publisher.clone(), self.abandon.clone());
                 let slot = waiting.take();
                 async move {
                     turn.wait().await;
                     drop(slot);
                     match turn.admit() {
-                        Admission::Park => Attempt::parked(work),
+                        Admission::Park(ticket) => Attempt::parked(work, ticket),
+                        // Stopping at once: nothing more goes on the wire,
+                        // and without a verdict the work stays as it is.
+                        Admission::Send if abandon.is_cancelled() => {
+                            let stopping =
+                                PublishError::Unavailable("the relay is stopping".into());
+                            Attempt::new(work, Err(stopping), started, None)
+                        }
                         Admission::Send => put(&*publisher, work, Some(turn), started).await.await,
                     }
                 }
                 .boxed()
             }
-            Some(turn) if turn.admit() == Admission::Park => {
-                future::ready(Attempt::parked(work)).boxed()
-            }
-            turn => put(&*self.publisher, work, turn, started).await,
+            Some(turn) => match turn.admit() {
+                Admission::Park(ticket) => future::ready(Attempt::parked(work, ticket)).boxed(),
+                Admission::Send => put(&*self.publisher, work, Some(turn), started).await,
+            },
+            None => put(&*self.publisher, work, None, started).await,
         }
     }
 
-    /// The work's place in its key's line, if it carries a keyed message.
+    /// The work's place in its key's line, if it carries a keyed message
+    /// (one that breaks the contract too: it is failed in its turn).
     fn turn(&self, work: &Work) -> Option<Turn> {
         let order = self.order.as_ref()?;
         let decoded = work.message.as_ref()?;
-        let key = decoded.message.as_ref().ok()?.key()?;
+        let key = decoded.key.as_deref()?;
         Some(order.enter(key, &decoded.id, work.release))
     }
 
@@ -290,6 +299,10 @@ impl PublishStage {
         let mut paused: Option<PausedDelivery> = None;
         let mut sent_while_taken = false;
         while attempt.in_doubt() {
+            // Stopping at once: what is in doubt stays so, and pending.
+            if self.abandon.is_cancelled() {
+                return None;
+            }
             let (Err(error), Some(Ok(message))) = (
                 &attempt.result,
                 attempt.work.message.as_ref().map(|m| &m.message),
@@ -353,11 +366,16 @@ impl PublishStage {
 async fn put(
     publisher: &dyn Publisher,
     work: Work,
-    turn: Option<Turn>,
+    mut turn: Option<Turn>,
     started: Instant,
 ) -> BoxFuture<'static, Attempt> {
     let sent = match work.message.as_ref().map(|m| &m.message) {
-        Some(Ok(message)) => Some(publisher.send(message).await),
+        Some(Ok(message)) => {
+            if let Some(turn) = turn.as_mut() {
+                turn.sent();
+            }
+            Some(publisher.send(message).await)
+        }
         _ => None,
     };
     match sent {

@@ -259,6 +259,7 @@ fn message(subject: &str) -> Work {
             id: Bson::String(subject.into()),
             message: Ok(message),
             attempts: None,
+            key: None,
         },
         None,
     )
@@ -267,10 +268,13 @@ fn message(subject: &str) -> Work {
 /// A message named `subject` (its subject too) with the key `key`.
 fn keyed(subject: &str, key: &str) -> Work {
     let mut work = message(subject);
-    if let Some(Ok(message)) = work.message.as_mut().map(|m| &mut m.message) {
-        message
-            .headers
-            .push((header::KEY.to_owned(), key.to_owned()));
+    if let Some(decoded) = work.message.as_mut() {
+        decoded.key = Some(key.to_owned());
+        if let Ok(message) = &mut decoded.message {
+            message
+                .headers
+                .push((header::KEY.to_owned(), key.to_owned()));
+        }
     }
     work
 }
@@ -292,6 +296,7 @@ fn broken(name: &str, why: &str) -> Work {
             id: Bson::String(name.into()),
             message: Err(ContractViolation::new(why)),
             attempts: None,
+            key: None,
         },
         None,
     )
@@ -995,4 +1000,45 @@ async fn messages_waiting_for_their_key_do_not_fill_the_window() {
     broker.release("c1", Ok(Ack::default()));
     let verdicts = stage.verdicts(7).await;
     assert_eq!(names(&verdicts), ["a1", "a2", "a3", "a4", "a5", "b1", "c1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_abandoning_no_message_waiting_for_its_key_is_sent() {
+    let (broker, mut stage, _) = start_keyed(16, true);
+    broker.by_default(Reply::Hold);
+    stage.feed([keyed("a1", "a"), keyed("a2", "a")]).await;
+    assert_eq!(stage.sends_until_idle().await, ["a1"]);
+    stage.abandon.cancel();
+    broker.release("a1", Ok(Ack::default()));
+    assert!(
+        stage.sends_until_idle().await.is_empty(),
+        "a2 stays unsent once the relay stops at once"
+    );
+    let verdicts = stage.ended().await;
+    assert!(
+        verdicts.iter().all(|(name, _)| name != "a2"),
+        "a2 gets no verdict: it stays pending as it was; {verdicts:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_document_that_breaks_the_contract_takes_its_turn_and_holds_its_key_in_hold_mode() {
+    let order = KeyOrder::new(Vec::new(), DeadLetters::Hold, true, Metrics::new());
+    let (_broker, mut stage) = start_with(16, Some(order.clone()));
+    let mut bad = broken("a1", "no type");
+    if let Some(decoded) = bad.message.as_mut() {
+        decoded.key = Some("a".to_owned());
+    }
+    stage.feed([bad, keyed("a2", "a"), keyed("b1", "b")]).await;
+    let verdicts = stage.verdicts(3).await;
+    assert!(
+        matches!(verdicts[0].1, Verdict::Rejected(_)),
+        "{verdicts:?}"
+    );
+    assert_eq!(verdicts[1], ("a2".into(), Verdict::Parked));
+    assert_eq!(verdicts[2], ("b1".into(), Verdict::Delivered));
+    assert_eq!(
+        order.holders(),
+        [("a".to_owned(), Bson::String("a1".into()))]
+    );
 }
