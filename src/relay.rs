@@ -220,6 +220,14 @@ impl Relay {
             RelayMode::Poll => self.config.poll_interval,
         };
         let sweeper = self.sweeper(term_pipeline.clone());
+        if until_ok("MongoDB clearing claims", term_over, || {
+            sweeper.clear_claims()
+        })
+        .await
+        .is_none()
+        {
+            return;
+        }
         let sweeping = tokio::spawn(sweeper.run(interval, term_over.clone()));
         if self.config.mode == RelayMode::Push {
             self.tail(&term_pipeline, owner, term, term_over).await;
@@ -325,7 +333,11 @@ impl Relay {
                     order: Some(order),
                     ..self.pipeline(deadline.clone(), lost.clone())
                 };
-                Some(self.sweeper(pipeline).drain().await)
+                let sweeper = self.sweeper(pipeline);
+                match sweeper.clear_claims().await {
+                    Ok(()) => Some(sweeper.drain().await),
+                    Err(error) => Some(Err(error)),
+                }
             }
             None => None,
         };

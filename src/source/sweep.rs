@@ -58,6 +58,19 @@ pub const MISFIT_INTERVAL: Duration = Duration::from_secs(60);
 /// The most keys one release reads, and the most holders one read checks.
 const RELEASE_KEYS: usize = 1000;
 
+/// What a pass's reads found, besides the documents it claimed.
+#[derive(Debug, Default)]
+pub(crate) struct Read {
+    /// The keys of every candidate read, claimed or not.
+    keys: HashSet<String>,
+    /// A read stopped at its limit: there may be more than it found.
+    truncated: bool,
+    /// This pass's claim is left on documents it did not complete.
+    left_claimed: bool,
+    /// Bytes of the documents claimed.
+    bytes: usize,
+}
+
 /// The result of one pass.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Pass {
@@ -137,33 +150,64 @@ impl Sweeper {
     /// A pass over `reads` (each a query, and whether it is read every
     /// pass rather than when misfits are due), in order, until a batch is
     /// claimed. `release` marks parked messages read back to release their
-    /// keys. Returns the pass, and the keys of the messages it read.
+    /// keys. Returns the pass, and what its reads found.
     async fn pass_over(
         &self,
         reads: impl IntoIterator<Item = ((Document, Document), bool)>,
         release: bool,
-    ) -> Result<(Pass, HashSet<String>)> {
+    ) -> Result<(Pass, Read)> {
         let claim = ObjectId::new();
+        let mut read = Read::default();
+        let claimed = self.claim_all(reads, claim, &mut read).await;
+        let outcome = match claimed {
+            Ok(documents) => self.deliver(documents, release, &mut read).await,
+            Err(error) => Err(error),
+        };
+        // A pass cut short by an error leaves claims that would hide the
+        // messages (and hold back the rest of their keys) until they go
+        // stale: give them back.
+        if outcome.is_err() || read.left_claimed {
+            self.release(claim).await?;
+        }
+        outcome.map(|pass| (pass, read))
+    }
+
+    /// Claims from each of `reads` (a query, and whether it is read every
+    /// pass rather than when misfits are due), in order, until a batch.
+    async fn claim_all(
+        &self,
+        reads: impl IntoIterator<Item = ((Document, Document), bool)>,
+        claim: ObjectId,
+        read: &mut Read,
+    ) -> Result<Vec<(RawDocumentBuf, Option<ObjectId>)>> {
         let now = DateTime::now();
-        let (mut documents, mut read, mut keys) = (Vec::new(), 0, HashSet::new());
+        let mut documents = Vec::new();
         for (query, always) in reads {
             let room = self.batch_size - documents.len();
-            let bytes = self.max_pass_bytes.saturating_sub(read);
+            let bytes = self.max_pass_bytes.saturating_sub(read.bytes);
             if room == 0 || bytes == 0 || !(always || self.misfits_due()) {
                 break;
             }
-            let claimed = self
-                .claim(query, claim, now, room, bytes, &mut keys)
-                .await?;
-            read += claimed
+            let claimed = self.claim(query, claim, now, room, bytes, read).await?;
+            read.bytes += claimed
                 .iter()
                 .map(|(d, _)| d.as_bytes().len())
                 .sum::<usize>();
             documents.extend(claimed);
         }
+        Ok(documents)
+    }
+
+    /// Publishes and completes what a pass claimed.
+    async fn deliver(
+        &self,
+        documents: Vec<(RawDocumentBuf, Option<ObjectId>)>,
+        release: bool,
+        read: &mut Read,
+    ) -> Result<Pass> {
         let claimed = documents.len() as u64;
         if claimed == 0 {
-            return Ok((Pass::default(), keys));
+            return Ok(Pass::default());
         }
         let running = self.pipeline.start(None);
         for (document, claim) in &documents {
@@ -178,19 +222,16 @@ impl Sweeper {
             .done
             .await
             .map_err(|e| Error::Internal(format!("a sweep pass stopped unexpectedly: {e}")))?;
-        if tally.total() < claimed {
-            self.release(claim).await?;
-        }
+        read.left_claimed |= tally.total() < claimed;
         // Only a pass that finished what it claimed may be followed at once:
         // one that was cut short (a stop, a broker that takes nothing) would
         // otherwise claim and release the same messages in a tight loop.
-        let whole = documents.len() == self.batch_size || read >= self.max_pass_bytes;
-        let pass = Pass {
+        let whole = documents.len() == self.batch_size || read.bytes >= self.max_pass_bytes;
+        Ok(Pass {
             tally,
             claimed,
             full: whole && tally.total() == claimed,
-        };
-        Ok((pass, keys))
+        })
     }
 
     /// Tends the keys the term's order holds: lets go of keys whose holder
@@ -205,19 +246,20 @@ impl Sweeper {
         self.check_holders(order).await?;
         loop {
             let releasing = order.releasing(RELEASE_KEYS);
-            if releasing.is_empty() {
+            if releasing.is_empty() || self.pipeline.shutdown.is_cancelled() {
                 return Ok(tally);
             }
             let names: Vec<String> = releasing.iter().map(|(key, _)| key.clone()).collect();
-            let (pass, found) = self
+            let (pass, read) = self
                 .pass_over([(parked_messages(&names), true)], true)
                 .await?;
             tally += pass.tally;
+            // A key is free once a read that left nothing unread found no
+            // parked message of it.
             let mut freed = false;
-            if !pass.full {
-                for (key, before) in releasing.iter().filter(|(key, _)| !found.contains(key)) {
-                    order.released(key, *before);
-                    freed = true;
+            if !read.truncated {
+                for (key, before) in releasing.iter().filter(|(key, _)| !read.keys.contains(key)) {
+                    freed |= order.released(key, *before);
                 }
             }
             if pass.tally.delivered == 0 && !freed {
@@ -289,6 +331,7 @@ impl Sweeper {
         sort: Document,
         limit: usize,
         max_bytes: usize,
+        read: &mut Read,
     ) -> Result<Vec<RawDocumentBuf>> {
         let unmarkable = &self.pipeline.unmarkable;
         let failed = |e| Error::mongo("sweep: reading due messages failed", e);
@@ -301,16 +344,27 @@ impl Sweeper {
             .limit(i64::try_from(limit + unmarkable.len()).unwrap_or(i64::MAX))
             .await
             .map_err(failed)?;
-        let (mut candidates, mut bytes) = (Vec::new(), 0);
+        let (mut candidates, mut bytes, mut fetched) = (Vec::new(), 0, 0);
+        let mut exhausted = false;
         while candidates.len() < limit && bytes < max_bytes {
             let Some(document) = cursor.try_next().await.map_err(failed)? else {
+                exhausted = true;
                 break;
             };
+            fetched += 1;
             if raw_id(&document).is_some_and(|id| !unmarkable.contains(&id)) {
                 bytes += document.as_bytes().len();
                 candidates.push(document);
             }
         }
+        // The server's limit counts skipped documents too: reaching it
+        // leaves more unread.
+        read.truncated |= !exhausted || fetched >= limit + unmarkable.len();
+        read.keys.extend(
+            candidates
+                .iter()
+                .filter_map(|d| Some(d.get_str(field::KEY).ok()?.to_owned())),
+        );
         Ok(candidates)
     }
 
@@ -320,7 +374,10 @@ impl Sweeper {
     /// returned without one, so that it is still delivered or failed: the
     /// fences of its completion (pending, unclaimed, its attempts) keep that
     /// safe, and should two processors publish it, JetStream drops the repeat.
-    /// The keys of every candidate read, claimed or not, go into `keys`.
+    ///
+    /// A message of a key whose earlier message in this read is held by
+    /// another claim is not returned (nor kept claimed): it must not go
+    /// before that one.
     async fn claim(
         &self,
         (mut filter, sort): (Document, Document),
@@ -328,14 +385,11 @@ impl Sweeper {
         now: DateTime,
         limit: usize,
         max_bytes: usize,
-        keys: &mut HashSet<String>,
+        read: &mut Read,
     ) -> Result<Vec<(RawDocumentBuf, Option<ObjectId>)>> {
-        let candidates = self.candidates(&filter, sort, limit, max_bytes).await?;
-        keys.extend(
-            candidates
-                .iter()
-                .filter_map(|d| Some(d.get_str(field::KEY).ok()?.to_owned())),
-        );
+        let candidates = self
+            .candidates(&filter, sort, limit, max_bytes, read)
+            .await?;
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
@@ -371,14 +425,23 @@ impl Sweeper {
             }
             Some(Err(_)) | None => self.claim_each(&filter, &take, &ids, claim).await?,
         };
+        let mut blocked: HashSet<String> = HashSet::new();
         Ok(candidates
             .into_iter()
             .filter_map(|document| {
-                let key = id_key(&raw_id(&document)?);
-                match (ours.contains(&key), unclaimable.contains(&key)) {
+                let id = id_key(&raw_id(&document)?);
+                let message_key = document.get_str(field::KEY).ok().map(str::to_owned);
+                if message_key.as_ref().is_some_and(|k| blocked.contains(k)) {
+                    read.left_claimed |= ours.contains(&id);
+                    return None;
+                }
+                match (ours.contains(&id), unclaimable.contains(&id)) {
                     (true, _) => Some((document, Some(claim))),
                     (false, true) => Some((document, None)),
-                    (false, false) => None,
+                    (false, false) => {
+                        blocked.extend(message_key);
+                        None
+                    }
                 }
             })
             .collect())
@@ -441,6 +504,23 @@ impl Sweeper {
             .filter_map(|d| d.get(field::ID))
             .map(id_key)
             .collect())
+    }
+
+    /// Drops every claim on pending messages. Only the lease holder claims,
+    /// so when a term starts, every claim there is belongs to a relay that
+    /// has stopped (its lease ended before this one began); left alone,
+    /// each would hide its message, and hold back the rest of its key,
+    /// for up to the lock timeout.
+    pub(crate) async fn clear_claims(&self) -> Result<()> {
+        self.pipeline
+            .outbox
+            .update_many(
+                doc! { field::STATUS: status::PENDING, field::LOCK_ID: { "$exists": true } },
+                doc! { "$unset": { field::LOCK_ID: "", field::LOCKED_AT: "" } },
+            )
+            .await
+            .map_err(|e| Error::mongo("sweep: clearing a former leader's claims failed", e))?;
+        Ok(())
     }
 
     /// Drops this claim from messages it did not complete (the broker was
