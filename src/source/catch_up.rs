@@ -1,33 +1,40 @@
 //! The catch-up pass: delivers what is already pending in the collection.
 //!
-//! Run at start when there is no resume token, after the change stream is
-//! opened: anything committed before the stream opened is found here, and
-//! anything after arrives on the stream, so nothing falls between the two.
-//! A message committed while the pass runs can be found by both; the pass
-//! returns the ids it queued so the stream can skip those (see
-//! `change_stream`), and should one slip through anyway, JetStream drops
-//! the repeat by its `Nats-Msg-Id` and the second mark matches nothing.
+//! Run when there is no resume token, or the stream cannot resume from it.
+//! It reads a snapshot of the collection (MongoDB's snapshot reads), and
+//! the change stream is opened at the snapshot's cluster time: anything
+//! committed up to that moment is in the snapshot, anything after arrives
+//! on the stream, so nothing falls between the two, and the two never race
+//! on one key: a message the stream shows committed after every message
+//! the pass read. A message committed at the snapshot's very moment is in
+//! both; the pass returns the ids it queued so the stream can skip those
+//! (see `change_stream`), and should one slip through anyway, JetStream
+//! drops the repeat by its `Nats-Msg-Id` and the second mark matches nothing.
 //!
 //! Only ids that could still appear on the stream are kept: those created
-//! within [`REPEAT_WINDOW`] of the stream's opening, at most
-//! [`MAX_REMEMBERED`] of them. A backlog of ten million older messages costs
-//! no memory here.
+//! within [`REPEAT_WINDOW`] of the snapshot, at most [`MAX_REMEMBERED`] of
+//! them. A backlog of ten million older messages costs no memory here.
+//!
+//! A snapshot lasts as long as the server keeps its history
+//! (`minSnapshotHistoryWindowInSeconds`, 5 minutes by default). A pass that
+//! outlives it fails and is run again on a new snapshot, from what is still
+//! pending, with the stream opened at the new snapshot's time.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocumentBuf};
-use futures::TryStreamExt;
-use mongodb::Collection;
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocumentBuf, Timestamp};
+use mongodb::options::{CollectionOptions, ReadConcern};
+use mongodb::{ClientSession, Collection, SessionCursor};
 use tokio_util::sync::CancellationToken;
 
 use crate::contract::{field, status, DecodeRules};
 use crate::error::{Error, Result};
 use crate::work::{Feed, Work};
 
-/// How long before the stream opened a message the stream may still show
-/// can have been created: an ObjectId is made when the writer inserts, and
-/// its transaction may commit up to a minute later (MongoDB's default
+/// How long before the snapshot a message the stream may still show can
+/// have been created: an ObjectId is made when the writer inserts, and its
+/// transaction may commit up to a minute later (MongoDB's default
 /// `transactionLifetimeLimitSeconds`), plus clock skew between hosts.
 pub(crate) const REPEAT_WINDOW: Duration = Duration::from_secs(300);
 
@@ -44,48 +51,106 @@ pub(crate) fn due_filter(now: DateTime) -> Document {
     }
 }
 
-/// Feeds every due pending message, oldest first, into the pipeline.
-/// Returns the ids it queued that the stream, opened at `opened`, may
-/// still show; `None` if the relay stopped first.
-pub(crate) async fn run(
-    outbox: &Collection<Document>,
-    rules: &DecodeRules,
-    opened: DateTime,
-    output: &Feed,
-    shutdown: &CancellationToken,
-) -> Result<Option<HashSet<ObjectId>>> {
-    let window = i64::try_from(REPEAT_WINDOW.as_millis()).unwrap_or(i64::MAX);
-    let recent = opened.timestamp_millis().saturating_sub(window);
-    let mut cursor = outbox
-        .clone_with_type::<RawDocumentBuf>()
-        .find(due_filter(DateTime::now()))
-        .sort(doc! { field::ID: 1 })
-        .await
-        .map_err(|e| Error::mongo("reading pending messages failed", e))?;
-    let mut queued = HashSet::new();
-    loop {
-        let next = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(None),
-            next = cursor.try_next() => next,
-        };
-        let Some(document) =
-            next.map_err(|e| Error::mongo("reading pending messages failed", e))?
-        else {
-            return Ok(Some(queued));
-        };
-        let decoded = rules.decode_raw(&document);
-        if let Bson::ObjectId(id) = decoded.id {
-            let created = id.timestamp().timestamp_millis();
-            if created >= recent && queued.len() < MAX_REMEMBERED {
-                queued.insert(id);
-            }
-        }
-        if output
-            .send(Work::from_collection(decoded, None))
+/// The due pending messages as of one moment, oldest first.
+pub(crate) struct Snapshot {
+    session: ClientSession,
+    cursor: SessionCursor<RawDocumentBuf>,
+    /// When the snapshot was taken, by the relay's clock.
+    taken: DateTime,
+    /// The server's time just before the snapshot was asked for.
+    before: Option<Timestamp>,
+}
+
+impl Snapshot {
+    /// Starts reading a snapshot of the due pending messages.
+    pub async fn read(outbox: &Collection<Document>) -> Result<Self> {
+        let failed = |e| Error::mongo("reading pending messages failed", e);
+        let taken = DateTime::now();
+        let namespace = outbox.namespace();
+        let database = outbox.client().database(&namespace.db);
+        let mut probe = outbox.client().start_session().await.map_err(failed)?;
+        database
+            .run_command(doc! { "ping": 1 })
+            .session(&mut probe)
             .await
-            .is_err()
-        {
-            return Ok(None);
+            .map_err(failed)?;
+        let mut session = outbox
+            .client()
+            .start_session()
+            .snapshot(true)
+            .await
+            .map_err(failed)?;
+        // The handle's own read concern (majority, for the relay's other
+        // reads) would stand in the snapshot's place: the driver sets the
+        // snapshot's level only where the command names none.
+        let options = CollectionOptions::builder()
+            .read_concern(ReadConcern::snapshot())
+            .selection_criteria(outbox.selection_criteria().cloned())
+            .build();
+        let cursor = database
+            .collection_with_options::<RawDocumentBuf>(&namespace.coll, options)
+            .find(due_filter(taken))
+            .sort(doc! { field::ID: 1 })
+            .session(&mut session)
+            .await
+            .map_err(failed)?;
+        Ok(Snapshot {
+            session,
+            cursor,
+            taken,
+            before: probe.operation_time(),
+        })
+    }
+
+    /// Where the stream starts: the cluster time the snapshot reads at, or
+    /// the server's time just before it was asked for, if that is earlier
+    /// (a server that reports a later time than its snapshot's would
+    /// otherwise leave a gap; the overlap is skipped as repeats). `None`
+    /// from a server that said neither.
+    pub fn cluster_time(&self) -> Option<Timestamp> {
+        match (self.before, self.session.snapshot_time()) {
+            (Some(before), Some(at)) => Some(before.min(at)),
+            (before, at) => before.or(at),
+        }
+    }
+
+    /// Feeds every message of the snapshot into the pipeline. Returns the
+    /// ids it queued that the stream may still show; `None` if the relay
+    /// stopped first.
+    pub async fn feed(
+        mut self,
+        rules: &DecodeRules,
+        output: &Feed,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<HashSet<ObjectId>>> {
+        let window = i64::try_from(REPEAT_WINDOW.as_millis()).unwrap_or(i64::MAX);
+        let recent = self.taken.timestamp_millis().saturating_sub(window);
+        let mut queued = HashSet::new();
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(None),
+                next = self.cursor.next(&mut self.session) => next,
+            };
+            let Some(document) = next
+                .transpose()
+                .map_err(|e| Error::mongo("reading pending messages failed", e))?
+            else {
+                return Ok(Some(queued));
+            };
+            let decoded = rules.decode_raw(&document);
+            if let Bson::ObjectId(id) = decoded.id {
+                let created = id.timestamp().timestamp_millis();
+                if created >= recent && queued.len() < MAX_REMEMBERED {
+                    queued.insert(id);
+                }
+            }
+            if output
+                .send(Work::from_collection(decoded, None))
+                .await
+                .is_err()
+            {
+                return Ok(None);
+            }
         }
     }
 }

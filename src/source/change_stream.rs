@@ -1,11 +1,13 @@
 //! The change-stream source: the fast path from commit to publish.
 //!
-//! It tails inserts of pending messages on the outbox collection, with the document taken from
-//! the insert event itself, so a message reaches the publisher with no
-//! further database round trip. It resumes from the stored token; when the
-//! server can no longer resume from it (the history is gone, or the token is
-//! not one it accepts), it says so, opens a stream from now, and runs the
-//! catch-up pass so nothing committed in the gap is lost. On idle streams it
+//! It tails inserts of pending messages on the outbox collection, with the
+//! document taken from the insert event itself, so a message reaches the
+//! publisher with no further database round trip. It resumes from the
+//! stored token; when there is none, or the server can no longer resume
+//! from it (the history is gone, or the token is not one it accepts), it
+//! says so and runs the catch-up pass over a snapshot of the collection,
+//! then tails from the snapshot's moment, so nothing committed in the gap
+//! is lost and no key's messages are read out of order. On idle streams it
 //! still passes on the server's newest position now and then, so the stored
 //! token does not fall behind the oplog's history.
 //!
@@ -128,23 +130,23 @@ impl ChangeStreamSource {
         true
     }
 
-    /// Opens the stream after `token` and, where the stream cannot replay
-    /// what came before, runs the catch-up pass. Returns the stream and the
-    /// ids the pass queued; `None` if the relay stopped.
+    /// Opens the stream after `token` or, where the stream cannot replay
+    /// what came before (no token, or its history is gone), runs the
+    /// catch-up pass and opens the stream where the pass's snapshot ends.
+    /// Returns the stream and the ids the pass queued; `None` if the relay
+    /// stopped.
     async fn resume(
         &self,
         token: Option<ResumeToken>,
         output: &Feed,
         shutdown: &CancellationToken,
     ) -> Option<(Events, CaughtUp)> {
-        let opened = DateTime::now();
-        let (events, catch_up) = self.open_resuming(token, shutdown).await?;
-        self.metrics.set_role_unless_stopping(Role::Tailing);
-        if !catch_up {
+        if let Some(events) = self.open_resuming(token, shutdown).await? {
+            self.metrics.set_role_unless_stopping(Role::Tailing);
             return Some((events, CaughtUp::none()));
         }
-        let queued = until_ok("MongoDB catch-up pass", shutdown, || {
-            catch_up::run(&self.outbox, &self.rules, opened, output, shutdown)
+        let (events, queued) = until_ok("MongoDB catch-up pass", shutdown, || {
+            self.catch_up(output, shutdown)
         })
         .await??;
         tracing::info!(
@@ -162,42 +164,65 @@ impl ChangeStreamSource {
         Some((events, CaughtUp::new(queued, self.grace_period)))
     }
 
-    async fn open(&self, token: Option<ResumeToken>) -> mongodb::error::Result<Events> {
+    /// The catch-up pass: a snapshot of what is pending, fed to the
+    /// pipeline, and the stream opened at the snapshot's time. `None` if
+    /// the relay stopped first.
+    async fn catch_up(
+        &self,
+        output: &Feed,
+        shutdown: &CancellationToken,
+    ) -> crate::Result<Option<(Events, HashSet<ObjectId>)>> {
+        let snapshot = catch_up::Snapshot::read(&self.outbox).await?;
+        let start = snapshot.cluster_time();
+        if start.is_none() {
+            tracing::warn!(
+                "the server did not say when the catch-up pass's snapshot was taken; opening \
+                 the change stream from now"
+            );
+        }
+        let events = self
+            .open(Position::At(start))
+            .await
+            .map_err(|e| crate::Error::mongo("opening the change stream failed", e))?;
+        self.metrics.set_role_unless_stopping(Role::Tailing);
+        let queued = snapshot.feed(&self.rules, output, shutdown).await?;
+        Ok(queued.map(|queued| (events, queued)))
+    }
+
+    async fn open(&self, position: Position) -> mongodb::error::Result<Events> {
         let watch = self
             .outbox
             .watch()
             .pipeline(new_messages())
             .max_await_time(self.max_await_time);
-        let events = match token {
-            Some(token) => watch.start_after(token).await,
-            None => watch.await,
+        let events = match position {
+            Position::After(token) => watch.start_after(token).await,
+            Position::At(Some(time)) => watch.start_at_operation_time(time).await,
+            Position::At(None) => watch.await,
         };
         events.map(ChangeStream::with_type)
     }
 
-    /// Opens from `token`, retrying passing errors. Returns the stream and
-    /// whether a catch-up pass is needed (no token, or its history is gone);
-    /// `None` if the relay stopped first.
+    /// Opens from `token`, retrying passing errors. Returns the stream, or
+    /// `None` inside if a catch-up pass is needed (no token, or its history
+    /// is gone); `None` if the relay stopped first.
     async fn open_resuming(
         &self,
         token: Option<ResumeToken>,
         shutdown: &CancellationToken,
-    ) -> Option<(Events, bool)> {
+    ) -> Option<Option<Events>> {
         let Some(token) = token else {
-            tracing::info!("no resume token: opening the change stream from now");
-            return self
-                .open_from_now(shutdown)
-                .await
-                .map(|events| (events, true));
+            tracing::info!("no resume token: catching up from the collection");
+            return Some(None);
         };
         let mut outage = Outage::new("MongoDB change stream");
         let mut backoff = reconnect_backoff();
         loop {
-            match self.open(Some(token.clone())).await {
+            match self.open(Position::After(token.clone())).await {
                 Ok(events) => {
                     outage.recovered();
                     self.metrics.stream_resumed();
-                    return Some((events, false));
+                    return Some(Some(events));
                 }
                 Err(error) if is_resumable(&error) => {
                     outage.failed(&error);
@@ -210,20 +235,13 @@ impl ChangeStreamSource {
                     tracing::error!(
                         error = %error,
                         "the change stream cannot resume from the stored token (its history may \
-                         be gone from the oplog); opening from now and catching up from the \
-                         collection, so no committed message is lost"
+                         be gone from the oplog); catching up from the collection, so no \
+                         committed message is lost"
                     );
-                    return self
-                        .open_from_now(shutdown)
-                        .await
-                        .map(|events| (events, true));
+                    return Some(None);
                 }
             }
         }
-    }
-
-    async fn open_from_now(&self, shutdown: &CancellationToken) -> Option<Events> {
-        until_ok("MongoDB change stream", shutdown, || self.open(None)).await
     }
 
     /// Passes each insert on, with stream positions in between, until
@@ -330,6 +348,14 @@ const LARGEST_DOCUMENT_IN_AN_EVENT: i64 = (16 << 20) - (64 << 10);
 /// The field that marks the stub of a document too large for an event.
 const OVERSIZED: &str = "outboxRelayOversized";
 
+/// Where a stream opens.
+enum Position {
+    /// Just after a stored token.
+    After(ResumeToken),
+    /// At a cluster time (a catch-up snapshot's); from now without one.
+    At(Option<bson::Timestamp>),
+}
+
 /// How tailing ended.
 enum Tail {
     /// Shutdown, or the pipeline closed.
@@ -342,11 +368,9 @@ enum Tail {
 
 /// The ids a catch-up pass queued, for a grace period after it.
 ///
-/// The stream is opened before the pass so that nothing falls between them,
-/// which means a message committed meanwhile can be found by both; the
-/// stream may show it some time after the pass did (a change stream only
-/// returns majority-committed events). Within the grace period such repeats
-/// are skipped; after it the set is dropped.
+/// The stream opens at the pass's snapshot, so a message committed at that
+/// very moment is found by both. Within the grace period such repeats are
+/// skipped; after it the set is dropped.
 struct CaughtUp {
     ids: HashSet<ObjectId>,
     until: Instant,
