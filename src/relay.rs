@@ -17,8 +17,8 @@
 //! and the sweep of one term share its per-key order ([`KeyOrder`]), read
 //! back from MongoDB when the term starts, so each key has one line.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use mongodb::Database;
 use tokio::task::JoinSet;
@@ -242,7 +242,7 @@ impl Relay {
     async fn read_order(&self, term_over: &CancellationToken) -> Option<KeyOrder> {
         let outbox = self.database.collection(&self.config.collection);
         let held = until_ok("MongoDB reading held keys", term_over, || {
-            order::held_keys(&outbox)
+            order::held_keys(&outbox, self.config.on_dead_letter)
         })
         .await?;
         if !held.is_empty() {
@@ -433,6 +433,10 @@ impl Relay {
             grace_period,
             max_pass_bytes: usize::try_from(self.config.max_buffered_bytes.0).unwrap_or(usize::MAX),
             misfits_read: Arc::default(),
+            // A sweeper serves one term, which starts by reading the holds.
+            holds_read: Arc::new(Mutex::new(Some(Instant::now()))),
+            holds_interval: self.config.collect_interval,
+            dead_letters: self.config.on_dead_letter,
             pipeline,
         }
     }

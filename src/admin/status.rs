@@ -13,10 +13,10 @@ use mongodb::{Client, Collection, Database};
 use serde::Serialize;
 
 use crate::checkpoint::{CheckpointStore, POSITION_AT};
-use crate::config::{DeadLetters, RelayConfig};
+use crate::config::RelayConfig;
 use crate::contract::{field, status};
 use crate::error::{Error, Result};
-use crate::order::{held_keys, HeldKey};
+use crate::order::{count_of, held_keys, HeldKey};
 
 /// Pending and failed depths, and the oldest pending message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,15 +231,6 @@ pub async fn failed_by_type(outbox: &Collection<Document>) -> Result<Vec<FailedT
         .collect())
 }
 
-fn count_of(value: Option<&Bson>) -> u64 {
-    match value {
-        Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
-        Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
-        Some(Bson::Double(n)) => *n as u64,
-        _ => 0,
-    }
-}
-
 /// Messages by status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Counts {
@@ -295,20 +286,15 @@ pub struct HeldKeyStatus {
 }
 
 impl HeldKeyStatus {
-    fn new(held: HeldKey, dead_letters: DeadLetters, now: DateTime) -> Self {
-        let state = match (&held.holder, held.dead_letter, dead_letters) {
-            (None, _, _) | (Some(_), true, DeadLetters::Release) => "releasing",
-            (Some(_), true, DeadLetters::Hold) => "dead letter",
-            (Some(_), false, _) => "retrying",
+    fn new(held: HeldKey, now: DateTime) -> Self {
+        let first = held.holders.first();
+        let state = match first {
+            None => "releasing",
+            Some(_) if held.holders.iter().all(|h| h.dead_letter) => "dead letter",
+            Some(_) => "retrying",
         };
         HeldKeyStatus {
-            holder: held
-                .holder
-                .filter(|_| state != "releasing")
-                .map(|id| match id {
-                    Bson::ObjectId(id) => id.to_hex(),
-                    other => other.to_string(),
-                }),
+            holder: first.map(|holder| holder.id.to_hex()),
             key: held.key,
             state,
             parked: held.parked,
@@ -330,12 +316,12 @@ impl Status {
             .map_err(|e| Error::mongo("counting processed messages failed", e))?;
         let store = CheckpointStore::for_config(database, config);
         let checkpoint = Checkpoint::read(&store).await?;
-        let held = held_keys(&outbox).await?;
+        let held = held_keys(&outbox, config.on_dead_letter).await?;
         let held_keys_total = held.len();
         let held_keys = held
             .into_iter()
             .take(HELD_KEYS_SHOWN)
-            .map(|held| HeldKeyStatus::new(held, config.on_dead_letter, now))
+            .map(|held| HeldKeyStatus::new(held, now))
             .collect();
         let (oplog, oplog_note) = match Oplog::read(database.client()).await {
             Ok(Some(oplog)) => (Some(oplog), None),

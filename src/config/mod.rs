@@ -184,7 +184,8 @@ settings! {
         install_validator: bool = false;
         /// Address serving /metrics, /healthz and /readyz, or "off".
         metrics_addr: Option<SocketAddr> = Some(SocketAddr::from(([127, 0, 0, 1], 9464)));
-        /// How often pending and failed depths and the oplog's headroom are read.
+        /// How often pending and failed depths, the oplog's headroom and
+        /// the held keys are read.
         collect_interval: Duration = 10 * SECOND, within(MS..=DAY);
         /// Warn when the oplog holds less history than this before the
         /// stored position.

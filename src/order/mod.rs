@@ -14,47 +14,71 @@
 //!   `--on-dead-letter hold` a dead letter keeps holding its key until
 //!   `dlq replay` or `dlq discard`.
 //!
+//! A key may have several holders (a message older than the holder that
+//! turns up later and is refused too, say): it starts releasing only once
+//! the last has gone. Only a message whose `_id` is an ObjectId holds a
+//! key, since only those can be found again by `_id` order.
+//!
 //! [`KeyOrder`] is that state for one leader's term, shared by every
 //! pipeline of the term (the stream's and the sweep's), so that a key has
 //! one queue however its messages were found. The state is a cache: holds
 //! are facts in the collection (a retry scheduled, a parked message, a dead
-//! letter marked `holdsKey`), read back when a term starts ([`stored`]), so
-//! a new leader knows which keys are held.
+//! letter marked `holdsKey`), read back when a term starts ([`stored`]) and
+//! now and then since, so a new leader knows which keys are held.
 
 pub(crate) mod stored;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use bson::{Bson, DateTime};
-use tokio::sync::{watch, Notify};
+use bson::{oid::ObjectId, Bson, DateTime};
+use tokio::sync::{oneshot, Notify};
 
 use crate::config::DeadLetters;
 use crate::observe::Metrics;
 
-pub use stored::{held_keys, HeldKey, PARKED};
+pub(crate) use stored::count_of;
+pub use stored::{held_keys, HeldKey, Holder, PARKED};
 
 /// Why a key is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HoldKind {
-    /// Its holder was refused and waits for another attempt.
+    /// A holder was refused and waits for another attempt.
     Retrying,
-    /// Its holder is a dead letter, held by `--on-dead-letter hold` until
-    /// it is replayed or discarded.
+    /// Its holders are dead letters, held by `--on-dead-letter hold` until
+    /// they are replayed or discarded.
     DeadLetter,
-    /// Its holder was delivered or let go; parked messages remain.
+    /// Its holders were delivered or let go; parked messages remain.
     Releasing,
 }
 
 /// One held key.
 #[derive(Debug, Clone)]
 struct Hold {
-    /// The message that must go before every other of the key; `None` once
-    /// it has gone and the parked ones are being released.
-    holder: Option<Bson>,
-    kind: HoldKind,
+    /// The messages that must go before every other of the key, oldest
+    /// first; empty once they have gone and the parked ones are being
+    /// released.
+    holders: Vec<(ObjectId, HoldKind)>,
     /// When the oldest message the key waits on was created.
     since: DateTime,
+}
+
+impl Hold {
+    #[cfg(test)]
+    fn kind(&self) -> HoldKind {
+        let mut kinds = self.holders.iter().map(|(_, kind)| *kind);
+        if self.holders.is_empty() {
+            HoldKind::Releasing
+        } else if kinds.any(|kind| kind == HoldKind::Retrying) {
+            HoldKind::Retrying
+        } else {
+            HoldKind::DeadLetter
+        }
+    }
+
+    fn position(&self, id: &ObjectId) -> Result<usize, usize> {
+        self.holders.binary_search_by(|(held, _)| held.cmp(id))
+    }
 }
 
 /// Park decisions for one key, and how many of them are written: a key is
@@ -66,15 +90,12 @@ pub(crate) struct Parks {
     written: u64,
 }
 
-/// The last message of a key let into a publish stage.
-struct Tail {
-    turn: u64,
-    done: watch::Receiver<bool>,
-}
-
 #[derive(Default)]
 struct Keys {
-    tails: HashMap<String, Tail>,
+    /// The last turn let in, per key: the one the next must wait for.
+    tails: HashMap<String, u64>,
+    /// Who waits for a turn to end, by the number of the turn waited for.
+    successors: HashMap<u64, oneshot::Sender<()>>,
     holds: HashMap<String, Hold>,
     parks: HashMap<String, Parks>,
     turns: u64,
@@ -94,6 +115,12 @@ struct Shared {
     /// only where an answer means the message is stored (JetStream).
     chained: bool,
     metrics: Metrics,
+}
+
+impl std::fmt::Debug for KeyOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyOrder").finish_non_exhaustive()
+    }
 }
 
 /// Whether a message goes out, or is parked behind its key's holder.
@@ -121,12 +148,6 @@ impl Drop for ParkTicket {
     }
 }
 
-impl std::fmt::Debug for KeyOrder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyOrder").finish_non_exhaustive()
-    }
-}
-
 /// How a message's turn ended, as far as its key is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
@@ -146,34 +167,52 @@ impl KeyOrder {
         chained: bool,
         metrics: Metrics,
     ) -> Self {
-        let mut keys = Keys::default();
-        for held in held {
-            let kind = match (held.holder.is_some(), held.dead_letter, dead_letters) {
-                (false, _, _) => HoldKind::Releasing,
-                (true, true, DeadLetters::Hold) => HoldKind::DeadLetter,
-                (true, true, DeadLetters::Release) => HoldKind::Releasing,
-                (true, false, _) => HoldKind::Retrying,
-            };
-            let holder = held.holder.filter(|_| kind != HoldKind::Releasing);
-            let since = held.since;
-            keys.holds.insert(
-                held.key,
-                Hold {
-                    holder,
-                    kind,
-                    since,
-                },
-            );
-        }
         let order = KeyOrder(Arc::new(Shared {
-            keys: Mutex::new(keys),
+            keys: Mutex::new(Keys::default()),
             releasing: Notify::new(),
             dead_letters,
             chained,
             metrics,
         }));
-        order.report(&order.keys());
+        order.adopt(held);
         order
+    }
+
+    /// Takes on the holds the collection records for keys this order does
+    /// not hold: at a term's start, and later for a write that landed after
+    /// the term's first read (a former leader's, delayed). Returns how many
+    /// keys it took on.
+    pub fn adopt(&self, held: Vec<HeldKey>) -> usize {
+        let mut keys = self.keys();
+        let mut adopted = 0;
+        for held in held {
+            if keys.holds.contains_key(&held.key) {
+                continue;
+            }
+            let holders = held
+                .holders
+                .iter()
+                .filter(|h| !h.dead_letter || self.0.dead_letters == DeadLetters::Hold)
+                .map(|h| match h.dead_letter {
+                    true => (h.id, HoldKind::DeadLetter),
+                    false => (h.id, HoldKind::Retrying),
+                })
+                .collect();
+            let hold = Hold {
+                holders,
+                since: held.since,
+            };
+            if hold.holders.is_empty() && held.parked == 0 {
+                continue;
+            }
+            if hold.holders.is_empty() {
+                self.0.releasing.notify_one();
+            }
+            keys.holds.insert(held.key, hold);
+            adopted += 1;
+        }
+        self.report(&keys);
+        adopted
     }
 
     fn keys(&self) -> MutexGuard<'_, Keys> {
@@ -191,16 +230,22 @@ impl KeyOrder {
     /// key let in before it. `release` marks a parked message read back to
     /// be released.
     pub fn enter(&self, key: &str, id: &Bson, release: bool) -> Turn {
-        let (done, receiver) = watch::channel(false);
         let mut keys = self.keys();
         keys.turns += 1;
         let number = keys.turns;
         let before = if self.0.chained {
-            let tail = Tail {
-                turn: number,
-                done: receiver,
+            let previous = match keys.tails.get_mut(key) {
+                Some(tail) => Some(std::mem::replace(tail, number)),
+                None => {
+                    keys.tails.insert(key.to_owned(), number);
+                    None
+                }
             };
-            keys.tails.insert(key.to_owned(), tail).map(|t| t.done)
+            previous.map(|previous| {
+                let (done, wait) = oneshot::channel();
+                keys.successors.insert(previous, done);
+                wait
+            })
         } else {
             None
         };
@@ -210,108 +255,116 @@ impl KeyOrder {
             id: id.clone(),
             release,
             number,
-            done,
             before,
-            sent: false,
+            ended: false,
         }
     }
 
-    /// Whether a message may go now: the key is free, the message is the
-    /// one holding it or older (then it came first, and either is stored
-    /// already, a repeat JetStream drops, or must go first), or the key is
-    /// releasing and this is a parked message.
+    /// Whether a message may go now: the key is free, the message is one
+    /// holding it or older than all that do (then it came first, and either
+    /// is stored already, a repeat JetStream drops, or must go first), or
+    /// the key is releasing and this is a parked message.
     fn admit(&self, turn: &Turn) -> Admission {
         let mut keys = self.keys();
         let admitted = match keys.holds.get(&turn.key) {
             None => true,
-            Some(hold) => match &hold.holder {
-                Some(holder) => *holder == turn.id || earlier(&turn.id, holder),
-                None => turn.release,
+            Some(hold) => match (hold.holders.first(), &turn.id) {
+                (None, _) => turn.release,
+                (Some((first, _)), Bson::ObjectId(id)) => id < first || hold.position(id).is_ok(),
+                (Some(_), _) => false,
             },
         };
         if admitted {
             return Admission::Send;
         }
         keys.parks.entry(turn.key.clone()).or_default().decided += 1;
+        // A parked message's turn ends here: its key is held already.
+        Self::pass_on(&mut keys, turn);
         Admission::Park(ParkTicket {
             order: self.clone(),
             key: turn.key.clone(),
         })
     }
 
-    fn finished(&self, turn: &Turn, outcome: Outcome) {
+    /// Ends a turn: records what its message's answer means for its key
+    /// (`None`: it has none, and may yet be stored, or was never sent
+    /// though its turn had come), and lets the next message of the key go.
+    fn end(&self, turn: &Turn, outcome: Option<Outcome>) {
         let mut keys = self.keys();
-        let holds_it = |keys: &Keys| {
-            keys.holds
-                .get(&turn.key)
-                .is_some_and(|h| h.holder.as_ref() == Some(&turn.id))
-        };
-        match outcome {
-            Outcome::Delivered => {
-                if holds_it(&keys) {
-                    self.release(&mut keys, &turn.key);
-                }
+        let dead_letters = self.0.dead_letters;
+        let changed = match outcome {
+            Some(Outcome::Delivered) => self.let_go(&mut keys, &turn.key, &turn.id),
+            Some(Outcome::Failed) if dead_letters == DeadLetters::Release => {
+                self.let_go(&mut keys, &turn.key, &turn.id)
             }
-            Outcome::Refused => self.hold(&mut keys, &turn.key, &turn.id, HoldKind::Retrying),
-            Outcome::Failed => match self.0.dead_letters {
-                DeadLetters::Hold => {
-                    self.hold(&mut keys, &turn.key, &turn.id, HoldKind::DeadLetter)
-                }
-                DeadLetters::Release if holds_it(&keys) => self.release(&mut keys, &turn.key),
-                DeadLetters::Release => {}
-            },
+            Some(Outcome::Failed) => {
+                self.hold(&mut keys, &turn.key, &turn.id, HoldKind::DeadLetter)
+            }
+            Some(Outcome::Refused) | None => {
+                self.hold(&mut keys, &turn.key, &turn.id, HoldKind::Retrying)
+            }
+        };
+        Self::pass_on(&mut keys, turn);
+        if changed {
+            self.report(&keys);
         }
-        self.report(&keys);
     }
 
-    /// Holds `key` by `id`, unless an older message holds it already
-    /// (where messages of a key are not chained, two can be refused).
-    fn hold(&self, keys: &mut Keys, key: &str, id: &Bson, kind: HoldKind) {
-        let current = keys.holds.get(key);
-        if current
-            .and_then(|hold| hold.holder.as_ref())
-            .is_some_and(|holder| earlier(holder, id))
-        {
-            return;
+    /// Lets the message after `turn` of its key go.
+    fn pass_on(keys: &mut Keys, turn: &Turn) {
+        if keys.tails.get(&turn.key) == Some(&turn.number) {
+            keys.tails.remove(&turn.key);
         }
-        let since = current.map_or_else(|| created(id), |hold| hold.since);
-        let holder = Some(id.clone());
-        keys.holds.insert(
-            key.to_owned(),
-            Hold {
-                holder,
-                kind,
-                since,
-            },
-        );
+        if let Some(next) = keys.successors.remove(&turn.number) {
+            let _ = next.send(());
+        }
     }
 
-    /// A message sent whose answer never came (the relay stopped while it
-    /// was in doubt): it may yet be stored, so nothing later of its key may
-    /// go in this term.
-    fn unsettled(&self, key: &str, id: &Bson) {
-        let mut keys = self.keys();
-        self.hold(&mut keys, key, id, HoldKind::Retrying);
-        self.report(&keys);
+    /// Holds `key` by `id` as `kind` (a holder's kind is replaced). Only an
+    /// ObjectId holds a key. Returns whether anything changed.
+    fn hold(&self, keys: &mut Keys, key: &str, id: &Bson, kind: HoldKind) -> bool {
+        let Bson::ObjectId(id) = id else {
+            return false;
+        };
+        let hold = keys.holds.entry(key.to_owned()).or_insert_with(|| Hold {
+            holders: Vec::new(),
+            since: id.timestamp(),
+        });
+        hold.since = hold.since.min(id.timestamp());
+        match hold.position(id) {
+            Ok(at) => hold.holders[at].1 = kind,
+            Err(at) => hold.holders.insert(at, (*id, kind)),
+        }
+        true
     }
 
-    fn release(&self, keys: &mut Keys, key: &str) {
-        if let Some(hold) = keys.holds.get_mut(key) {
-            hold.holder = None;
-            hold.kind = HoldKind::Releasing;
+    /// `id` no longer holds `key`; once none does, the key starts
+    /// releasing. Returns whether anything changed.
+    fn let_go(&self, keys: &mut Keys, key: &str, id: &Bson) -> bool {
+        let (Some(hold), Bson::ObjectId(id)) = (keys.holds.get_mut(key), id) else {
+            return false;
+        };
+        let Ok(at) = hold.position(id) else {
+            return false;
+        };
+        hold.holders.remove(at);
+        if hold.holders.is_empty() {
             self.0.releasing.notify_one();
         }
+        true
     }
 
     /// A dead letter, decided where the verdict was recorded (out of
     /// attempts): releases its key, or holds it with `hold`.
     pub fn dead_letter(&self, key: &str, id: &Bson) {
         let mut keys = self.keys();
-        match self.0.dead_letters {
+        let changed = match self.0.dead_letters {
             DeadLetters::Hold => self.hold(&mut keys, key, id, HoldKind::DeadLetter),
             DeadLetters::Release => self.let_go(&mut keys, key, id),
+        };
+        if changed {
+            self.report(&keys);
         }
-        self.report(&keys);
     }
 
     /// Whether a dead letter holds its key (`--on-dead-letter hold`).
@@ -319,35 +372,31 @@ impl KeyOrder {
         self.0.dead_letters == DeadLetters::Hold
     }
 
-    /// Releases `key` if `id` still holds it: its holder was settled out of
-    /// this relay's sight (delivered, replayed, discarded, or found to take
-    /// no write at all).
+    /// Releases `key` from `id`: it was settled out of this relay's sight
+    /// (delivered, replayed, discarded, or found to take no write at all).
     pub fn let_go_of(&self, key: &str, id: &Bson) {
         let mut keys = self.keys();
-        self.let_go(&mut keys, key, id);
-        self.report(&keys);
-    }
-
-    fn let_go(&self, keys: &mut Keys, key: &str, id: &Bson) {
-        let held = keys.holds.get(key).and_then(|h| h.holder.as_ref());
-        if held == Some(id) {
-            self.release(keys, key);
+        if self.let_go(&mut keys, key, id) {
+            self.report(&keys);
         }
     }
 
     /// The messages holding keys, for checking against the collection.
     pub fn holders(&self) -> Vec<(String, Bson)> {
         let keys = self.keys();
-        let holders = keys.holds.iter();
-        holders
-            .filter_map(|(key, hold)| Some((key.clone(), hold.holder.clone()?)))
+        let holds = keys.holds.iter();
+        holds
+            .flat_map(|(key, hold)| {
+                let ids = hold.holders.iter();
+                ids.map(|(id, _)| (key.clone(), Bson::ObjectId(*id)))
+            })
             .collect()
     }
 
     /// Up to `limit` releasing keys, each with its park decisions so far.
     pub fn releasing(&self, limit: usize) -> Vec<(String, Parks)> {
         let keys = self.keys();
-        let releasing = keys.holds.iter().filter(|(_, h)| h.holder.is_none());
+        let releasing = keys.holds.iter().filter(|(_, h)| h.holders.is_empty());
         releasing
             .take(limit)
             .map(|(key, _)| {
@@ -366,7 +415,7 @@ impl KeyOrder {
     pub fn released(&self, key: &str, before: Parks) -> bool {
         let mut keys = self.keys();
         let now = keys.parks.get(key).copied().unwrap_or_default();
-        let releasing = keys.holds.get(key).is_some_and(|h| h.holder.is_none());
+        let releasing = keys.holds.get(key).is_some_and(|h| h.holders.is_empty());
         let free = releasing && before.decided == before.written && now.decided == before.decided;
         if free {
             keys.holds.remove(key);
@@ -381,14 +430,18 @@ impl KeyOrder {
         self.0.releasing.notified().await;
     }
 
-    /// The held keys now, oldest first: for tests and status.
+    /// The held keys now, oldest first, each with its first holder: for
+    /// tests.
     #[cfg(test)]
     pub fn held(&self) -> Vec<(String, Option<Bson>, HoldKind)> {
         let keys = self.keys();
         let mut held: Vec<_> = keys
             .holds
             .iter()
-            .map(|(k, h)| (h.since, k.clone(), h.holder.clone(), h.kind))
+            .map(|(k, h)| {
+                let first = h.holders.first().map(|(id, _)| Bson::ObjectId(*id));
+                (h.since, k.clone(), first, h.kind())
+            })
             .collect();
         held.sort_by_key(|(since, key, ..)| (*since, key.clone()));
         held.into_iter()
@@ -397,79 +450,64 @@ impl KeyOrder {
     }
 }
 
-/// A message's place in its key's line. Dropping it (the relay stopped,
-/// or the message needs no answer) lets the next message of the key go.
+/// A message's place in its key's line. Ended by [`Turn::finish`] with the
+/// message's answer; dropped without one (the relay stopped while the
+/// message was in doubt or still waiting), it holds its key for the rest of
+/// the term, since the message may yet be stored, or must go first.
 pub(crate) struct Turn {
     order: KeyOrder,
     key: String,
     id: Bson,
     release: bool,
     number: u64,
-    done: watch::Sender<bool>,
-    before: Option<watch::Receiver<bool>>,
-    /// On the wire, with no final answer yet.
-    sent: bool,
+    /// Ends when the message before it of its key has its answer.
+    before: Option<oneshot::Receiver<()>>,
+    ended: bool,
 }
 
 impl Turn {
     /// Whether the message goes at once: nothing of its key is before it.
-    pub fn first(&self) -> bool {
-        self.before.as_ref().is_none_or(|before| *before.borrow())
+    pub fn first(&mut self) -> bool {
+        match &mut self.before {
+            None => true,
+            Some(before) => {
+                // A sender dropped (the term is over) ends the wait too.
+                let done = !matches!(before.try_recv(), Err(oneshot::error::TryRecvError::Empty));
+                if done {
+                    self.before = None;
+                }
+                done
+            }
+        }
     }
 
     /// Waits until the message before it of its key has had its answer.
     pub async fn wait(&mut self) {
-        if let Some(mut before) = self.before.take() {
-            // A dropped sender is done too.
-            let _ = before.wait_for(|done| *done).await;
+        if let Some(before) = self.before.take() {
+            let _ = before.await;
         }
     }
 
-    /// Whether the message goes out or is parked; asked once the wait is over.
-    pub fn admit(&self) -> Admission {
-        self.order.admit(self)
-    }
-
-    /// The message is on the wire: dropped before [`Turn::finish`], its
-    /// key stays held.
-    pub fn sent(&mut self) {
-        self.sent = true;
+    /// Whether the message goes out or is parked; asked once the wait is
+    /// over. A parked message's turn ends with it.
+    pub fn admit(&mut self) -> Admission {
+        let admission = self.order.admit(self);
+        self.ended |= matches!(admission, Admission::Park(_));
+        admission
     }
 
     /// The message's answer is final: updates its key and lets the next go.
     pub fn finish(mut self, outcome: Outcome) {
-        self.sent = false;
-        self.order.finished(&self, outcome);
+        self.ended = true;
+        self.order.end(&self, Some(outcome));
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        if self.sent {
-            self.order.unsettled(&self.key, &self.id);
+        if !self.ended {
+            self.order.end(self, None);
         }
-        let _ = self.done.send(true);
-        let mut keys = self.order.keys();
-        if keys
-            .tails
-            .get(&self.key)
-            .is_some_and(|t| t.turn == self.number)
-        {
-            keys.tails.remove(&self.key);
-        }
-    }
-}
-
-/// Whether `a` was created before `b`: both ObjectIds, `a` the smaller.
-pub(crate) fn earlier(a: &Bson, b: &Bson) -> bool {
-    matches!((a, b), (Bson::ObjectId(a), Bson::ObjectId(b)) if a < b)
-}
-
-/// When a message was created, from its ObjectId; now for any other id.
-fn created(id: &Bson) -> DateTime {
-    match id {
-        Bson::ObjectId(id) => id.timestamp(),
-        _ => DateTime::now(),
     }
 }
 

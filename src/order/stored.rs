@@ -1,19 +1,22 @@
 //! Held keys as the collection records them: what a new leader starts
-//! from, and what `status` lists.
+//! from, what a leader checks now and then for writes it did not see, and
+//! what `status` lists.
 //!
-//! A key is held by its earliest message that is pending with a retry
-//! scheduled (`nextAttemptAt` a date other than [`PARKED`]), or failed and
-//! marked `holdsKey` (a dead letter under `--on-dead-letter hold`). A key
-//! with parked messages and no such holder is releasing: its holder went,
-//! and the parked messages are next.
+//! A key is held by every message of it that is pending with a retry
+//! scheduled (`nextAttemptAt` a date other than [`PARKED`]), and, where
+//! dead letters hold their keys (`--on-dead-letter hold`), by every one
+//! failed and marked `holdsKey`. A key with parked messages and no holder
+//! is releasing: its holders went, and the parked messages are next.
+//! Only messages whose `_id` is an ObjectId hold or wait: the others break
+//! the contract, and `_id` order could not place them.
 
 use std::collections::BTreeMap;
 
-use bson::{doc, Bson, DateTime, Document};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::Collection;
 
-use super::earlier;
+use crate::config::DeadLetters;
 use crate::contract::{field, status};
 use crate::error::{Error, Result};
 
@@ -25,54 +28,80 @@ pub const PARKED: DateTime = DateTime::from_millis(253_402_300_799_999);
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeldKey {
     pub key: String,
-    /// The message holding the key: refused and waiting for its retry, or
-    /// a dead letter that holds it. `None`: the key is releasing.
-    pub holder: Option<Bson>,
-    /// The holder is a dead letter (`failed`, marked `holdsKey`).
-    pub dead_letter: bool,
-    /// Messages of the key parked behind the holder.
+    /// The messages holding the key, oldest first; none: it is releasing.
+    pub holders: Vec<Holder>,
+    /// Messages of the key parked behind its holders.
     pub parked: u64,
     /// When the oldest message the key waits on was created.
     pub since: DateTime,
 }
 
-/// Reads the held keys from the outbox collection, oldest first.
-pub async fn held_keys(outbox: &Collection<Document>) -> Result<Vec<HeldKey>> {
+/// A message holding its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holder {
+    pub id: ObjectId,
+    /// A dead letter (`failed`, marked `holdsKey`), rather than a message
+    /// refused and waiting for its retry.
+    pub dead_letter: bool,
+}
+
+/// Reads the held keys from the outbox collection, oldest first. A dead
+/// letter marked `holdsKey` counts only where dead letters hold their keys.
+pub async fn held_keys(
+    outbox: &Collection<Document>,
+    dead_letters: DeadLetters,
+) -> Result<Vec<HeldKey>> {
     let failed = |e| Error::mongo("reading held keys failed", e);
+    let mut keys: BTreeMap<String, HeldKey> = BTreeMap::new();
+    let mut holders = outbox
+        .find(holders_filter(dead_letters))
+        .projection(doc! { field::KEY: 1, field::STATUS: 1 })
+        .sort(doc! { field::ID: 1 })
+        .await
+        .map_err(failed)?;
+    while let Some(document) = holders.try_next().await.map_err(failed)? {
+        let (Ok(key), Ok(id)) = (
+            document.get_str(field::KEY),
+            document.get_object_id(field::ID),
+        ) else {
+            continue;
+        };
+        let dead_letter = document.get_str(field::STATUS) == Ok(status::FAILED);
+        let held = entry(&mut keys, key, id.timestamp());
+        held.holders.push(Holder { id, dead_letter });
+    }
     let groups: Vec<Document> = outbox
-        .aggregate(held_key_groups())
+        .aggregate(parked_groups())
         .await
         .map_err(failed)?
         .try_collect()
         .await
         .map_err(failed)?;
-    let mut keys: BTreeMap<String, HeldKey> = BTreeMap::new();
     for group in &groups {
-        let Some(found) = Group::read(group) else {
+        let (Ok(key), Ok(first)) = (group.get_str("_id"), group.get_object_id("first")) else {
             continue;
         };
-        let held = keys.entry(found.key.clone()).or_insert_with(|| HeldKey {
-            key: found.key.clone(),
-            holder: None,
-            dead_letter: false,
-            parked: 0,
-            since: found.since,
-        });
-        held.since = held.since.min(found.since);
-        if found.parked {
-            held.parked += found.count;
-        } else if held
-            .holder
-            .as_ref()
-            .is_none_or(|h| earlier(&found.first, h))
-        {
-            held.holder = Some(found.first.clone());
-            held.dead_letter = found.failed;
-        }
+        entry(&mut keys, key, first.timestamp()).parked += count_of(group.get("count"));
     }
     let mut held: Vec<HeldKey> = keys.into_values().collect();
     held.sort_by_key(|h| h.since);
     Ok(held)
+}
+
+/// The held key `key` of `keys`, made if new, waiting since `since` at least.
+fn entry<'a>(
+    keys: &'a mut BTreeMap<String, HeldKey>,
+    key: &str,
+    since: DateTime,
+) -> &'a mut HeldKey {
+    let held = keys.entry(key.to_owned()).or_insert_with(|| HeldKey {
+        key: key.to_owned(),
+        holders: Vec::new(),
+        parked: 0,
+        since,
+    });
+    held.since = held.since.min(since);
+    held
 }
 
 /// The parked messages of `keys`, in the sweep index's order (by `_id`
@@ -88,60 +117,51 @@ pub(crate) fn parked_messages(keys: &[String]) -> (Document, Document) {
     (filter, order)
 }
 
-/// Groups of keyed messages that hold or wait: by key, status, and whether
-/// parked, each with its earliest `_id` and how many.
-fn held_key_groups() -> Vec<Document> {
+/// Keyed messages that hold their key: pending with a retry scheduled (a
+/// range of the sweep index below [`PARKED`]), or held dead letters.
+fn holders_filter(dead_letters: DeadLetters) -> Document {
+    // `$lt` a date matches dates only (MongoDB compares within a type).
+    let retrying = doc! {
+        field::STATUS: status::PENDING,
+        field::NEXT_ATTEMPT_AT: { "$lt": PARKED },
+    };
+    let mut holding = vec![Bson::Document(retrying)];
+    if dead_letters == DeadLetters::Hold {
+        holding.push(Bson::Document(
+            doc! { field::STATUS: status::FAILED, field::HOLDS_KEY: true },
+        ));
+    }
+    doc! {
+        field::KEY: { "$type": "string" },
+        field::ID: { "$type": "objectId" },
+        "$or": holding,
+    }
+}
+
+/// Parked keyed messages, by key, each group with its earliest `_id` and
+/// how many.
+fn parked_groups() -> Vec<Document> {
     vec![
         doc! { "$match": {
+            field::STATUS: status::PENDING,
+            field::NEXT_ATTEMPT_AT: PARKED,
             field::KEY: { "$type": "string" },
-            // Only an ObjectId can hold a key (others break the contract),
-            // and one must not hide an ObjectId's group minimum.
             field::ID: { "$type": "objectId" },
-            "$or": [
-                { field::STATUS: status::PENDING, field::NEXT_ATTEMPT_AT: { "$type": "date" } },
-                { field::STATUS: status::FAILED, field::HOLDS_KEY: true },
-            ],
         } },
         doc! { "$group": {
-            "_id": {
-                "key": "$key",
-                "status": "$status",
-                "parked": { "$eq": ["$nextAttemptAt", PARKED] },
-            },
+            "_id": "$key",
             "first": { "$min": "$_id" },
             "count": { "$sum": 1 },
         } },
     ]
 }
 
-/// One group of [`held_key_groups`].
-struct Group {
-    key: String,
-    failed: bool,
-    parked: bool,
-    first: Bson,
-    count: u64,
-    since: DateTime,
-}
-
-impl Group {
-    fn read(group: &Document) -> Option<Self> {
-        let id = group.get_document("_id").ok()?;
-        let Bson::ObjectId(first) = group.get("first")? else {
-            return None;
-        };
-        let count = match group.get("count") {
-            Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
-            Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
-            _ => 0,
-        };
-        Some(Group {
-            key: id.get_str("key").ok()?.to_owned(),
-            failed: id.get_str("status").ok()? == status::FAILED,
-            parked: id.get_bool("parked").unwrap_or(false),
-            first: Bson::ObjectId(*first),
-            count,
-            since: first.timestamp(),
-        })
+/// A `$sum`'s count, whichever number type the server chose.
+pub(crate) fn count_of(value: Option<&Bson>) -> u64 {
+    match value {
+        Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
+        Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
+        Some(Bson::Double(n)) => *n as u64,
+        _ => 0,
     }
 }

@@ -1,5 +1,7 @@
 //! The key states and their moves, without a broker or a database.
 
+use std::time::Duration;
+
 use bson::{oid::ObjectId, Bson, DateTime};
 
 use super::*;
@@ -8,8 +10,18 @@ fn order(held: Vec<HeldKey>, dead_letters: DeadLetters) -> KeyOrder {
     KeyOrder::new(held, dead_letters, true, Metrics::new())
 }
 
+/// An ObjectId named `name`: ids sort as their names do.
+fn oid(name: &str) -> ObjectId {
+    let mut bytes = [0u8; 12];
+    bytes[..4].copy_from_slice(&1_700_000_000u32.to_be_bytes());
+    for (slot, byte) in bytes[4..].iter_mut().zip(name.bytes()) {
+        *slot = byte;
+    }
+    ObjectId::from_bytes(bytes)
+}
+
 fn id(name: &str) -> Bson {
-    Bson::String(name.to_owned())
+    Bson::ObjectId(oid(name))
 }
 
 const SEND: Option<()> = None;
@@ -24,7 +36,9 @@ async fn admit(
     release: bool,
 ) -> (Turn, Option<ParkTicket>) {
     let mut turn = order.enter(key, &id(name), release);
-    turn.wait().await;
+    tokio::time::timeout(Duration::from_secs(5), turn.wait())
+        .await
+        .expect("the turn before ends");
     match turn.admit() {
         Admission::Send => (turn, None),
         Admission::Park(ticket) => (turn, Some(ticket)),
@@ -33,6 +47,15 @@ async fn admit(
 
 fn parked(ticket: &Option<ParkTicket>) -> Option<()> {
     ticket.as_ref().map(|_| ())
+}
+
+/// The kind of each held key.
+fn kinds(order: &KeyOrder) -> std::collections::HashMap<String, HoldKind> {
+    order
+        .held()
+        .into_iter()
+        .map(|(key, _, kind)| (key, kind))
+        .collect()
 }
 
 #[tokio::test]
@@ -113,69 +136,130 @@ async fn a_dead_letter_releases_its_key_or_holds_it() {
     );
 }
 
-#[tokio::test]
-async fn a_new_term_starts_from_the_holds_the_collection_records() {
-    let holder = Bson::ObjectId(ObjectId::new());
-    let stored = |key: &str, holder: Option<Bson>, dead_letter: bool| HeldKey {
+fn stored(key: &str, holders: &[(&str, bool)], parked: u64) -> HeldKey {
+    HeldKey {
         key: key.to_owned(),
-        holder,
-        dead_letter,
-        parked: 1,
+        holders: holders
+            .iter()
+            .map(|(name, dead_letter)| Holder {
+                id: oid(name),
+                dead_letter: *dead_letter,
+            })
+            .collect(),
+        parked,
         since: DateTime::now(),
-    };
-    let held = vec![
-        stored("retrying", Some(holder.clone()), false),
-        stored("dead", Some(holder.clone()), true),
-        stored("parked", None, false),
-    ];
-    let order = order(held, DeadLetters::Release);
-    let kinds: std::collections::HashMap<String, HoldKind> = order
-        .held()
-        .into_iter()
-        .map(|(k, _, kind)| (k, kind))
-        .collect();
-    assert_eq!(kinds["retrying"], HoldKind::Retrying);
-    assert_eq!(
-        kinds["dead"],
-        HoldKind::Releasing,
-        "release mode lets dead letters go"
-    );
-    assert_eq!(kinds["parked"], HoldKind::Releasing);
-    let (_, admission) = admit(&order, "retrying", "later", false).await;
-    assert_eq!(parked(&admission), PARK);
+    }
 }
 
 #[tokio::test]
-async fn a_turn_dropped_lets_the_next_message_of_its_key_go() {
+async fn a_new_term_starts_from_the_holds_the_collection_records() {
+    let held = vec![
+        stored("retrying", &[("r1", false)], 1),
+        stored("dead", &[("d1", true)], 1),
+        stored("dead, nothing parked", &[("d1", true)], 0),
+        stored("parked", &[], 1),
+    ];
+    let order = order(held.clone(), DeadLetters::Release);
+    let found = kinds(&order);
+    assert_eq!(found["retrying"], HoldKind::Retrying);
+    assert_eq!(
+        found["dead"],
+        HoldKind::Releasing,
+        "release mode lets dead letters go"
+    );
+    assert!(!found.contains_key("dead, nothing parked"));
+    assert_eq!(found["parked"], HoldKind::Releasing);
+    let (_, admission) = admit(&order, "retrying", "zz", false).await;
+    assert_eq!(parked(&admission), PARK);
+
+    let hold = KeyOrder::new(held, DeadLetters::Hold, true, Metrics::new());
+    assert_eq!(kinds(&hold)["dead"], HoldKind::DeadLetter);
+}
+
+#[tokio::test]
+async fn a_key_with_two_holders_releases_only_once_both_have_gone() {
     let order = order(Vec::new(), DeadLetters::Release);
+    let (turn, _) = admit(&order, "k", "m2", false).await;
+    turn.finish(Outcome::Refused);
+    // An older message turns up (a replay, say): it came first, so it goes,
+    // and it is refused too.
+    let (turn, admission) = admit(&order, "k", "m1", false).await;
+    assert_eq!(parked(&admission), SEND, "it came first");
+    turn.finish(Outcome::Refused);
+    assert_eq!(order.holders().len(), 2);
+
+    order.let_go_of("k", &id("m1"));
+    assert_eq!(order.held()[0].2, HoldKind::Retrying, "m2 still holds");
+    assert!(order.releasing(10).is_empty());
+    let (_, admission) = admit(&order, "k", "m3", false).await;
+    assert_eq!(parked(&admission), PARK);
+    let (turn, admission) = admit(&order, "k", "m2", false).await;
+    assert_eq!(parked(&admission), SEND, "a holder goes");
+    turn.finish(Outcome::Delivered);
+    assert_eq!(order.held()[0].2, HoldKind::Releasing);
+}
+
+#[tokio::test]
+async fn a_turn_dropped_without_an_answer_lets_the_next_wait_end_but_holds_its_key() {
+    let order = order(Vec::new(), DeadLetters::Release);
+    // Sent and never answered, or never sent though its turn had come:
+    // either way it may not be overtaken.
     let first = order.enter("k", &id("m1"), false);
     let mut second = order.enter("k", &id("m2"), false);
     assert!(!second.first());
     drop(first);
-    tokio::time::timeout(std::time::Duration::from_secs(5), second.wait())
+    tokio::time::timeout(Duration::from_secs(5), second.wait())
         .await
         .expect("the wait ends once the turn before is dropped");
-    assert!(matches!(second.admit(), Admission::Send));
+    assert!(matches!(second.admit(), Admission::Park(_)));
+    assert_eq!(order.holders(), [("k".to_owned(), id("m1"))]);
+
+    let (turn, admission) = admit(&order, "k", "m1", false).await;
+    assert_eq!(parked(&admission), SEND);
+    turn.finish(Outcome::Delivered);
+    assert_eq!(order.held()[0].2, HoldKind::Releasing);
 }
 
 #[tokio::test]
-async fn a_message_older_than_the_holder_goes_and_a_sent_turn_dropped_holds_its_key() {
+async fn a_parked_turn_passes_the_key_on_without_holding_it() {
     let order = order(Vec::new(), DeadLetters::Release);
-    let (older, holder) = (ObjectId::new(), ObjectId::new());
-    let mut turn = order.enter("k", &Bson::ObjectId(holder), false);
-    turn.sent();
+    let (turn, _) = admit(&order, "k", "m1", false).await;
     turn.finish(Outcome::Refused);
-    let mut turn = order.enter("k", &Bson::ObjectId(older), false);
-    turn.wait().await;
-    assert!(
-        matches!(turn.admit(), Admission::Send),
-        "it came first: stored already, or it must go first"
-    );
-    drop(turn);
+    let (parked_turn, ticket) = admit(&order, "k", "m2", false).await;
+    assert_eq!(parked(&ticket), PARK);
+    let mut next = order.enter("k", &id("m3"), false);
+    assert!(next.first(), "nothing of k is on the wire");
+    drop(parked_turn);
+    assert_eq!(order.holders(), [("k".to_owned(), id("m1"))]);
+}
 
-    let mut unsettled = order.enter("u", &id("u1"), false);
-    unsettled.sent();
-    drop(unsettled);
-    let (_, ticket) = admit(&order, "u", "u2", false).await;
-    assert_eq!(parked(&ticket), PARK, "u1 may yet be stored");
+#[tokio::test]
+async fn only_an_object_id_holds_a_key() {
+    let order = order(Vec::new(), DeadLetters::Hold);
+    let mut turn = order.enter("k", &Bson::String("not an ObjectId".into()), false);
+    assert!(matches!(turn.admit(), Admission::Send));
+    turn.finish(Outcome::Failed);
+    assert!(
+        order.held().is_empty(),
+        "no `_id` order could place it again"
+    );
+}
+
+#[tokio::test]
+async fn holds_found_later_are_adopted_for_keys_not_held_already() {
+    let order = order(Vec::new(), DeadLetters::Release);
+    let (turn, _) = admit(&order, "known", "k1", false).await;
+    turn.finish(Outcome::Refused);
+    let adopted = order.adopt(vec![
+        stored("known", &[("k0", false)], 3),
+        stored("stranded", &[], 2),
+    ]);
+    assert_eq!(adopted, 1);
+    assert_eq!(
+        order.holders(),
+        [("known".to_owned(), id("k1"))],
+        "a key held already keeps what this relay knows of it"
+    );
+    assert_eq!(kinds(&order)["stranded"], HoldKind::Releasing);
+    assert_eq!(order.releasing(10)[0].0, "stranded");
 }

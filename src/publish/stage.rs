@@ -4,11 +4,13 @@
 //!
 //! Messages are put on the wire one after another and their acknowledgements
 //! are awaited together, up to `max_in_flight` at once, so throughput is not
-//! bound by one round trip per message. Verdicts leave in the order the work
-//! came in. A message with a `key` takes its turn in its key's line
-//! ([`KeyOrder`]): it is sent once the message of its key before it has its
-//! answer, or parked if an earlier message holds the key; keys do not wait
-//! for each other.
+//! bound by one round trip per message. A message with a `key` takes its
+//! turn in its key's line ([`KeyOrder`]): it is sent once the message of its
+//! key before it has its answer, or parked if an earlier message holds the
+//! key. Keys do not wait for each other: a verdict leaves as soon as it is
+//! known, whatever came before it, and only a stream position waits, until
+//! every work before it has its verdict ([`Positions`]), so the checkpoint
+//! never passes a message that is not done.
 //!
 //! A failure is either the broker's (it takes no message: delivery pauses,
 //! no attempt is charged) or the message's (it is refused: an attempt is
@@ -26,14 +28,17 @@
 //! only with evidence that the broker takes other messages (see
 //! [`LastDelivery`]).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backoff::ExponentialBackoff;
+use bson::DateTime;
 use futures::future::{self, BoxFuture, FutureExt};
-use futures::stream::{FuturesOrdered, StreamExt};
-use tokio::sync::mpsc;
+use futures::stream::{FuturesUnordered, StreamExt};
+use mongodb::change_stream::event::ResumeToken;
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::{Ack, Health, PublishError, Publisher};
@@ -133,8 +138,10 @@ impl Attempt {
         }
         let verdict = match (self.work.message.as_ref().map(|m| &m.message), self.result) {
             (None, _) => Verdict::Passed,
+            // A broken message parked behind its key's holder is failed in
+            // its turn, when the key is released.
+            (Some(_), _) if self.parked => Verdict::Parked,
             (Some(Err(violation)), _) => Verdict::Rejected(violation.clone()),
-            (Some(Ok(_)), _) if self.parked => Verdict::Parked,
             (Some(Ok(_)), Ok(_)) => Verdict::Delivered,
             (Some(Ok(_)), Err(PublishError::Invalid(violation))) => Verdict::Rejected(violation),
             (Some(Ok(_)), Err(error)) => Verdict::Refused {
@@ -149,37 +156,95 @@ impl Attempt {
     }
 }
 
-type InFlight = FuturesOrdered<BoxFuture<'static, Attempt>>;
+/// Attempts under way, each with its work's place in the stage's input.
+type InFlight = FuturesUnordered<BoxFuture<'static, (u64, Attempt)>>;
 
 /// How many messages in flight wait for their key's turn, unsent.
 ///
 /// `--max-in-flight` bounds what is on the wire; messages waiting behind an
 /// earlier one of their key are not on the wire, so they do not count
 /// against it, and a hot key cannot fill the window and hold back other
-/// keys. What waits is bounded by `--max-buffered-bytes`, as everything
-/// read and not yet recorded is.
+/// keys. Up to [`Waiting::PER_SENT`] times as many may wait: the look-ahead
+/// past a hot key, in bounded memory.
 #[derive(Default, Clone)]
-struct Waiting(Arc<AtomicUsize>);
+struct Waiting(Arc<WaitingCount>);
+
+#[derive(Default)]
+struct WaitingCount {
+    count: AtomicUsize,
+    /// Woken when a wait ends: there may be room again.
+    ended: Notify,
+}
 
 impl Waiting {
+    const PER_SENT: usize = 16;
+
     /// One message waiting, until the slot is dropped.
     fn take(&self) -> WaitingSlot {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.0.count.fetch_add(1, Ordering::Relaxed);
         WaitingSlot(self.0.clone())
     }
 
-    /// Whether the stage may take more work: room on the wire.
+    /// Whether the stage may take more work: room on the wire, and room
+    /// for one more to wait.
     fn room(&self, in_flight: usize, max_in_flight: usize) -> bool {
-        let waiting = self.0.load(Ordering::Relaxed).min(in_flight);
-        in_flight - waiting < max_in_flight
+        let waiting = self.0.count.load(Ordering::Relaxed).min(in_flight);
+        let most_waiting = max_in_flight.saturating_mul(Self::PER_SENT);
+        in_flight - waiting < max_in_flight && waiting < most_waiting
+    }
+
+    /// Waits until a message stops waiting.
+    async fn one_ended(&self) {
+        self.0.ended.notified().await;
     }
 }
 
-struct WaitingSlot(Arc<AtomicUsize>);
+struct WaitingSlot(Arc<WaitingCount>);
 
 impl Drop for WaitingSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.count.fetch_sub(1, Ordering::Relaxed);
+        self.0.ended.notify_one();
+    }
+}
+
+/// The stream positions of work that has its verdict while work before it
+/// does not: each is passed on once everything before it has its verdict.
+#[derive(Default)]
+struct Positions {
+    /// The place the next work takes.
+    next: u64,
+    /// The places of work with no verdict yet.
+    open: BTreeSet<u64>,
+    /// Positions waiting for earlier work, by place.
+    waiting: BTreeMap<u64, (ResumeToken, Option<DateTime>)>,
+}
+
+impl Positions {
+    /// A place for new work.
+    fn enter(&mut self) -> u64 {
+        let place = self.next;
+        self.next += 1;
+        self.open.insert(place);
+        place
+    }
+
+    /// The work at `place` has its verdict: takes its position, and returns
+    /// the newest position that nothing before it holds back any more.
+    fn done(&mut self, place: u64, work: &mut Work) -> Option<Work> {
+        self.open.remove(&place);
+        if let Some(token) = work.token.take() {
+            self.waiting.insert(place, (token, work.at));
+        }
+        let ready = match self.open.first() {
+            Some(&first) => {
+                let later = self.waiting.split_off(&first);
+                std::mem::replace(&mut self.waiting, later)
+            }
+            None => std::mem::take(&mut self.waiting),
+        };
+        let (_, (token, at)) = ready.into_iter().next_back()?;
+        Some(Work::marker(token, at))
     }
 }
 
@@ -206,6 +271,7 @@ pub(crate) struct PublishStage {
 impl PublishStage {
     pub async fn run(self, mut input: mpsc::Receiver<Work>, output: mpsc::Sender<Finished>) {
         let mut in_flight = InFlight::new();
+        let mut positions = Positions::default();
         let waiting = Waiting::default();
         let mut input_open = true;
         let mut outage = Outage::new("NATS publishing");
@@ -214,7 +280,9 @@ impl PublishStage {
             tokio::select! {
                 biased;
                 _ = self.abandon.cancelled(), if input_open => input_open = false,
-                Some(attempt) = in_flight.next(), if !in_flight.is_empty() => {
+                // A wait that ended inside an attempt may have made room.
+                _ = waiting.one_ended(), if input_open && !room => {}
+                Some((place, attempt)) = in_flight.next(), if !in_flight.is_empty() => {
                     let attempt = if attempt.in_doubt() {
                         match self.settle(attempt, &mut outage).await {
                             Some(attempt) => attempt,
@@ -223,13 +291,17 @@ impl PublishStage {
                     } else {
                         attempt
                     };
-                    if !self.forward(attempt, &output).await {
+                    if !self.forward(attempt, place, &mut positions, &output).await {
                         return;
                     }
                 }
                 work = input.recv(), if input_open && room => {
                     match work {
-                        Some(work) => in_flight.push_back(self.start(work, &waiting).await),
+                        Some(work) => {
+                            let place = positions.enter();
+                            let attempt = self.start(work, &waiting).await;
+                            in_flight.push(attempt.map(move |attempt| (place, attempt)).boxed());
+                        }
                         None => input_open = false,
                     }
                 }
@@ -237,44 +309,63 @@ impl PublishStage {
         }
     }
 
-    /// Passes the verdict on; false if completion has gone.
-    async fn forward(&self, attempt: Attempt, output: &mpsc::Sender<Finished>) -> bool {
-        let finished = attempt.finish(&self.metrics, &self.deliveries);
-        output.send(finished).await.is_ok()
+    /// Passes the verdict on, and then the stream position it frees, if
+    /// any; false if completion has gone.
+    async fn forward(
+        &self,
+        attempt: Attempt,
+        place: u64,
+        positions: &mut Positions,
+        output: &mpsc::Sender<Finished>,
+    ) -> bool {
+        let mut finished = attempt.finish(&self.metrics, &self.deliveries);
+        let position = positions.done(place, &mut finished.work);
+        if finished.work.message.is_some() && output.send(finished).await.is_err() {
+            return false;
+        }
+        match position {
+            Some(work) => {
+                let marker = Finished {
+                    work,
+                    verdict: Verdict::Passed,
+                };
+                output.send(marker).await.is_ok()
+            }
+            None => true,
+        }
     }
 
     /// Takes the work's turn in its key's line, and sends it if nothing of
     /// its key is before it; returns the future of its attempt.
     async fn start(&self, work: Work, waiting: &Waiting) -> BoxFuture<'static, Attempt> {
         let started = Instant::now();
-        let turn = self.turn(&work);
-        match turn {
-            Some(mut turn) if !turn.first() => {
-                let (publisher, abandon) = (self.publisher.clone(), self.abandon.clone());
-                let slot = waiting.take();
-                async move {
-                    turn.wait().await;
-                    drop(slot);
-                    match turn.admit() {
-                        Admission::Park(ticket) => Attempt::parked(work, ticket),
-                        // Stopping at once: nothing more goes on the wire,
-                        // and without a verdict the work stays as it is.
-                        Admission::Send if abandon.is_cancelled() => {
-                            let stopping =
-                                PublishError::Unavailable("the relay is stopping".into());
-                            Attempt::new(work, Err(stopping), started, None)
-                        }
-                        Admission::Send => put(&*publisher, work, Some(turn), started).await.await,
-                    }
-                }
-                .boxed()
-            }
-            Some(turn) => match turn.admit() {
+        let Some(mut turn) = self.turn(&work) else {
+            return put(&*self.publisher, work, None, started).await;
+        };
+        if turn.first() {
+            return match turn.admit() {
                 Admission::Park(ticket) => future::ready(Attempt::parked(work, ticket)).boxed(),
                 Admission::Send => put(&*self.publisher, work, Some(turn), started).await,
-            },
-            None => put(&*self.publisher, work, None, started).await,
+            };
         }
+        let (publisher, abandon) = (self.publisher.clone(), self.abandon.clone());
+        let slot = waiting.take();
+        async move {
+            turn.wait().await;
+            drop(slot);
+            match turn.admit() {
+                Admission::Park(ticket) => Attempt::parked(work, ticket),
+                // Stopping at once: nothing more goes on the wire, and
+                // without a verdict the work stays as it is (its turn,
+                // dropped, holds its key).
+                Admission::Send if abandon.is_cancelled() => {
+                    let stopping = PublishError::Unavailable("the relay is stopping".into());
+                    Attempt::new(work, Err(stopping), started, None)
+                }
+                Admission::Send => put(&*publisher, work, Some(turn), started).await.await,
+            }
+        }
+        .boxed()
     }
 
     /// The work's place in its key's line, if it carries a keyed message
@@ -366,16 +457,11 @@ impl PublishStage {
 async fn put(
     publisher: &dyn Publisher,
     work: Work,
-    mut turn: Option<Turn>,
+    turn: Option<Turn>,
     started: Instant,
 ) -> BoxFuture<'static, Attempt> {
     let sent = match work.message.as_ref().map(|m| &m.message) {
-        Some(Ok(message)) => {
-            if let Some(turn) = turn.as_mut() {
-                turn.sent();
-            }
-            Some(publisher.send(message).await)
-        }
+        Some(Ok(message)) => Some(publisher.send(message).await),
         _ => None,
     };
     match sent {

@@ -1,8 +1,8 @@
 //! What the publish stage promises, checked against a scripted broker.
 //!
-//! Verdicts leave in the order the work came in, whatever order the
-//! acknowledgements arrive in, with at most `max_in_flight` of them awaited
-//! at once. Each kind of result becomes its verdict: a delivery, a broken
+//! Verdicts leave as answers come, with at most `max_in_flight`
+//! acknowledgements awaited at once, and a stream position only once
+//! everything before it has its verdict; a key's messages keep their order. Each kind of result becomes its verdict: a delivery, a broken
 //! message's rejection, a refusal charged to the message (its own only when
 //! the broker was seen taking messages), or a pass for work without a
 //! message. A broker that takes nothing pauses delivery without charging
@@ -245,10 +245,20 @@ fn start_with(max_in_flight: usize, order: Option<KeyOrder>) -> (Arc<FakeBroker>
     (broker, running)
 }
 
+/// The `_id` of the message named `name` (of eight bytes at most): ids
+/// sort as their names do, and [`name`] reads the name back.
+fn named(name: &str) -> ObjectId {
+    let mut bytes = [0u8; 12];
+    bytes[..4].copy_from_slice(&1_700_000_000u32.to_be_bytes());
+    assert!(name.len() <= 8, "a test message's name fits its id: {name}");
+    bytes[4..4 + name.len()].copy_from_slice(name.as_bytes());
+    ObjectId::from_bytes(bytes)
+}
+
 /// A message to `subject`; its verdict is known by the subject.
 fn message(subject: &str) -> Work {
     let message = OutboxMessage {
-        id: ObjectId::new(),
+        id: named(subject),
         message_type: "test".into(),
         subject: subject.into(),
         headers: Vec::new(),
@@ -256,7 +266,7 @@ fn message(subject: &str) -> Work {
     };
     Work::from_collection(
         Decoded {
-            id: Bson::String(subject.into()),
+            id: Bson::ObjectId(named(subject)),
             message: Ok(message),
             attempts: None,
             key: None,
@@ -293,7 +303,7 @@ fn three_of_a_one_of_b() -> [Work; 4] {
 fn broken(name: &str, why: &str) -> Work {
     Work::from_collection(
         Decoded {
-            id: Bson::String(name.into()),
+            id: Bson::ObjectId(named(name)),
             message: Err(ContractViolation::new(why)),
             attempts: None,
             key: None,
@@ -312,17 +322,27 @@ fn marker() -> Work {
 /// How a verdict is told apart: the message's name, or "marker".
 fn name(finished: &Finished) -> String {
     match &finished.work.message {
-        Some(decoded) => decoded
-            .id
-            .as_str()
-            .expect("test messages are named by a string _id")
-            .to_owned(),
+        Some(decoded) => {
+            let id = decoded
+                .id
+                .as_object_id()
+                .expect("test messages are named by their id");
+            let bytes = id.bytes();
+            let name = bytes[4..].iter().take_while(|b| **b != 0);
+            String::from_utf8(name.copied().collect()).expect("a name is text")
+        }
         None => "marker".to_owned(),
     }
 }
 
 fn names(verdicts: &[(String, Verdict)]) -> Vec<&str> {
     verdicts.iter().map(|(name, _)| name.as_str()).collect()
+}
+
+/// The names of the verdicts whose name starts with `key`, in order.
+fn of_key<'a>(verdicts: &'a [(String, Verdict)], key: &str) -> Vec<&'a str> {
+    let names = names(verdicts).into_iter();
+    names.filter(|name| name.starts_with(key)).collect()
 }
 
 /// The readiness line about delivery.
@@ -411,47 +431,48 @@ impl Running {
 }
 
 #[tokio::test(start_paused = true)]
-async fn verdicts_leave_in_the_order_work_came_in() {
+async fn verdicts_leave_as_answers_come_and_a_position_waits_for_all_before_it() {
     let (broker, mut stage) = start(4);
     broker.by_default(Reply::Hold);
-    let subjects: Vec<String> = (0..10).map(|n| format!("m{n}")).collect();
-    stage.feed(subjects.iter().map(|s| message(s))).await;
-
-    let first = stage.sends_until_idle().await;
-    assert_eq!(
-        first,
-        ["m0", "m1", "m2", "m3"],
-        "sent in order, a window full"
-    );
-    for subject in ["m3", "m2", "m1"] {
-        broker.release(subject, Ok(Ack::default()));
-    }
+    stage
+        .feed([message("m0"), message("m1"), marker(), message("m2")])
+        .await;
+    assert_eq!(stage.sends_until_idle().await, ["m0", "m1", "m2"]);
+    broker.release("m2", Ok(Ack::default()));
+    broker.release("m1", Ok(Ack::default()));
+    assert_eq!(names(&stage.verdicts(2).await), ["m2", "m1"]);
     assert!(
         stage.no_verdict().await,
-        "later acknowledgements do not overtake the first"
+        "the position waits for m0, before it"
     );
     broker.release("m0", Ok(Ack::default()));
-    let mut verdicts = stage.verdicts(4).await;
-
-    // The rest, each window acknowledged last to first.
-    while verdicts.len() < subjects.len() {
-        let window = stage.sends_until_idle().await;
-        assert!(
-            (1..=4).contains(&window.len()),
-            "the stage sends more once verdicts leave, never past max_in_flight: {window:?}"
-        );
-        for subject in window.iter().rev() {
-            broker.release(subject, Ok(Ack::default()));
-        }
-        verdicts.extend(stage.verdicts(window.len()).await);
-    }
-
-    assert_eq!(names(&verdicts), subjects);
+    let verdicts = stage.verdicts(2).await;
+    assert_eq!(names(&verdicts), ["m0", "marker"]);
     assert!(
-        verdicts.iter().all(|(_, v)| *v == Verdict::Delivered),
+        verdicts
+            .iter()
+            .all(|(_, v)| matches!(v, Verdict::Delivered | Verdict::Passed)),
         "{verdicts:?}"
     );
-    assert_eq!(broker.sends(), subjects, "each sent once, in order");
+
+    // A position a message carries waits too, and leaves after it.
+    let mut carried = message("m4");
+    if let Some(token) = marker().token {
+        carried.token = Some(token);
+    }
+    stage.feed([message("m3"), carried]).await;
+    assert_eq!(stage.sends_until_idle().await, ["m3", "m4"]);
+    broker.release("m4", Ok(Ack::default()));
+    let (first, _) = stage.verdict().await;
+    assert_eq!(first, "m4");
+    assert!(stage.no_verdict().await, "m4's position waits for m3");
+    broker.release("m3", Ok(Ack::default()));
+    assert_eq!(names(&stage.verdicts(2).await), ["m3", "marker"]);
+    assert_eq!(
+        broker.sends(),
+        ["m0", "m1", "m2", "m3", "m4"],
+        "each sent once"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -783,8 +804,8 @@ async fn abandoning_takes_no_more_work_and_collects_what_is_in_flight() {
     assert_eq!(
         verdicts,
         [
-            ("m0".into(), Verdict::Delivered),
-            ("m1".into(), Verdict::Delivered)
+            ("m1".into(), Verdict::Delivered),
+            ("m0".into(), Verdict::Delivered)
         ]
     );
     assert_eq!(broker.sends(), ["m0", "m1"], "queued work is never sent");
@@ -859,7 +880,7 @@ async fn closing_the_input_finishes_what_was_read_then_ends() {
     }
     let verdicts = stage.ended().await;
 
-    assert_eq!(names(&verdicts), ["m0", "m1", "m2"]);
+    assert_eq!(names(&verdicts), ["m2", "m1", "m0"], "as the answers came");
     assert!(
         verdicts.iter().all(|(_, v)| *v == Verdict::Delivered),
         "{verdicts:?}"
@@ -900,7 +921,11 @@ async fn a_key_has_one_message_on_the_wire_and_keys_do_not_wait_for_each_other()
     assert_eq!(stage.sends_until_idle().await, ["a3"]);
     broker.release("a3", Ok(Ack::default()));
     let verdicts = stage.verdicts(4).await;
-    assert_eq!(names(&verdicts), ["a1", "a2", "b1", "a3"]);
+    assert_eq!(
+        names(&verdicts),
+        ["b1", "a1", "a2", "a3"],
+        "b1 did not wait for a"
+    );
     assert!(verdicts.iter().all(|(_, v)| *v == Verdict::Delivered));
 }
 
@@ -927,7 +952,7 @@ async fn a_refused_message_holds_its_key_and_the_rest_are_parked() {
     );
     assert_eq!(
         order.holders(),
-        [("a".to_owned(), Bson::String("a1".into()))]
+        [("a".to_owned(), Bson::ObjectId(named("a1")))]
     );
 
     // The holder's retry goes; then only the parked messages, read back.
@@ -999,7 +1024,7 @@ async fn messages_waiting_for_their_key_do_not_fill_the_window() {
     }
     broker.release("c1", Ok(Ack::default()));
     let verdicts = stage.verdicts(7).await;
-    assert_eq!(names(&verdicts), ["a1", "a2", "a3", "a4", "a5", "b1", "c1"]);
+    assert_eq!(names(&verdicts), ["b1", "a1", "a2", "a3", "a4", "a5", "c1"]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1039,6 +1064,56 @@ async fn a_keyed_document_that_breaks_the_contract_takes_its_turn_and_holds_its_
     assert_eq!(verdicts[2], ("b1".into(), Verdict::Delivered));
     assert_eq!(
         order.holders(),
-        [("a".to_owned(), Bson::String("a1".into()))]
+        [("a".to_owned(), Bson::ObjectId(named("a1")))]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hot_key_holds_back_no_verdict_of_another_key() {
+    let (broker, mut stage, _) = start_keyed(2, true);
+    broker.by_default(Reply::Hold);
+    let hot: Vec<Work> = (1..=3).map(|n| keyed(&format!("a{n}"), "a")).collect();
+    stage.feed(hot).await;
+    let others: Vec<Work> = (1..=4)
+        .map(|n| keyed(&format!("b{n}"), &format!("b{n}")))
+        .collect();
+    stage.feed(others).await;
+    assert_eq!(stage.sends_until_idle().await, ["a1", "b1"]);
+    for n in 1..=4 {
+        broker.release(&format!("b{n}"), Ok(Ack::default()));
+        stage.sends_until_idle().await;
+    }
+    let verdicts = stage.verdicts(4).await;
+    assert_eq!(
+        of_key(&verdicts, "b"),
+        ["b1", "b2", "b3", "b4"],
+        "the others are done while a1 waits for its answer"
+    );
+    for n in 1..=3 {
+        broker.release(&format!("a{n}"), Ok(Ack::default()));
+        stage.sends_until_idle().await;
+    }
+    assert_eq!(of_key(&stage.verdicts(3).await, "a"), ["a1", "a2", "a3"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_waits_for_its_key_is_bounded() {
+    let (broker, mut stage, _) = start_keyed(2, true);
+    broker.by_default(Reply::Hold);
+    // One on the wire and 32 (16 per place on the wire) waiting fill the
+    // stage, though the wire has room.
+    let hot: Vec<Work> = (1..=33).map(|n| keyed(&format!("a{n}"), "a")).collect();
+    stage.feed(hot).await;
+    stage.feed([keyed("b1", "b")]).await;
+    assert_eq!(
+        stage.sends_until_idle().await,
+        ["a1"],
+        "b1 is not taken while the stage is full"
+    );
+    broker.release("a1", Ok(Ack::default()));
+    assert_eq!(
+        stage.sends_until_idle().await,
+        ["a2", "b1"],
+        "a place to wait is free again"
     );
 }

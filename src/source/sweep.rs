@@ -28,9 +28,10 @@ use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocumentBuf};
 use futures::TryStreamExt;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::DeadLetters;
 use crate::contract::{field, status, DecodeRules};
 use crate::error::{brief, is_document_error, Error, Result};
-use crate::order::{stored::parked_messages, KeyOrder};
+use crate::order::{held_keys, stored::parked_messages, KeyOrder, Parks};
 use crate::pipeline::Pipeline;
 use crate::retry::Outage;
 use crate::work::{id_key, Tally, Work};
@@ -48,6 +49,13 @@ pub struct Sweeper {
     pub(crate) max_pass_bytes: usize,
     /// When the sweep last looked for misfits.
     pub(crate) misfits_read: Arc<Mutex<Option<Instant>>>,
+    /// When the sweep last read the held keys back.
+    pub(crate) holds_read: Arc<Mutex<Option<Instant>>>,
+    /// How often it reads them back, for a hold written out of the term's
+    /// sight (a former leader's write that landed late).
+    pub(crate) holds_interval: Duration,
+    /// Whether dead letters hold their keys, for reading holds back.
+    pub(crate) dead_letters: DeadLetters,
 }
 
 /// How often a sweep with room to spare looks for misfits: documents a
@@ -57,6 +65,25 @@ pub const MISFIT_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The most keys one release reads, and the most holders one read checks.
 const RELEASE_KEYS: usize = 1000;
+
+/// The most bytes of keys one release names, so that its query stays far
+/// below MongoDB's 16 MiB, however long the keys.
+const RELEASE_KEY_BYTES: usize = 1 << 20;
+
+/// The releasing keys one read names: as many as fit [`RELEASE_KEY_BYTES`],
+/// and always the first.
+fn release_batch(mut releasing: Vec<(String, Parks)>) -> Vec<(String, Parks)> {
+    let mut bytes = 0;
+    let fits = releasing
+        .iter()
+        .take_while(|(key, _)| {
+            bytes += key.len();
+            bytes <= RELEASE_KEY_BYTES
+        })
+        .count();
+    releasing.truncate(fits.max(1));
+    releasing
+}
 
 /// What a pass's reads found, besides the documents it claimed.
 #[derive(Debug, Default)]
@@ -132,10 +159,13 @@ impl Sweeper {
         }
     }
 
-    /// One pass, then the held keys tended.
+    /// One pass, then the held keys tended; full if either left work for
+    /// the next at once.
     async fn pass_and_tend(&self) -> Result<Pass> {
         let mut pass = self.pass().await?;
-        pass.tally += self.tend_keys().await?;
+        let (released, more) = self.tend_keys().await?;
+        pass.tally += released;
+        pass.full |= more;
         Ok(pass)
     }
 
@@ -234,38 +264,44 @@ impl Sweeper {
         })
     }
 
-    /// Tends the keys the term's order holds: lets go of keys whose holder
-    /// was settled out of this relay's sight, then releases the parked
-    /// messages of releasing keys, in `_id` order, until none is left or a
-    /// read makes no progress. Returns what the releases did.
-    pub(crate) async fn tend_keys(&self) -> Result<Tally> {
-        let mut tally = Tally::default();
+    /// Tends the keys the term's order holds: takes on holds written out of
+    /// its sight (now and then), lets go of keys whose holder was settled
+    /// out of its sight, then releases one read's worth of the parked
+    /// messages of releasing keys, in `_id` order. Returns what the release
+    /// did, and whether another may find more; one read at a time, so that
+    /// a long release never keeps the sweep's own passes waiting.
+    pub(crate) async fn tend_keys(&self) -> Result<(Tally, bool)> {
         let Some(order) = &self.pipeline.order else {
-            return Ok(tally);
+            return Ok((Tally::default(), false));
         };
-        self.check_holders(order).await?;
-        loop {
-            let releasing = order.releasing(RELEASE_KEYS);
-            if releasing.is_empty() || self.pipeline.shutdown.is_cancelled() {
-                return Ok(tally);
-            }
-            let names: Vec<String> = releasing.iter().map(|(key, _)| key.clone()).collect();
-            let (pass, read) = self
-                .pass_over([(parked_messages(&names), true)], true)
-                .await?;
-            tally += pass.tally;
-            // A key is free once a read that left nothing unread found no
-            // parked message of it.
-            let mut freed = false;
-            if !read.truncated {
-                for (key, before) in releasing.iter().filter(|(key, _)| !read.keys.contains(key)) {
-                    freed |= order.released(key, *before);
-                }
-            }
-            if pass.tally.delivered == 0 && !freed {
-                return Ok(tally);
+        if self.reconcile_due() {
+            let held = held_keys(&self.pipeline.outbox, self.dead_letters).await?;
+            let adopted = order.adopt(held);
+            if adopted > 0 {
+                tracing::warn!(
+                    keys = adopted,
+                    "found held keys this relay did not know of; holding them"
+                );
             }
         }
+        self.check_holders(order).await?;
+        let releasing = release_batch(order.releasing(RELEASE_KEYS));
+        if releasing.is_empty() || self.pipeline.shutdown.is_cancelled() {
+            return Ok((Tally::default(), false));
+        }
+        let names: Vec<String> = releasing.iter().map(|(key, _)| key.clone()).collect();
+        let (pass, read) = self
+            .pass_over([(parked_messages(&names), true)], true)
+            .await?;
+        // A key is free once a read that left nothing unread found no
+        // parked message of it.
+        let mut freed = false;
+        if !read.truncated {
+            for (key, before) in releasing.iter().filter(|(key, _)| !read.keys.contains(key)) {
+                freed |= order.released(key, *before);
+            }
+        }
+        Ok((pass.tally, pass.tally.delivered > 0 || freed))
     }
 
     /// Lets go of keys whose holder is no longer what holds them: delivered
@@ -312,14 +348,13 @@ impl Sweeper {
     /// The misfit read, if it is due: at most once per [`MISFIT_INTERVAL`],
     /// since no index range can serve it (it scans every pending entry).
     fn misfits_due(&self) -> bool {
-        let Ok(mut last) = self.misfits_read.lock() else {
-            return false;
-        };
-        if last.is_some_and(|at| at.elapsed() < MISFIT_INTERVAL) {
-            return false;
-        }
-        *last = Some(Instant::now());
-        true
+        due(&self.misfits_read, MISFIT_INTERVAL)
+    }
+
+    /// Reading the held keys back, if it is due: once per holds interval
+    /// (a term starts having read them).
+    fn reconcile_due(&self) -> bool {
+        due(&self.holds_read, self.holds_interval)
     }
 
     /// Reads up to `limit` documents matching `filter`, in `sort` order, and
@@ -578,6 +613,19 @@ pub(crate) fn misfits() -> Document {
             { field::NEXT_ATTEMPT_AT: { "$exists": true, "$not": { "$type": ["date", "null"] } } },
         ],
     }
+}
+
+/// Whether `interval` has passed since `last` (or it never was), which it
+/// then sets to now.
+fn due(last: &Mutex<Option<Instant>>, interval: Duration) -> bool {
+    let Ok(mut last) = last.lock() else {
+        return false;
+    };
+    if last.is_some_and(|at| at.elapsed() < interval) {
+        return false;
+    }
+    *last = Some(Instant::now());
+    true
 }
 
 /// A document's `_id`, whatever its type.
