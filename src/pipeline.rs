@@ -19,7 +19,7 @@ use crate::observe::Metrics;
 use crate::order::KeyOrder;
 use crate::publish::stage::PublishStage;
 use crate::publish::Publisher;
-use crate::work::{Budget, Feed, LastDelivery, Tally, Unmarkable};
+use crate::work::{Budget, Feed, LastDelivery, Tally, Underway, Unmarkable};
 
 /// Everything a publish stage and a completion stage need: one recipe for
 /// the change stream's long-lived pipeline and for each sweep pass.
@@ -34,6 +34,8 @@ pub(crate) struct Pipeline {
     pub metrics: Metrics,
     pub unmarkable: Unmarkable,
     pub budget: Budget,
+    /// The messages under way in every pipeline of the relay.
+    pub underway: Underway,
     pub deliveries: LastDelivery,
     /// The term's per-key order, shared by its pipelines; `None` outside a
     /// term (no order by key is kept).
@@ -87,7 +89,7 @@ impl Pipeline {
             }
             tally
         });
-        let input = Feed::new(input, self.budget.clone());
+        let input = Feed::new(input, self.budget.clone(), self.underway.clone());
         Running { input, done }
     }
 }

@@ -38,7 +38,7 @@ use crate::retry::{until_ok, until_settled};
 use crate::setup;
 use crate::source::change_stream::{ChangeStreamSource, Prepare};
 use crate::source::sweep::Sweeper;
-use crate::work::{Budget, LastDelivery, Tally, Unmarkable};
+use crate::work::{Budget, LastDelivery, Tally, Underway, Unmarkable};
 
 /// A connected relay, ready to run.
 pub struct Relay {
@@ -49,6 +49,7 @@ pub struct Relay {
     metrics: Metrics,
     unmarkable: Unmarkable,
     budget: Budget,
+    underway: Underway,
     deliveries: LastDelivery,
 }
 
@@ -96,6 +97,7 @@ impl Relay {
             publisher,
             metrics: Metrics::new(),
             unmarkable: Unmarkable::default(),
+            underway: Underway::default(),
             deliveries: LastDelivery::default(),
         })
     }
@@ -411,6 +413,7 @@ impl Relay {
             metrics: self.metrics.clone(),
             unmarkable: self.unmarkable.clone(),
             budget: self.budget.clone(),
+            underway: self.underway.clone(),
             deliveries: self.deliveries.clone(),
             order: None,
             shutdown,

@@ -9,7 +9,7 @@
 //! This module is a leaf: the stages and the code that assembles them
 //! (`pipeline`) import it, and it imports none of them.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,6 +44,9 @@ pub(crate) struct Work {
     /// The park decided for this work, settled when the work is dropped
     /// (after its verdict is recorded).
     pub park: Option<ParkTicket>,
+    /// The message's place among those under way, given up when the work
+    /// is dropped (after its verdict is recorded).
+    pub underway: Option<UnderwayEntry>,
 }
 
 impl Work {
@@ -57,6 +60,7 @@ impl Work {
             reserved: None,
             release: false,
             park: None,
+            underway: None,
         }
     }
 
@@ -70,6 +74,7 @@ impl Work {
             reserved: None,
             release: false,
             park: None,
+            underway: None,
         }
     }
 
@@ -84,6 +89,7 @@ impl Work {
             reserved: None,
             release: false,
             park: None,
+            underway: None,
         }
     }
 
@@ -227,6 +233,66 @@ pub(crate) fn id_key(id: &Bson) -> String {
     format!("{id:?}")
 }
 
+/// The messages read and not yet recorded, across a relay's pipelines.
+///
+/// A source sends no message that is under way already, so that no two
+/// pipelines publish one message at once: the sweep does not claim it,
+/// and a repeat from the stream or the catch-up pass goes on as a bare
+/// position (see [`Feed::send`]). During a drain, when the sweep reads
+/// what the catch-up pass or the stream is still delivering, this is what
+/// keeps each message to one publish. Bounded as the work is, by the byte
+/// budget.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Underway(Arc<Mutex<HashSet<UnderwayId>>>);
+
+/// A message's `_id` among those under way: ObjectIds without allocating.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum UnderwayId {
+    ObjectId([u8; 12]),
+    Other(String),
+}
+
+impl UnderwayId {
+    fn of(id: &Bson) -> Self {
+        match id {
+            Bson::ObjectId(id) => UnderwayId::ObjectId(id.bytes()),
+            other => UnderwayId::Other(id_key(other)),
+        }
+    }
+}
+
+impl Underway {
+    /// Takes a place for the message `id`; `None` if it is under way already.
+    fn enter(&self, id: &Bson) -> Option<UnderwayEntry> {
+        let key = UnderwayId::of(id);
+        let mut ids = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        ids.insert(key.clone()).then(|| UnderwayEntry {
+            underway: self.clone(),
+            key,
+        })
+    }
+
+    /// Whether the message `id` is under way.
+    pub fn contains(&self, id: &Bson) -> bool {
+        let ids = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        ids.contains(&UnderwayId::of(id))
+    }
+}
+
+/// A message's place among those under way, given up when dropped.
+#[derive(Debug)]
+pub(crate) struct UnderwayEntry {
+    underway: Underway,
+    key: UnderwayId,
+}
+
+impl Drop for UnderwayEntry {
+    fn drop(&mut self) {
+        let mut ids = self.underway.0.lock().unwrap_or_else(|e| e.into_inner());
+        ids.remove(&self.key);
+    }
+}
+
 /// When the relay last delivered a message, across its pipelines: the
 /// evidence that the broker takes messages, without which a refused
 /// message is not dead-lettered (the broker may be refusing everything).
@@ -276,11 +342,13 @@ impl Budget {
     }
 }
 
-/// The way into a pipeline: sends work once its bytes fit in the budget.
+/// The way into a pipeline: sends work once its bytes fit in the budget,
+/// and never a message already under way.
 #[derive(Debug, Clone)]
 pub(crate) struct Feed {
     sender: mpsc::Sender<Work>,
     budget: Budget,
+    underway: Underway,
 }
 
 /// The pipeline has stopped taking work.
@@ -288,11 +356,26 @@ pub(crate) struct Feed {
 pub(crate) struct Closed;
 
 impl Feed {
-    pub fn new(sender: mpsc::Sender<Work>, budget: Budget) -> Self {
-        Feed { sender, budget }
+    pub fn new(sender: mpsc::Sender<Work>, budget: Budget, underway: Underway) -> Self {
+        Feed {
+            sender,
+            budget,
+            underway,
+        }
     }
 
+    /// Sends `work`; a message under way already goes on as its bare
+    /// position, if it carries one, or not at all.
     pub async fn send(&self, mut work: Work) -> Result<(), Closed> {
+        if let Some(message) = &work.message {
+            match self.underway.enter(&message.id) {
+                Some(entry) => work.underway = Some(entry),
+                None => match work.token.take() {
+                    Some(token) => work = Work::marker(token, work.at),
+                    None => return Ok(()),
+                },
+            }
+        }
         work.reserved = Some(self.budget.reserve(work.size()).await.ok_or(Closed)?);
         self.sender.send(work).await.map_err(|_| Closed)
     }

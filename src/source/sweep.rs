@@ -90,6 +90,10 @@ fn release_batch(mut releasing: Vec<(String, Parks)>) -> Vec<(String, Parks)> {
 pub(crate) struct Read {
     /// The keys of every candidate read, claimed or not.
     keys: HashSet<String>,
+    /// Keys of which an earlier message read is not this pass's to send
+    /// (another claim holds it, or another pipeline has it under way): the
+    /// pass sends no later message of them.
+    blocked: HashSet<String>,
     /// A read stopped at its limit: there may be more than it found.
     truncated: bool,
     /// This pass's claim is left on documents it did not complete.
@@ -359,7 +363,7 @@ impl Sweeper {
 
     /// Reads up to `limit` documents matching `filter`, in `sort` order, and
     /// about `max_bytes` of them at most (the first always); skips messages
-    /// no write can change.
+    /// no write can change, and messages under way.
     async fn candidates(
         &self,
         filter: &Document,
@@ -387,10 +391,22 @@ impl Sweeper {
                 break;
             };
             fetched += 1;
-            if raw_id(&document).is_some_and(|id| !unmarkable.contains(&id)) {
-                bytes += document.as_bytes().len();
-                candidates.push(document);
+            let Some(id) = raw_id(&document) else {
+                continue;
+            };
+            if unmarkable.contains(&id) {
+                continue;
             }
+            // Under way in another pipeline (the stream's, say, in a
+            // drain): it is that pipeline's to send, before any later
+            // message of its key.
+            if self.pipeline.underway.contains(&id) {
+                read.blocked
+                    .extend(document.get_str(field::KEY).ok().map(str::to_owned));
+                continue;
+            }
+            bytes += document.as_bytes().len();
+            candidates.push(document);
         }
         // The server's limit counts skipped documents too: reaching it
         // leaves more unread.
@@ -410,9 +426,9 @@ impl Sweeper {
     /// fences of its completion (pending, unclaimed, its attempts) keep that
     /// safe, and should two processors publish it, JetStream drops the repeat.
     ///
-    /// A message of a key whose earlier message in this read is held by
-    /// another claim is not returned (nor kept claimed): it must not go
-    /// before that one.
+    /// A message of a key whose earlier message in this pass is held by
+    /// another claim or under way is not returned (nor kept claimed): it
+    /// must not go before that one.
     async fn claim(
         &self,
         (mut filter, sort): (Document, Document),
@@ -460,13 +476,15 @@ impl Sweeper {
             }
             Some(Err(_)) | None => self.claim_each(&filter, &take, &ids, claim).await?,
         };
-        let mut blocked: HashSet<String> = HashSet::new();
         Ok(candidates
             .into_iter()
             .filter_map(|document| {
                 let id = id_key(&raw_id(&document)?);
                 let message_key = document.get_str(field::KEY).ok().map(str::to_owned);
-                if message_key.as_ref().is_some_and(|k| blocked.contains(k)) {
+                if message_key
+                    .as_ref()
+                    .is_some_and(|k| read.blocked.contains(k))
+                {
                     read.left_claimed |= ours.contains(&id);
                     return None;
                 }
@@ -474,7 +492,7 @@ impl Sweeper {
                     (true, _) => Some((document, Some(claim))),
                     (false, true) => Some((document, None)),
                     (false, false) => {
-                        blocked.extend(message_key);
+                        read.blocked.extend(message_key);
                         None
                     }
                 }
