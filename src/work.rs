@@ -2,14 +2,15 @@
 //!
 //! Sources turn outbox documents into [`Work`]; the publish stage turns work
 //! into [`Finished`] work with a [`Verdict`]; the completion stage records
-//! verdicts in MongoDB and moves the checkpoint. Work keeps its order from
-//! source to completion, which is what lets the checkpoint advance to a
-//! token only once everything before it is done.
+//! verdicts in MongoDB and moves the checkpoint. Verdicts may pass each
+//! other, stream positions may not: a position reaches completion only
+//! after every work before it, which is what lets the checkpoint advance
+//! to a token only once everything before it is done.
 //!
 //! This module is a leaf: the stages and the code that assembles them
 //! (`pipeline`) import it, and it imports none of them.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -233,20 +234,30 @@ pub(crate) fn id_key(id: &Bson) -> String {
     format!("{id:?}")
 }
 
-/// The messages read and not yet recorded, across a relay's pipelines.
+/// The messages read and not yet recorded, across a relay's pipelines,
+/// and their keys.
 ///
-/// A source sends no message that is under way already, so that no two
-/// pipelines publish one message at once: the sweep does not claim it,
-/// and a repeat from the stream or the catch-up pass goes on as a bare
-/// position (see [`Feed::send`]). During a drain, when the sweep reads
-/// what the catch-up pass or the stream is still delivering, this is what
-/// keeps each message to one publish. Bounded as the work is, by the byte
-/// budget.
+/// The change stream and the catch-up pass deliver in order and send what
+/// they read, whatever else is under way (a message two pipelines have is
+/// published twice, and JetStream drops the repeat). The sweep, the
+/// fallback, keeps out of their way: it sends no message that is under way
+/// elsewhere, nor any message of a key that has an earlier one under way
+/// elsewhere, so it can neither publish a message twice during a drain nor
+/// put a key's message in its line ahead of an earlier one still in
+/// another pipeline's channel. Bounded as the work is, by the byte budget.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Underway(Arc<Mutex<HashSet<UnderwayId>>>);
+pub(crate) struct Underway(Arc<Mutex<Ledger>>);
 
-/// A message's `_id` among those under way: ObjectIds without allocating.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// How many copies of each message are under way, in all and by key.
+#[derive(Debug, Default)]
+struct Ledger {
+    ids: HashMap<UnderwayId, u32>,
+    keys: HashMap<String, BTreeMap<UnderwayId, u32>>,
+}
+
+/// A message's `_id` among those under way: ObjectIds without allocating,
+/// in `_id` order (other ids, which break the contract, after them).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum UnderwayId {
     ObjectId([u8; 12]),
     Other(String),
@@ -262,35 +273,71 @@ impl UnderwayId {
 }
 
 impl Underway {
-    /// Takes a place for the message `id`; `None` if it is under way already.
-    fn enter(&self, id: &Bson) -> Option<UnderwayEntry> {
-        let key = UnderwayId::of(id);
-        let mut ids = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        ids.insert(key.clone()).then(|| UnderwayEntry {
-            underway: self.clone(),
-            key,
-        })
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        // Counts only: a panic elsewhere while it was held leaves them whole.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether the message `id` is under way.
-    pub fn contains(&self, id: &Bson) -> bool {
-        let ids = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        ids.contains(&UnderwayId::of(id))
+    /// Counts a copy of `message` as under way until the entry is dropped.
+    fn enter(&self, message: &Decoded) -> UnderwayEntry {
+        let id = UnderwayId::of(&message.id);
+        let mut ledger = self.ledger();
+        *ledger.ids.entry(id.clone()).or_default() += 1;
+        if let Some(key) = &message.key {
+            let of_key = ledger.keys.entry(key.clone()).or_default();
+            *of_key.entry(id.clone()).or_default() += 1;
+        }
+        UnderwayEntry {
+            underway: self.clone(),
+            id,
+            key: message.key.clone(),
+        }
+    }
+
+    /// Whether the message `id`, or an earlier message of its `key`, is
+    /// under way.
+    pub fn ahead(&self, id: &Bson, key: Option<&str>) -> bool {
+        let id = UnderwayId::of(id);
+        let ledger = self.ledger();
+        let earliest = key.and_then(|key| ledger.keys.get(key)?.keys().next());
+        ledger.ids.contains_key(&id) || earliest.is_some_and(|earliest| *earliest < id)
     }
 }
 
-/// A message's place among those under way, given up when dropped.
+/// A copy of a message under way, given up when dropped.
 #[derive(Debug)]
 pub(crate) struct UnderwayEntry {
     underway: Underway,
-    key: UnderwayId,
+    id: UnderwayId,
+    key: Option<String>,
 }
 
 impl Drop for UnderwayEntry {
     fn drop(&mut self) {
-        let mut ids = self.underway.0.lock().unwrap_or_else(|e| e.into_inner());
-        ids.remove(&self.key);
+        let mut ledger = self.underway.ledger();
+        if lower(ledger.ids.get_mut(&self.id)) {
+            ledger.ids.remove(&self.id);
+        }
+        let Some(key) = &self.key else {
+            return;
+        };
+        if let Some(of_key) = ledger.keys.get_mut(key) {
+            if lower(of_key.get_mut(&self.id)) {
+                of_key.remove(&self.id);
+            }
+            if of_key.is_empty() {
+                ledger.keys.remove(key);
+            }
+        }
     }
+}
+
+/// Counts one fewer; whether none is left.
+fn lower(count: Option<&mut u32>) -> bool {
+    count.is_some_and(|count| {
+        *count -= 1;
+        *count == 0
+    })
 }
 
 /// When the relay last delivered a message, across its pipelines: the
@@ -343,7 +390,7 @@ impl Budget {
 }
 
 /// The way into a pipeline: sends work once its bytes fit in the budget,
-/// and never a message already under way.
+/// and counts its message as under way.
 #[derive(Debug, Clone)]
 pub(crate) struct Feed {
     sender: mpsc::Sender<Work>,
@@ -364,19 +411,53 @@ impl Feed {
         }
     }
 
-    /// Sends `work`; a message under way already goes on as its bare
-    /// position, if it carries one, or not at all.
+    /// Sends `work`, counting its message as under way until the work is
+    /// dropped (after its verdict is recorded).
     pub async fn send(&self, mut work: Work) -> Result<(), Closed> {
         if let Some(message) = &work.message {
-            match self.underway.enter(&message.id) {
-                Some(entry) => work.underway = Some(entry),
-                None => match work.token.take() {
-                    Some(token) => work = Work::marker(token, work.at),
-                    None => return Ok(()),
-                },
-            }
+            work.underway = Some(self.underway.enter(message));
         }
         work.reserved = Some(self.budget.reserve(work.size()).await.ok_or(Closed)?);
         self.sender.send(work).await.map_err(|_| Closed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::{oid::ObjectId, Bson};
+
+    use super::*;
+
+    fn keyed(id: ObjectId, key: &str) -> Decoded {
+        Decoded {
+            id: Bson::ObjectId(id),
+            message: Err(ContractViolation::new("not sent")),
+            attempts: None,
+            key: Some(key.to_owned()),
+        }
+    }
+
+    #[test]
+    fn a_message_is_ahead_while_it_or_an_earlier_one_of_its_key_is_under_way() {
+        let underway = Underway::default();
+        let (first, second, third) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
+        let entry = underway.enter(&keyed(second, "k"));
+        let id = |id: ObjectId| Bson::ObjectId(id);
+        assert!(underway.ahead(&id(second), Some("k")), "itself");
+        assert!(underway.ahead(&id(third), Some("k")), "a later one waits");
+        assert!(
+            !underway.ahead(&id(first), Some("k")),
+            "an earlier one goes first"
+        );
+        assert!(!underway.ahead(&id(third), Some("other")));
+        let again = underway.enter(&keyed(second, "k"));
+        drop(entry);
+        assert!(
+            underway.ahead(&id(third), Some("k")),
+            "a copy is still under way"
+        );
+        drop(again);
+        assert!(!underway.ahead(&id(third), Some("k")));
+        assert!(!underway.ahead(&id(second), None));
     }
 }

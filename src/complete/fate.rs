@@ -178,8 +178,19 @@ impl CompletionStage {
             tracing::warn!(id = %message.id, reason, "outbox message failed");
         }
         let mut filter = still_ours(doc! { "$eq": &message.id }, claim);
-        if claim.is_none() {
-            filter.insert(field::LOCK_ID, Bson::Null);
+        match fate {
+            // A park matches whatever claim is on the message: it must land
+            // wherever the message is (a sweep may still hold a claim it is
+            // about to give back), since a key is freed only once its parks
+            // are in the collection. A claim's holder then finds the message
+            // no longer its own.
+            Fate::Parked(_) => {
+                filter.remove(field::LOCK_ID);
+            }
+            _ if claim.is_none() => {
+                filter.insert(field::LOCK_ID, Bson::Null);
+            }
+            _ => {}
         }
         // `$eq`, so that a value a writer stored (`{"$exists": false}`, say)
         // is compared, never read as an operator.

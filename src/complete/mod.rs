@@ -1,6 +1,8 @@
 //! The completion stage: records verdicts in MongoDB and moves the checkpoint.
 //!
-//! Verdicts arrive in order. They are recorded in batches: every delivered
+//! Verdicts arrive as the publish stage has them, and a stream position
+//! only once every work before it has its verdict. They are recorded in
+//! batches: every delivered
 //! message of a batch is marked `processed` with one update, so marking costs
 //! one round trip per batch, not per message. A resume token is written only
 //! after the batch holding it is recorded, and at most once per checkpoint

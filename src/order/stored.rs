@@ -56,7 +56,6 @@ pub async fn held_keys(
     let mut holders = outbox
         .find(holders_filter(dead_letters))
         .projection(doc! { field::KEY: 1, field::STATUS: 1 })
-        .sort(doc! { field::ID: 1 })
         .await
         .map_err(failed)?;
     while let Some(document) = holders.try_next().await.map_err(failed)? {
@@ -72,6 +71,7 @@ pub async fn held_keys(
     }
     let groups: Vec<Document> = outbox
         .aggregate(parked_groups())
+        .allow_disk_use(true)
         .await
         .map_err(failed)?
         .try_collect()
@@ -84,6 +84,11 @@ pub async fn held_keys(
         entry(&mut keys, key, first.timestamp()).parked += count_of(group.get("count"));
     }
     let mut held: Vec<HeldKey> = keys.into_values().collect();
+    for key in &mut held {
+        // Sorted here: a server sort of every holder could outgrow its
+        // memory limit.
+        key.holders.sort_by_key(|holder| holder.id);
+    }
     held.sort_by_key(|h| h.since);
     Ok(held)
 }

@@ -145,7 +145,7 @@ impl ChangeStreamSource {
             self.metrics.set_role_unless_stopping(Role::Tailing);
             return Some((events, CaughtUp::none()));
         }
-        let (events, queued) = until_ok("MongoDB catch-up pass", shutdown, || {
+        let (events, start, queued) = until_ok("MongoDB catch-up pass", shutdown, || {
             self.catch_up(output, shutdown)
         })
         .await??;
@@ -161,7 +161,7 @@ impl ChangeStreamSource {
                 .await
                 .ok()?;
         }
-        Some((events, CaughtUp::new(queued, self.grace_period)))
+        Some((events, CaughtUp::new(start, queued, self.grace_period)))
     }
 
     /// The catch-up pass: a snapshot of what is pending, fed to the
@@ -171,7 +171,7 @@ impl ChangeStreamSource {
         &self,
         output: &Feed,
         shutdown: &CancellationToken,
-    ) -> crate::Result<Option<(Events, HashSet<ObjectId>)>> {
+    ) -> crate::Result<Option<(Events, Option<bson::Timestamp>, HashSet<ObjectId>)>> {
         let snapshot = catch_up::Snapshot::read(&self.outbox).await?;
         let start = snapshot.cluster_time();
         if start.is_none() {
@@ -186,7 +186,7 @@ impl ChangeStreamSource {
             .map_err(|e| crate::Error::mongo("opening the change stream failed", e))?;
         self.metrics.set_role_unless_stopping(Role::Tailing);
         let queued = snapshot.feed(&self.rules, output, shutdown).await?;
-        Ok(queued.map(|queued| (events, queued)))
+        Ok(queued.map(|queued| (events, start, queued)))
     }
 
     async fn open(&self, position: Position) -> mongodb::error::Result<Events> {
@@ -285,7 +285,7 @@ impl ChangeStreamSource {
                         Some(document) if document.get(OVERSIZED).ok().flatten().is_some() => {
                             Work::marker(token, at)
                         }
-                        Some(document) if !caught_up.repeats(&document) => {
+                        Some(document) if !caught_up.repeats(&document, event.cluster_time) => {
                             Work::from_stream(self.rules.decode_raw(&document), token, at)
                         }
                         _ => Work::marker(token, at),
@@ -366,12 +366,17 @@ enum Tail {
     Ended,
 }
 
-/// The ids a catch-up pass queued, for a grace period after it.
+/// What a catch-up pass read, for the stream to skip.
 ///
-/// The stream opens at the pass's snapshot, so a message committed at that
-/// very moment is found by both. Within the grace period such repeats are
-/// skipped; after it the set is dropped.
+/// The stream opens where the pass's snapshot ends, at a cluster time the
+/// snapshot holds, so the events up to that time are repeats, and so is a
+/// message committed a moment later that the pass queued (where a server
+/// reports its snapshot's time late). Events up to the time are skipped by
+/// it; queued ids within the grace period, after which the set is dropped.
 struct CaughtUp {
+    /// The stream's starting time: every event at or before it is in the
+    /// snapshot.
+    through: Option<bson::Timestamp>,
     ids: HashSet<ObjectId>,
     until: Instant,
 }
@@ -379,20 +384,33 @@ struct CaughtUp {
 impl CaughtUp {
     fn none() -> Self {
         CaughtUp {
+            through: None,
             ids: HashSet::new(),
             until: Instant::now(),
         }
     }
 
-    fn new(ids: HashSet<ObjectId>, grace_period: Duration) -> Self {
+    fn new(
+        through: Option<bson::Timestamp>,
+        ids: HashSet<ObjectId>,
+        grace_period: Duration,
+    ) -> Self {
         CaughtUp {
+            through,
             ids,
             until: Instant::now() + grace_period,
         }
     }
 
-    /// Whether the pass already queued this document (each is matched once).
-    fn repeats(&mut self, document: &RawDocumentBuf) -> bool {
+    /// Whether the pass already read this document, committed at `at`
+    /// (each queued id is matched once).
+    fn repeats(&mut self, document: &RawDocumentBuf, at: Option<bson::Timestamp>) -> bool {
+        if let (Some(through), Some(at)) = (self.through, at) {
+            if at <= through {
+                return true;
+            }
+            self.through = None;
+        }
         if self.ids.is_empty() {
             return false;
         }

@@ -29,7 +29,7 @@ use futures::TryStreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::DeadLetters;
-use crate::contract::{field, status, DecodeRules};
+use crate::contract::{field, status, DecodeRules, Decoded};
 use crate::error::{brief, is_document_error, Error, Result};
 use crate::order::{held_keys, stored::parked_messages, KeyOrder, Parks};
 use crate::pipeline::Pipeline;
@@ -100,6 +100,10 @@ pub(crate) struct Read {
     left_claimed: bool,
     /// Bytes of the documents claimed.
     bytes: usize,
+    /// The pass reads parked messages back to release their keys: those
+    /// go first by their key's own rules, whatever else of the key is
+    /// under way (the newer messages that will be parked behind them).
+    release: bool,
 }
 
 /// The result of one pass.
@@ -191,7 +195,10 @@ impl Sweeper {
         release: bool,
     ) -> Result<(Pass, Read)> {
         let claim = ObjectId::new();
-        let mut read = Read::default();
+        let mut read = Read {
+            release,
+            ..Read::default()
+        };
         let claimed = self.claim_all(reads, claim, &mut read).await;
         let outcome = match claimed {
             Ok(documents) => self.deliver(documents, release, &mut read).await,
@@ -244,14 +251,23 @@ impl Sweeper {
             return Ok(Pass::default());
         }
         let running = self.pipeline.start(None);
+        let mut sent = 0;
+        let mut own_keys = HashSet::new();
         for (document, claim) in &documents {
-            let mut work = Work::from_collection(self.rules.decode_raw(document), *claim);
+            let decoded = self.rules.decode_raw(document);
+            if self.taken_meanwhile(&decoded, &mut own_keys, read) {
+                self.release_one(&decoded.id, *claim).await?;
+                continue;
+            }
+            let mut work = Work::from_collection(decoded, *claim);
             work.release = release;
             if running.input.send(work).await.is_err() {
                 break;
             }
+            sent += 1;
         }
         drop(running.input);
+        let claimed = sent;
         let tally = running
             .done
             .await
@@ -266,6 +282,34 @@ impl Sweeper {
             claimed,
             full: whole && tally.total() == claimed,
         })
+    }
+
+    /// Whether another pipeline took up `message`, or a message of its key,
+    /// since the pass read it: then the pass leaves it, and the rest of its
+    /// key, to that pipeline. `own_keys` are the keys this pass has sent
+    /// messages of already, which it goes on with.
+    fn taken_meanwhile(
+        &self,
+        message: &Decoded,
+        own_keys: &mut HashSet<String>,
+        read: &mut Read,
+    ) -> bool {
+        let key = message.key.as_deref();
+        if read.release {
+            return false;
+        }
+        if key.is_some_and(|key| read.blocked.contains(key)) {
+            return true;
+        }
+        if key.is_some_and(|key| own_keys.contains(key)) {
+            return false;
+        }
+        if self.pipeline.underway.ahead(&message.id, key) {
+            read.blocked.extend(key.map(str::to_owned));
+            return true;
+        }
+        own_keys.extend(key.map(str::to_owned));
+        false
     }
 
     /// Tends the keys the term's order holds: takes on holds written out of
@@ -397,12 +441,12 @@ impl Sweeper {
             if unmarkable.contains(&id) {
                 continue;
             }
-            // Under way in another pipeline (the stream's, say, in a
-            // drain): it is that pipeline's to send, before any later
-            // message of its key.
-            if self.pipeline.underway.contains(&id) {
-                read.blocked
-                    .extend(document.get_str(field::KEY).ok().map(str::to_owned));
+            // Under way in another pipeline, or of a key that has a message
+            // under way there (the stream's, say, in a drain): that
+            // pipeline's to send, and before any later message of the key.
+            let key = document.get_str(field::KEY).ok();
+            if !read.release && self.pipeline.underway.ahead(&id, key) {
+                read.blocked.extend(key.map(str::to_owned));
                 continue;
             }
             bytes += document.as_bytes().len();
@@ -573,6 +617,24 @@ impl Sweeper {
             )
             .await
             .map_err(|e| Error::mongo("sweep: clearing a former leader's claims failed", e))?;
+        Ok(())
+    }
+
+    /// Drops this claim from one message the pass leaves to another
+    /// pipeline, at once: that pipeline's verdict on it must not find it
+    /// claimed.
+    async fn release_one(&self, id: &Bson, claim: Option<ObjectId>) -> Result<()> {
+        let Some(claim) = claim else {
+            return Ok(());
+        };
+        self.pipeline
+            .outbox
+            .update_one(
+                doc! { field::ID: { "$eq": id }, field::LOCK_ID: claim, field::STATUS: status::PENDING },
+                doc! { "$unset": { field::LOCK_ID: "", field::LOCKED_AT: "" } },
+            )
+            .await
+            .map_err(|e| Error::mongo("sweep: releasing claims failed", e))?;
         Ok(())
     }
 
