@@ -184,8 +184,11 @@ impl CompletionStage {
             // about to give back), since a key is freed only once its parks
             // are in the collection. A claim's holder then finds the message
             // no longer its own.
+            // A message parked already is left alone: its park is in the
+            // collection, and a release may hold a claim on it.
             Fate::Parked(_) => {
                 filter.remove(field::LOCK_ID);
+                filter.insert(field::NEXT_ATTEMPT_AT, doc! { "$ne": PARKED });
             }
             _ if claim.is_none() => {
                 filter.insert(field::LOCK_ID, Bson::Null);

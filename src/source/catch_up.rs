@@ -12,15 +12,16 @@
 //! drops the repeat by its `Nats-Msg-Id` and the second mark matches nothing.
 //!
 //! Only ids that could still appear on the stream are kept: those created
-//! within [`REPEAT_WINDOW`] of the snapshot, at most [`MAX_REMEMBERED`] of
-//! them. A backlog of ten million older messages costs no memory here.
+//! within [`REPEAT_WINDOW`] of the snapshot, and of those the newest
+//! [`MAX_REMEMBERED`] (the stream can repeat only what committed last). A
+//! backlog of ten million older messages costs no memory here.
 //!
 //! A snapshot lasts as long as the server keeps its history
 //! (`minSnapshotHistoryWindowInSeconds`, 5 minutes by default). A pass that
 //! outlives it fails and is run again on a new snapshot, from what is still
 //! pending, with the stream opened at the new snapshot's time.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocumentBuf, Timestamp};
@@ -38,7 +39,8 @@ use crate::work::{Feed, Work};
 /// `transactionLifetimeLimitSeconds`), plus clock skew between hosts.
 pub(crate) const REPEAT_WINDOW: Duration = Duration::from_secs(300);
 
-/// The most ids a pass remembers; past it, a repeat is dropped by JetStream.
+/// The most ids a pass remembers, the newest; past it, a repeat is dropped
+/// by JetStream.
 pub(crate) const MAX_REMEMBERED: usize = 100_000;
 
 /// The filter for pending messages whose next attempt is due. Anything
@@ -102,13 +104,18 @@ impl Snapshot {
         })
     }
 
-    /// Where the stream starts: the cluster time the snapshot reads at, or
-    /// the server's time just before it was asked for, if that is earlier
-    /// (a server that reports a later time than its snapshot's would
+    /// The cluster time the snapshot reads at, as the server reports it.
+    pub fn cluster_time(&self) -> Option<Timestamp> {
+        self.session.snapshot_time()
+    }
+
+    /// Where the stream starts: the snapshot's cluster time, or the
+    /// server's time just before it was asked for, if that is earlier (a
+    /// server that reports a later time than its snapshot's would
     /// otherwise leave a gap; the overlap is skipped as repeats). `None`
     /// from a server that said neither.
-    pub fn cluster_time(&self) -> Option<Timestamp> {
-        match (self.before, self.session.snapshot_time()) {
+    pub fn start(&self) -> Option<Timestamp> {
+        match (self.before, self.cluster_time()) {
             (Some(before), Some(at)) => Some(before.min(at)),
             (before, at) => before.or(at),
         }
@@ -125,7 +132,7 @@ impl Snapshot {
     ) -> Result<Option<HashSet<ObjectId>>> {
         let window = i64::try_from(REPEAT_WINDOW.as_millis()).unwrap_or(i64::MAX);
         let recent = self.taken.timestamp_millis().saturating_sub(window);
-        let mut queued = HashSet::new();
+        let mut queued = VecDeque::new();
         loop {
             let next = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(None),
@@ -135,13 +142,16 @@ impl Snapshot {
                 .transpose()
                 .map_err(|e| Error::mongo("reading pending messages failed", e))?
             else {
-                return Ok(Some(queued));
+                return Ok(Some(queued.into_iter().collect()));
             };
             let decoded = rules.decode_raw(&document);
             if let Bson::ObjectId(id) = decoded.id {
                 let created = id.timestamp().timestamp_millis();
-                if created >= recent && queued.len() < MAX_REMEMBERED {
-                    queued.insert(id);
+                if created >= recent {
+                    if queued.len() == MAX_REMEMBERED {
+                        queued.pop_front();
+                    }
+                    queued.push_back(id);
                 }
             }
             if output

@@ -145,7 +145,7 @@ impl ChangeStreamSource {
             self.metrics.set_role_unless_stopping(Role::Tailing);
             return Some((events, CaughtUp::none()));
         }
-        let (events, start, queued) = until_ok("MongoDB catch-up pass", shutdown, || {
+        let (events, upto, queued) = until_ok("MongoDB catch-up pass", shutdown, || {
             self.catch_up(output, shutdown)
         })
         .await??;
@@ -161,7 +161,7 @@ impl ChangeStreamSource {
                 .await
                 .ok()?;
         }
-        Some((events, CaughtUp::new(start, queued, self.grace_period)))
+        Some((events, CaughtUp::new(queued, upto, self.grace_period)))
     }
 
     /// The catch-up pass: a snapshot of what is pending, fed to the
@@ -173,7 +173,7 @@ impl ChangeStreamSource {
         shutdown: &CancellationToken,
     ) -> crate::Result<Option<(Events, Option<bson::Timestamp>, HashSet<ObjectId>)>> {
         let snapshot = catch_up::Snapshot::read(&self.outbox).await?;
-        let start = snapshot.cluster_time();
+        let (start, upto) = (snapshot.start(), snapshot.cluster_time());
         if start.is_none() {
             tracing::warn!(
                 "the server did not say when the catch-up pass's snapshot was taken; opening \
@@ -186,7 +186,7 @@ impl ChangeStreamSource {
             .map_err(|e| crate::Error::mongo("opening the change stream failed", e))?;
         self.metrics.set_role_unless_stopping(Role::Tailing);
         let queued = snapshot.feed(&self.rules, output, shutdown).await?;
-        Ok(queued.map(|queued| (events, start, queued)))
+        Ok(queued.map(|queued| (events, upto, queued)))
     }
 
     async fn open(&self, position: Position) -> mongodb::error::Result<Events> {
@@ -368,53 +368,46 @@ enum Tail {
 
 /// What a catch-up pass read, for the stream to skip.
 ///
-/// The stream opens where the pass's snapshot ends, at a cluster time the
-/// snapshot holds, so the events up to that time are repeats, and so is a
-/// message committed a moment later that the pass queued (where a server
-/// reports its snapshot's time late). Events up to the time are skipped by
-/// it; queued ids within the grace period, after which the set is dropped.
+/// The stream opens at a cluster time no later than the pass's snapshot,
+/// so its first events may be of messages the pass read already. Those
+/// the pass queued are skipped until the stream passes the snapshot's own
+/// time (no event after it can be in the snapshot), or, where the server
+/// did not say that time, for the grace period.
 struct CaughtUp {
-    /// The stream's starting time: every event at or before it is in the
-    /// snapshot.
-    through: Option<bson::Timestamp>,
     ids: HashSet<ObjectId>,
+    /// The snapshot's cluster time, as the server reported it.
+    upto: Option<bson::Timestamp>,
     until: Instant,
 }
 
 impl CaughtUp {
     fn none() -> Self {
         CaughtUp {
-            through: None,
             ids: HashSet::new(),
+            upto: None,
             until: Instant::now(),
         }
     }
 
-    fn new(
-        through: Option<bson::Timestamp>,
-        ids: HashSet<ObjectId>,
-        grace_period: Duration,
-    ) -> Self {
+    fn new(ids: HashSet<ObjectId>, upto: Option<bson::Timestamp>, grace_period: Duration) -> Self {
         CaughtUp {
-            through,
             ids,
+            upto,
             until: Instant::now() + grace_period,
         }
     }
 
-    /// Whether the pass already read this document, committed at `at`
-    /// (each queued id is matched once).
+    /// Whether the pass already queued this document, committed at `at`
+    /// (each is matched once).
     fn repeats(&mut self, document: &RawDocumentBuf, at: Option<bson::Timestamp>) -> bool {
-        if let (Some(through), Some(at)) = (self.through, at) {
-            if at <= through {
-                return true;
-            }
-            self.through = None;
-        }
         if self.ids.is_empty() {
             return false;
         }
-        if Instant::now() > self.until {
+        let past = match (self.upto, at) {
+            (Some(upto), Some(at)) => at > upto,
+            _ => Instant::now() > self.until,
+        };
+        if past {
             self.ids = HashSet::new();
             return false;
         }
@@ -443,5 +436,54 @@ fn is_resumable(error: &mongodb::error::Error) -> bool {
         }
         ErrorKind::Write(_) | ErrorKind::InsertMany(_) | ErrorKind::BulkWrite(_) => false,
         _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::{rawdoc, Timestamp};
+
+    use super::*;
+
+    fn document(id: ObjectId) -> RawDocumentBuf {
+        rawdoc! { "_id": id }
+    }
+
+    fn at(increment: u32) -> Option<Timestamp> {
+        Some(Timestamp {
+            time: 1_800_000_000,
+            increment,
+        })
+    }
+
+    #[test]
+    fn queued_messages_are_skipped_until_the_stream_passes_the_snapshot() {
+        let (queued, other, late) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
+        let ids = [queued, late].into_iter().collect();
+        let mut caught_up = CaughtUp::new(ids, at(10), Duration::ZERO);
+        assert!(!caught_up.repeats(&document(other), at(9)), "not queued");
+        assert!(
+            caught_up.repeats(&document(queued), at(10)),
+            "in the snapshot"
+        );
+        assert!(
+            !caught_up.repeats(&document(queued), at(10)),
+            "matched once"
+        );
+        assert!(
+            !caught_up.repeats(&document(late), at(11)),
+            "past the snapshot's time nothing repeats"
+        );
+        assert!(
+            !caught_up.repeats(&document(late), at(10)),
+            "the set is gone"
+        );
+
+        let ids = [queued].into_iter().collect();
+        let mut untimed = CaughtUp::new(ids, None, Duration::from_secs(3600));
+        assert!(
+            untimed.repeats(&document(queued), at(99)),
+            "without the snapshot's time, within the grace period"
+        );
     }
 }

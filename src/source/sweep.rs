@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::DeadLetters;
 use crate::contract::{field, status, DecodeRules, Decoded};
 use crate::error::{brief, is_document_error, Error, Result};
-use crate::order::{held_keys, stored::parked_messages, KeyOrder, Parks};
+use crate::order::{held_keys, stored::parked_messages, KeyOrder, Parks, PARKED};
 use crate::pipeline::Pipeline;
 use crate::retry::Outage;
 use crate::work::{id_key, Tally, Work};
@@ -251,12 +251,16 @@ impl Sweeper {
             return Ok(Pass::default());
         }
         let running = self.pipeline.start(None);
-        let mut sent = 0;
+        let mut left = 0;
         let mut own_keys = HashSet::new();
         for (document, claim) in &documents {
             let decoded = self.rules.decode_raw(document);
             if self.taken_meanwhile(&decoded, &mut own_keys, read) {
-                self.release_one(&decoded.id, *claim).await?;
+                // Should this fail, the pass's release below covers it.
+                if let Err(error) = self.release_one(&decoded.id, *claim).await {
+                    tracing::debug!(%error, "could not give back one claim at once");
+                }
+                left += 1;
                 continue;
             }
             let mut work = Work::from_collection(decoded, *claim);
@@ -264,10 +268,11 @@ impl Sweeper {
             if running.input.send(work).await.is_err() {
                 break;
             }
-            sent += 1;
         }
         drop(running.input);
-        let claimed = sent;
+        // What the pass took on: what it claimed, less what it left to
+        // other pipelines.
+        let claimed = claimed - left;
         let tally = running
             .done
             .await
@@ -364,7 +369,9 @@ impl Sweeper {
                 .pipeline
                 .outbox
                 .find(doc! { field::ID: { "$in": ids } })
-                .projection(doc! { field::STATUS: 1, field::HOLDS_KEY: 1 })
+                .projection(
+                    doc! { field::STATUS: 1, field::HOLDS_KEY: 1, field::NEXT_ATTEMPT_AT: 1 },
+                )
                 .await
                 .map_err(failed)?
                 .try_collect()
@@ -377,7 +384,11 @@ impl Sweeper {
             for (key, id) in holders {
                 let holds = states.get(&id_key(id)).is_some_and(|document| {
                     match document.get_str(field::STATUS).unwrap_or_default() {
-                        status::PENDING => !self.pipeline.unmarkable.contains(id),
+                        // Parked, it waits behind its key rather than holds it.
+                        status::PENDING => {
+                            !self.pipeline.unmarkable.contains(id)
+                                && document.get_datetime(field::NEXT_ATTEMPT_AT) != Ok(&PARKED)
+                        }
                         status::FAILED => {
                             order.dead_letters_hold()
                                 && document.get_bool(field::HOLDS_KEY).unwrap_or(false)
