@@ -61,6 +61,9 @@ struct Hold {
     holders: Vec<(ObjectId, HoldKind)>,
     /// When the oldest message the key waits on was created.
     since: DateTime,
+    /// Counts the holders taken on, so that a check against the collection
+    /// lets go of none taken on again since it read.
+    version: u64,
 }
 
 impl Hold {
@@ -201,6 +204,7 @@ impl KeyOrder {
             let hold = Hold {
                 holders,
                 since: held.since,
+                version: 0,
             };
             if hold.holders.is_empty() && held.parked == 0 {
                 continue;
@@ -329,8 +333,10 @@ impl KeyOrder {
         let hold = keys.holds.entry(key.to_owned()).or_insert_with(|| Hold {
             holders: Vec::new(),
             since: id.timestamp(),
+            version: 0,
         });
         hold.since = hold.since.min(id.timestamp());
+        hold.version += 1;
         match hold.position(id) {
             Ok(at) => hold.holders[at].1 = kind,
             Err(at) => hold.holders.insert(at, (*id, kind)),
@@ -373,22 +379,33 @@ impl KeyOrder {
     }
 
     /// Releases `key` from `id`: it was settled out of this relay's sight
-    /// (delivered, replayed, discarded, or found to take no write at all).
-    pub fn let_go_of(&self, key: &str, id: &Bson) {
+    /// (delivered, replayed, discarded, or found to take no write at all),
+    /// as a read found when the key's hold was at `version` (see
+    /// [`KeyOrder::holders`]). A holder taken on since (a copy of the
+    /// message refused meanwhile) is kept.
+    pub fn let_go_of(&self, key: &str, id: &Bson, version: u64) {
         let mut keys = self.keys();
+        if keys
+            .holds
+            .get(key)
+            .is_some_and(|hold| hold.version != version)
+        {
+            return;
+        }
         if self.let_go(&mut keys, key, id) {
             self.report(&keys);
         }
     }
 
-    /// The messages holding keys, for checking against the collection.
-    pub fn holders(&self) -> Vec<(String, Bson)> {
+    /// The messages holding keys, each with its key's hold version, for
+    /// checking against the collection.
+    pub fn holders(&self) -> Vec<(String, Bson, u64)> {
         let keys = self.keys();
         let holds = keys.holds.iter();
         holds
             .flat_map(|(key, hold)| {
                 let ids = hold.holders.iter();
-                ids.map(|(id, _)| (key.clone(), Bson::ObjectId(*id)))
+                ids.map(|(id, _)| (key.clone(), Bson::ObjectId(*id), hold.version))
             })
             .collect()
     }

@@ -45,6 +45,22 @@ async fn admit(
     }
 }
 
+/// Lets go of `name`'s hold on `key`, as a check that found it settled.
+fn let_go(order: &KeyOrder, key: &str, name: &str) {
+    let version = order
+        .holders()
+        .into_iter()
+        .find(|(k, _, _)| k == key)
+        .map_or(0, |(_, _, version)| version);
+    order.let_go_of(key, &id(name), version);
+}
+
+/// The holders, without their versions.
+fn holders(order: &KeyOrder) -> Vec<(String, Bson)> {
+    let holders = order.holders().into_iter();
+    holders.map(|(key, id, _)| (key, id)).collect()
+}
+
 fn parked(ticket: &Option<ParkTicket>) -> Option<()> {
     ticket.as_ref().map(|_| ())
 }
@@ -90,7 +106,7 @@ async fn a_releasing_key_is_free_only_once_every_park_is_written_and_read() {
     turn.finish(Outcome::Refused);
     let (_, ticket) = admit(&order, "k", "m2", false).await;
     assert_eq!(parked(&ticket), PARK);
-    order.let_go_of("k", &id("m1"));
+    let_go(&order, "k", "m1");
 
     // A read that began before m2's park was written proves nothing.
     let before = order.releasing(10)[0].1;
@@ -105,7 +121,7 @@ async fn a_releasing_key_is_free_only_once_every_park_is_written_and_read() {
     // A park decided while a read ran keeps the key.
     let (turn, _) = admit(&order, "k", "m3", false).await;
     turn.finish(Outcome::Refused);
-    order.let_go_of("k", &id("m3"));
+    let_go(&order, "k", "m3");
     let before = order.releasing(10)[0].1;
     let (_, ticket) = admit(&order, "k", "m4", false).await;
     assert_eq!(parked(&ticket), PARK);
@@ -128,7 +144,7 @@ async fn a_dead_letter_releases_its_key_or_holds_it() {
     assert_eq!(hold.held()[0].2, HoldKind::DeadLetter);
     let (_, admission) = admit(&hold, "k", "m2", false).await;
     assert_eq!(parked(&admission), PARK);
-    hold.let_go_of("k", &id("m1"));
+    let_go(&hold, "k", "m1");
     assert_eq!(
         hold.held()[0].2,
         HoldKind::Releasing,
@@ -186,9 +202,9 @@ async fn a_key_with_two_holders_releases_only_once_both_have_gone() {
     let (turn, admission) = admit(&order, "k", "m1", false).await;
     assert_eq!(parked(&admission), SEND, "it came first");
     turn.finish(Outcome::Refused);
-    assert_eq!(order.holders().len(), 2);
+    assert_eq!(holders(&order).len(), 2);
 
-    order.let_go_of("k", &id("m1"));
+    let_go(&order, "k", "m1");
     assert_eq!(order.held()[0].2, HoldKind::Retrying, "m2 still holds");
     assert!(order.releasing(10).is_empty());
     let (_, admission) = admit(&order, "k", "m3", false).await;
@@ -212,7 +228,7 @@ async fn a_turn_dropped_without_an_answer_lets_the_next_wait_end_but_holds_its_k
         .await
         .expect("the wait ends once the turn before is dropped");
     assert!(matches!(second.admit(), Admission::Park(_)));
-    assert_eq!(order.holders(), [("k".to_owned(), id("m1"))]);
+    assert_eq!(holders(&order), [("k".to_owned(), id("m1"))]);
 
     let (turn, admission) = admit(&order, "k", "m1", false).await;
     assert_eq!(parked(&admission), SEND);
@@ -230,7 +246,7 @@ async fn a_parked_turn_passes_the_key_on_without_holding_it() {
     let mut next = order.enter("k", &id("m3"), false);
     assert!(next.first(), "nothing of k is on the wire");
     drop(parked_turn);
-    assert_eq!(order.holders(), [("k".to_owned(), id("m1"))]);
+    assert_eq!(holders(&order), [("k".to_owned(), id("m1"))]);
 }
 
 #[tokio::test]
@@ -256,10 +272,25 @@ async fn holds_found_later_are_adopted_for_keys_not_held_already() {
     ]);
     assert_eq!(adopted, 1);
     assert_eq!(
-        order.holders(),
+        holders(&order),
         [("known".to_owned(), id("k1"))],
         "a key held already keeps what this relay knows of it"
     );
     assert_eq!(kinds(&order)["stranded"], HoldKind::Releasing);
     assert_eq!(order.releasing(10)[0].0, "stranded");
+}
+
+#[tokio::test]
+async fn a_check_lets_go_of_no_holder_taken_on_again_since_it_read() {
+    let order = order(Vec::new(), DeadLetters::Release);
+    let (turn, _) = admit(&order, "k", "m1", false).await;
+    turn.finish(Outcome::Refused);
+    let (_, _, read_at) = order.holders().remove(0);
+    // Another copy of m1 is refused after the check read the collection.
+    let (turn, _) = admit(&order, "k", "m1", false).await;
+    turn.finish(Outcome::Refused);
+    order.let_go_of("k", &id("m1"), read_at);
+    assert_eq!(holders(&order), [("k".to_owned(), id("m1"))]);
+    let_go(&order, "k", "m1");
+    assert_eq!(order.held()[0].2, HoldKind::Releasing);
 }

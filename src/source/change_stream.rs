@@ -69,19 +69,25 @@ impl ChangeStreamSource {
     pub async fn run(self, token: Option<ResumeToken>, output: Feed, shutdown: CancellationToken) {
         let mut position = token;
         let mut backoff = reconnect_backoff();
-        while let Some((events, caught_up)) =
-            self.resume(position.clone(), &output, &shutdown).await
+        // What a catch-up pass read, still to be skipped by a stream that
+        // broke before it passed the pass's snapshot.
+        let mut carried = None;
+        while let Some((events, caught_up)) = self
+            .resume(position.clone(), carried.take(), &output, &shutdown)
+            .await
         {
             match self.tail(events, caught_up, &output, &shutdown).await {
                 Tail::Stopped => return,
                 // A stream that breaks again where it broke before is
                 // reopened with backoff, not in a tight loop.
-                Tail::Broken(last) if last == position => {
+                Tail::Broken(last, caught_up) if last == position => {
+                    carried = Some(caught_up);
                     if !pause(&mut backoff, &shutdown).await {
                         return;
                     }
                 }
-                Tail::Broken(last) => {
+                Tail::Broken(last, caught_up) => {
+                    carried = Some(caught_up);
                     backoff = reconnect_backoff();
                     position = last;
                 }
@@ -133,17 +139,18 @@ impl ChangeStreamSource {
     /// Opens the stream after `token` or, where the stream cannot replay
     /// what came before (no token, or its history is gone), runs the
     /// catch-up pass and opens the stream where the pass's snapshot ends.
-    /// Returns the stream and the ids the pass queued; `None` if the relay
-    /// stopped.
+    /// Returns the stream and what the pass read (or, resumed, `carried`:
+    /// what an earlier pass read); `None` if the relay stopped.
     async fn resume(
         &self,
         token: Option<ResumeToken>,
+        carried: Option<CaughtUp>,
         output: &Feed,
         shutdown: &CancellationToken,
     ) -> Option<(Events, CaughtUp)> {
         if let Some(events) = self.open_resuming(token, shutdown).await? {
             self.metrics.set_role_unless_stopping(Role::Tailing);
-            return Some((events, CaughtUp::none()));
+            return Some((events, carried.unwrap_or_else(CaughtUp::none)));
         }
         let (events, upto, queued) = until_ok("MongoDB catch-up pass", shutdown, || {
             self.catch_up(output, shutdown)
@@ -306,7 +313,7 @@ impl ChangeStreamSource {
                 }
                 Err(error) => {
                     tracing::warn!(error = %error, "change stream failed; reopening it");
-                    return Tail::Broken(last);
+                    return Tail::Broken(last, caught_up);
                 }
             };
             if output.send(work).await.is_err() {
@@ -360,8 +367,9 @@ enum Position {
 enum Tail {
     /// Shutdown, or the pipeline closed.
     Stopped,
-    /// The stream failed; reopen after this position.
-    Broken(Option<ResumeToken>),
+    /// The stream failed; reopen after this position, still skipping what
+    /// the catch-up pass read.
+    Broken(Option<ResumeToken>, CaughtUp),
     /// The stream ended for good (invalidated, or its cursor closed).
     Ended,
 }
@@ -372,7 +380,10 @@ enum Tail {
 /// so its first events may be of messages the pass read already. Those
 /// the pass queued are skipped until the stream passes the snapshot's own
 /// time (no event after it can be in the snapshot), or, where the server
-/// did not say that time, for the grace period.
+/// did not say that time, for the grace period. The set is carried over a
+/// stream that breaks and resumes. (A server whose snapshot held commits
+/// after the time it reported would see those sent again, and JetStream
+/// drop the repeats.)
 struct CaughtUp {
     ids: HashSet<ObjectId>,
     /// The snapshot's cluster time, as the server reported it.

@@ -259,6 +259,7 @@ impl Sweeper {
                 // Should this fail, the pass's release below covers it.
                 if let Err(error) = self.release_one(&decoded.id, *claim).await {
                     tracing::debug!(%error, "could not give back one claim at once");
+                    read.left_claimed = true;
                 }
                 left += 1;
                 continue;
@@ -364,7 +365,7 @@ impl Sweeper {
     async fn check_holders(&self, order: &KeyOrder) -> Result<()> {
         let failed = |e| Error::mongo("sweep: reading the messages holding keys failed", e);
         for holders in order.holders().chunks(RELEASE_KEYS) {
-            let ids: Vec<&Bson> = holders.iter().map(|(_, id)| id).collect();
+            let ids: Vec<&Bson> = holders.iter().map(|(_, id, _)| id).collect();
             let found: Vec<Document> = self
                 .pipeline
                 .outbox
@@ -381,7 +382,7 @@ impl Sweeper {
                 .iter()
                 .filter_map(|d| Some((id_key(d.get(field::ID)?), d)))
                 .collect();
-            for (key, id) in holders {
+            for (key, id, version) in holders {
                 let holds = states.get(&id_key(id)).is_some_and(|document| {
                     match document.get_str(field::STATUS).unwrap_or_default() {
                         // Parked, it waits behind its key rather than holds it.
@@ -397,7 +398,7 @@ impl Sweeper {
                     }
                 });
                 if !holds {
-                    order.let_go_of(key, id);
+                    order.let_go_of(key, id, *version);
                 }
             }
         }
