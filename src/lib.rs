@@ -27,6 +27,7 @@
 //!
 //! Around them:
 //! - [`writer`]: adding messages inside an application's transaction;
+//! - [`inbox`]: the consumer's half, applying each message's effects once;
 //! - [`config`]: the settings, each declared once with its default, range
 //!   and help, and the config file;
 //! - [`connect`]: connecting to MongoDB as every command does;
@@ -50,6 +51,7 @@ pub mod config;
 pub mod connect;
 pub mod contract;
 pub mod error;
+pub mod inbox;
 pub mod lease;
 pub mod observe;
 pub mod order;

@@ -8,6 +8,7 @@ mod common;
 
 mod contract;
 mod coordination;
+mod inbox;
 mod leader;
 mod operate;
 mod order;

@@ -1,0 +1,131 @@
+//! What an inbox consumer counts, named and rendered as the relay's
+//! metrics are (`outbox_inbox_*`, the Prometheus text format), each by
+//! consumer, so several consumers in one service share one registry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConsumerLabel {
+    consumer: String,
+}
+
+#[derive(Clone)]
+struct HandlerBuckets;
+
+impl MetricConstructor<Histogram> for HandlerBuckets {
+    fn new_metric(&self) -> Histogram {
+        // 100 µs to about 52 s.
+        Histogram::new(exponential_buckets(0.0001, 2.0, 20))
+    }
+}
+
+struct Inner {
+    registry: Registry,
+    handled: Family<ConsumerLabel, Counter>,
+    repeats: Family<ConsumerLabel, Counter>,
+    failed: Family<ConsumerLabel, Counter>,
+    retried: Family<ConsumerLabel, Counter>,
+    handler_time: Family<ConsumerLabel, Histogram, HandlerBuckets>,
+}
+
+/// The inbox consumers' metrics; clones share them.
+#[derive(Clone)]
+pub struct InboxMetrics(Arc<Inner>);
+
+impl std::fmt::Debug for InboxMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InboxMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for InboxMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl InboxMetrics {
+    /// A fresh set, all names prefixed `outbox_inbox_`.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("outbox_inbox");
+        let handled = Family::<ConsumerLabel, Counter>::default();
+        let repeats = Family::<ConsumerLabel, Counter>::default();
+        let failed = Family::<ConsumerLabel, Counter>::default();
+        let retried = Family::<ConsumerLabel, Counter>::default();
+        let handler_time = Family::new_with_constructor(HandlerBuckets);
+        registry.register(
+            "handled",
+            "Messages handled: their effects and inbox record committed",
+            handled.clone(),
+        );
+        registry.register(
+            "repeats",
+            "Messages acknowledged without running the handler: the inbox had them handled",
+            repeats.clone(),
+        );
+        registry.register(
+            "failed",
+            "Messages given up on after their last attempt, recorded failed and terminated",
+            failed.clone(),
+        );
+        registry.register(
+            "retried",
+            "Handler failures followed by another attempt",
+            retried.clone(),
+        );
+        registry.register_with_unit(
+            "handler",
+            "Time the handler took, in the attempt that committed",
+            Unit::Seconds,
+            handler_time.clone(),
+        );
+        InboxMetrics(Arc::new(Inner {
+            registry,
+            handled,
+            repeats,
+            failed,
+            retried,
+            handler_time,
+        }))
+    }
+
+    /// Renders every metric in the Prometheus text format (version 0.0.4).
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut text, &self.0.registry);
+        text
+    }
+
+    fn label(consumer: &str) -> ConsumerLabel {
+        ConsumerLabel {
+            consumer: consumer.to_owned(),
+        }
+    }
+
+    pub(crate) fn handled(&self, consumer: &str, handler_time: Duration) {
+        let label = Self::label(consumer);
+        self.0.handled.get_or_create(&label).inc();
+        let histogram = self.0.handler_time.get_or_create(&label);
+        histogram.observe(handler_time.as_secs_f64());
+    }
+
+    pub(crate) fn repeat(&self, consumer: &str) {
+        self.0.repeats.get_or_create(&Self::label(consumer)).inc();
+    }
+
+    pub(crate) fn failed(&self, consumer: &str) {
+        self.0.failed.get_or_create(&Self::label(consumer)).inc();
+    }
+
+    pub(crate) fn retried(&self, consumer: &str) {
+        self.0.retried.get_or_create(&Self::label(consumer)).inc();
+    }
+}

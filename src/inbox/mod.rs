@@ -1,0 +1,296 @@
+//! The consumer's half of exactly once: an inbox that applies each
+//! message's effects once, for services that consume from JetStream and
+//! keep their state in MongoDB.
+//!
+//! The relay delivers at least once: a crash, an outage or a takeover can
+//! publish a message again, and JetStream drops repeats only within its
+//! duplicate window. A consumer built on [`Inbox`] records each message's
+//! `Nats-Msg-Id` in the same MongoDB transaction as the handler's effects,
+//! and acknowledges the message only after the commit, so a repeat, however
+//! late, finds the record and is acknowledged without running the handler.
+//! A crash between the commit and the acknowledgement leads to a
+//! redelivery that is skipped the same way.
+//!
+//! ```no_run
+//! # async fn example(db: mongodb::Database, nats: async_nats::Client) -> outbox_relay::Result<()> {
+//! use futures::FutureExt;
+//! use outbox_relay::inbox::{handler, Inbox};
+//!
+//! let inbox = Inbox::builder(&db, "billing").build().await?;
+//! let consumer = inbox
+//!     .consumer(async_nats::jetstream::new(nats), "OUTBOX")
+//!     .filter_subject("outbox.order.placed")
+//!     .bind()
+//!     .await?;
+//! let orders = db.collection::<bson::Document>("orders_seen");
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! consumer
+//!     .run(
+//!         handler(move |session, message| {
+//!             let orders = orders.clone();
+//!             async move {
+//!                 let order: bson::Document = message.json()?;
+//!                 orders.insert_one(order).session(session).await?;
+//!                 Ok(())
+//!             }
+//!             .boxed()
+//!         }),
+//!         shutdown,
+//!     )
+//!     .await
+//! # }
+//! ```
+//!
+//! Layout:
+//! - `record`: the inbox document, its indexes, and the writes that record
+//!   a message handled or failed;
+//! - `transaction`: one message in one transaction, retried as the drivers'
+//!   convenient transaction API does;
+//! - `consumer`: the JetStream pull consumer, concurrency with each key's
+//!   messages one at a time in stream order, retries and dead letters,
+//!   graceful shutdown;
+//! - `metrics`: what the consumer counts, in the Prometheus text format.
+//!
+//! A message without `Nats-Msg-Id` (not from the relay) is handled without
+//! deduplication: its handler runs for every delivery of it.
+
+mod consumer;
+mod metrics;
+mod record;
+mod transaction;
+
+use std::fmt;
+use std::time::Duration;
+
+use bson::Document;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use mongodb::{ClientSession, Collection, Database};
+
+pub use consumer::{AfterCommit, AfterCommitHook, Consumer, ConsumerBuilder};
+pub use metrics::InboxMetrics;
+pub use record::{field, status, FailedMessage, DEFAULT_COLLECTION, TTL_INDEX, UNIQUE_INDEX};
+
+use crate::error::{Error, Result};
+
+/// A consumer's inbox: where it records the messages it handled.
+#[derive(Clone, Debug)]
+pub struct Inbox {
+    collection: Collection<Document>,
+    consumer: String,
+    retention: Option<Duration>,
+    metrics: InboxMetrics,
+}
+
+/// Settings of an [`Inbox`]; [`InboxBuilder::build`] checks them and
+/// prepares the collection.
+#[derive(Debug)]
+pub struct InboxBuilder {
+    database: Database,
+    consumer: String,
+    collection: String,
+    retention: Option<Duration>,
+    metrics: Option<InboxMetrics>,
+}
+
+impl Inbox {
+    /// An inbox for the consumer named `consumer` (`"billing"`), in the
+    /// consumer's own database.
+    pub fn builder(database: &Database, consumer: &str) -> InboxBuilder {
+        InboxBuilder {
+            database: database.clone(),
+            consumer: consumer.to_owned(),
+            collection: DEFAULT_COLLECTION.to_owned(),
+            retention: None,
+            metrics: None,
+        }
+    }
+
+    /// A JetStream pull consumer on `stream` that handles its messages
+    /// through this inbox.
+    pub fn consumer(
+        &self,
+        jetstream: async_nats::jetstream::Context,
+        stream: &str,
+    ) -> ConsumerBuilder {
+        ConsumerBuilder::new(self.clone(), jetstream, stream)
+    }
+
+    /// The consumer's name.
+    pub fn name(&self) -> &str {
+        &self.consumer
+    }
+
+    /// The inbox collection.
+    pub fn collection(&self) -> &Collection<Document> {
+        &self.collection
+    }
+
+    /// What this inbox's consumers count.
+    pub fn metrics(&self) -> &InboxMetrics {
+        &self.metrics
+    }
+
+    /// The messages this consumer gave up on, newest first, up to `limit`,
+    /// and how many there are.
+    pub async fn failed(&self, limit: i64) -> Result<(u64, Vec<FailedMessage>)> {
+        record::failed_messages(&self.collection, &self.consumer, limit).await
+    }
+}
+
+impl InboxBuilder {
+    /// The inbox collection (default `inbox`).
+    pub fn collection(mut self, name: &str) -> Self {
+        self.collection = name.to_owned();
+        self
+    }
+
+    /// Keep records this long (TTL index on `expireAt`); a repeat older
+    /// than this is no longer recognised. Default: for ever.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = Some(retention);
+        self
+    }
+
+    /// Count into `metrics` (to serve one registry for several consumers).
+    pub fn metrics(mut self, metrics: InboxMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Checks the settings and ensures the inbox's indexes.
+    pub async fn build(self) -> Result<Inbox> {
+        if self.consumer.trim().is_empty() {
+            return Err(Error::Config(
+                "the inbox needs a consumer name (\"billing\", say)".into(),
+            ));
+        }
+        if self.collection.trim().is_empty() {
+            return Err(Error::Config(
+                "the inbox collection's name must not be empty".into(),
+            ));
+        }
+        if self.retention.is_some_and(|r| r < Duration::from_secs(1)) {
+            return Err(Error::Config(
+                "the inbox's retention must be at least 1s".into(),
+            ));
+        }
+        let collection = self.database.collection(&self.collection);
+        record::ensure_indexes(&collection).await?;
+        Ok(Inbox {
+            collection,
+            consumer: self.consumer,
+            retention: self.retention,
+            metrics: self.metrics.unwrap_or_default(),
+        })
+    }
+}
+
+/// A message as its handler sees it.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The subject it was published to.
+    pub subject: String,
+    /// Its body.
+    pub payload: Bytes,
+    /// Its headers, each name with its first value.
+    pub headers: Vec<(String, String)>,
+    /// `Nats-Msg-Id`: the outbox message's id, what repeats are known by.
+    pub message_id: Option<String>,
+    /// `Outbox-Key`: messages of one key are handled one at a time, in
+    /// stream order.
+    pub key: Option<String>,
+    /// Its sequence in the stream.
+    pub stream_sequence: u64,
+    /// Which attempt at handling it this is, from 1.
+    pub attempt: u64,
+}
+
+impl Delivery {
+    /// The first value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let mut headers = self.headers.iter();
+        headers
+            .find(|(header, _)| header.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// The payload read as JSON.
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> std::result::Result<T, HandlerError> {
+        serde_json::from_slice(&self.payload).map_err(HandlerError::new)
+    }
+}
+
+/// Why a handler did not handle a message. Any error converts into it; a
+/// MongoDB error labelled `TransientTransactionError` (a write conflict,
+/// say) runs the transaction again rather than counting as a failure.
+pub struct HandlerError(Box<dyn std::error::Error + Send + Sync>);
+
+impl HandlerError {
+    /// An error from anything that can be one.
+    pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        HandlerError(error.into())
+    }
+
+    /// The MongoDB error inside if it is transient, or else the error.
+    fn transient(self) -> std::result::Result<mongodb::error::Error, HandlerError> {
+        match self.0.downcast::<mongodb::error::Error>() {
+            Ok(error) if error.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR) => {
+                Ok(*error)
+            }
+            Ok(error) => Err(HandlerError(error)),
+            Err(other) => Err(HandlerError(other)),
+        }
+    }
+}
+
+impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<E> for HandlerError {
+    fn from(error: E) -> Self {
+        HandlerError::new(error)
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What handles messages: its writes go through `session`, which is in the
+/// message's transaction, so they commit with the inbox's record or not at
+/// all. Effects outside MongoDB are not undone by an abort: a handler may
+/// run more than once for one message (a transient error runs the
+/// transaction again), so keep them idempotent or leave them out.
+///
+/// Implemented for closures `|session, message| async move { .. }.boxed()`.
+pub trait Handler: Send + Sync + 'static {
+    fn handle<'a>(&'a self, session: &'a mut ClientSession, message: &'a Delivery) -> Handled<'a>;
+}
+
+/// What a handler returns: a future of its result.
+pub type Handled<'a> = BoxFuture<'a, std::result::Result<(), HandlerError>>;
+
+/// A handler from a closure `|session, message| async move { .. }.boxed()`:
+/// passed through here, the closure is known to take arguments of any
+/// lifetime, which a closure kept in a variable otherwise is not.
+pub fn handler<F>(handle: F) -> F
+where
+    F: for<'a> Fn(&'a mut ClientSession, &'a Delivery) -> Handled<'a> + Send + Sync + 'static,
+{
+    handle
+}
+
+impl<F> Handler for F
+where
+    F: for<'a> Fn(&'a mut ClientSession, &'a Delivery) -> Handled<'a> + Send + Sync + 'static,
+{
+    fn handle<'a>(&'a self, session: &'a mut ClientSession, message: &'a Delivery) -> Handled<'a> {
+        self(session, message)
+    }
+}

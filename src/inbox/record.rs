@@ -1,0 +1,247 @@
+//! The inbox document: one per message a consumer handled or gave up on,
+//! the contract a consumer in any language can follow with its driver.
+//!
+//! ```text
+//! { consumer: "billing", messageId: "<Nats-Msg-Id>", status: "handled",
+//!   subject, streamSequence, attempts, handledAt, expireAt }
+//! { consumer: "billing", messageId: "<Nats-Msg-Id>", status: "failed",
+//!   subject, streamSequence, attempts, failedAt, lastError, expireAt }
+//! ```
+//!
+//! The unique index `inbox_message` on `{consumer, messageId}` is what makes
+//! a repeat harmless. The record of a handled message is written in the same
+//! transaction as the handler's effects, by an upsert that matches only a
+//! record not yet `handled`: for a message handled before, the upsert
+//! inserts, meets the index and fails with a duplicate key, and the repeat
+//! is acknowledged unhandled. While another transaction holds an uncommitted
+//! record of the message, the upsert fails with a write conflict instead and
+//! is tried again, so two copies handled at once commit once. A `failed`
+//! record is taken over when the message comes again (replayed, say): it is
+//! handled like a new one.
+//!
+//! `expireAt` (with the TTL index `inbox_ttl`) is set where a retention is
+//! given: a repeat older than the retention is no longer recognised.
+
+use std::time::Duration;
+
+use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
+use mongodb::options::IndexOptions;
+use mongodb::{ClientSession, Collection, IndexModel};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// The inbox collection, unless the consumer names another.
+pub const DEFAULT_COLLECTION: &str = "inbox";
+
+/// Field names of the inbox document.
+pub mod field {
+    pub const CONSUMER: &str = "consumer";
+    pub const MESSAGE_ID: &str = "messageId";
+    pub const STATUS: &str = "status";
+    pub const SUBJECT: &str = "subject";
+    pub const STREAM_SEQUENCE: &str = "streamSequence";
+    pub const ATTEMPTS: &str = "attempts";
+    pub const HANDLED_AT: &str = "handledAt";
+    pub const FAILED_AT: &str = "failedAt";
+    pub const LAST_ERROR: &str = "lastError";
+    pub const EXPIRE_AT: &str = "expireAt";
+}
+
+/// Values of `status`.
+pub mod status {
+    pub const HANDLED: &str = "handled";
+    pub const FAILED: &str = "failed";
+}
+
+/// The unique index on `{consumer, messageId}`.
+pub const UNIQUE_INDEX: &str = "inbox_message";
+/// The TTL index on `expireAt`.
+pub const TTL_INDEX: &str = "inbox_ttl";
+
+/// MongoDB's DuplicateKey.
+const DUPLICATE_KEY: i32 = 11000;
+
+/// What the inbox records of one message.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry<'a> {
+    pub consumer: &'a str,
+    pub message_id: &'a str,
+    pub subject: &'a str,
+    pub stream_sequence: u64,
+    pub attempts: u64,
+}
+
+impl Entry<'_> {
+    fn key(&self) -> Document {
+        doc! { field::CONSUMER: self.consumer, field::MESSAGE_ID: self.message_id }
+    }
+
+    fn fields(&self, status: &str, now: DateTime, retention: Option<Duration>) -> Document {
+        let mut fields = doc! {
+            field::STATUS: status,
+            field::SUBJECT: self.subject,
+            field::STREAM_SEQUENCE: i64::try_from(self.stream_sequence).unwrap_or(i64::MAX),
+            field::ATTEMPTS: i64::try_from(self.attempts).unwrap_or(i64::MAX),
+        };
+        if let Some(retention) = retention {
+            let millis = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+            let expire_at = DateTime::from_millis(now.timestamp_millis().saturating_add(millis));
+            fields.insert(field::EXPIRE_AT, expire_at);
+        }
+        fields
+    }
+}
+
+/// Ensures the unique index that recognises repeats and the TTL index that
+/// ends records past their `expireAt`.
+pub(crate) async fn ensure_indexes(inbox: &Collection<Document>) -> Result<()> {
+    let unique = IndexModel::builder()
+        .keys(doc! { field::CONSUMER: 1, field::MESSAGE_ID: 1 })
+        .options(
+            IndexOptions::builder()
+                .name(UNIQUE_INDEX.to_owned())
+                .unique(true)
+                .build(),
+        )
+        .build();
+    let ttl = IndexModel::builder()
+        .keys(doc! { field::EXPIRE_AT: 1 })
+        .options(
+            IndexOptions::builder()
+                .name(TTL_INDEX.to_owned())
+                .expire_after(Duration::ZERO)
+                .build(),
+        )
+        .build();
+    inbox
+        .create_indexes([unique, ttl])
+        .await
+        .map_err(|e| Error::mongo("creating the inbox's indexes failed", e))?;
+    Ok(())
+}
+
+/// Records `entry` as handled inside the session's transaction. `Ok(false)`:
+/// the message was handled before (the transaction is then aborted by the
+/// server, and must be given up).
+pub(crate) async fn record_handled(
+    inbox: &Collection<Document>,
+    session: &mut ClientSession,
+    entry: &Entry<'_>,
+    now: DateTime,
+    retention: Option<Duration>,
+) -> mongodb::error::Result<bool> {
+    let mut filter = entry.key();
+    filter.insert(field::STATUS, doc! { "$ne": status::HANDLED });
+    let mut set = entry.fields(status::HANDLED, now, retention);
+    set.insert(field::HANDLED_AT, now);
+    let update = doc! {
+        "$set": set,
+        "$unset": { field::FAILED_AT: "", field::LAST_ERROR: "" },
+    };
+    match inbox
+        .update_one(filter, update)
+        .upsert(true)
+        .session(session)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(error) if is_duplicate_key(&error) => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+/// Records `entry` as failed with `error`, for a person to see, unless a
+/// copy of it was handled meanwhile.
+pub(crate) async fn record_failed(
+    inbox: &Collection<Document>,
+    entry: &Entry<'_>,
+    error: &str,
+    now: DateTime,
+    retention: Option<Duration>,
+) -> mongodb::error::Result<()> {
+    let mut filter = entry.key();
+    filter.insert(field::STATUS, doc! { "$ne": status::HANDLED });
+    let mut set = entry.fields(status::FAILED, now, retention);
+    set.insert(field::FAILED_AT, now);
+    set.insert(field::LAST_ERROR, error);
+    match inbox
+        .update_one(filter, doc! { "$set": set })
+        .upsert(true)
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Handled meanwhile: nothing failed.
+        Err(error) if is_duplicate_key(&error) => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+/// Whether a write failed on a unique index.
+fn is_duplicate_key(error: &mongodb::error::Error) -> bool {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    match &*error.kind {
+        ErrorKind::Write(WriteFailure::WriteError(write)) => write.code == DUPLICATE_KEY,
+        ErrorKind::Command(command) => command.code == DUPLICATE_KEY,
+        _ => false,
+    }
+}
+
+/// One message a consumer gave up on, as `outbox-relay inbox list` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FailedMessage {
+    pub message_id: String,
+    pub subject: Option<String>,
+    pub stream_sequence: Option<i64>,
+    pub attempts: Option<i64>,
+    pub failed_at: Option<String>,
+    pub last_error: Option<String>,
+}
+
+impl FailedMessage {
+    fn read(document: &Document) -> Self {
+        let number = |name: &str| match document.get(name) {
+            Some(Bson::Int64(n)) => Some(*n),
+            Some(Bson::Int32(n)) => Some(i64::from(*n)),
+            _ => None,
+        };
+        let text = |name: &str| document.get_str(name).ok().map(str::to_owned);
+        FailedMessage {
+            message_id: text(field::MESSAGE_ID).unwrap_or_default(),
+            subject: text(field::SUBJECT),
+            stream_sequence: number(field::STREAM_SEQUENCE),
+            attempts: number(field::ATTEMPTS),
+            failed_at: document
+                .get_datetime(field::FAILED_AT)
+                .ok()
+                .and_then(|at| at.try_to_rfc3339_string().ok()),
+            last_error: text(field::LAST_ERROR),
+        }
+    }
+}
+
+/// The messages `consumer` gave up on, newest first, up to `limit`, and
+/// how many there are.
+pub async fn failed_messages(
+    inbox: &Collection<Document>,
+    consumer: &str,
+    limit: i64,
+) -> Result<(u64, Vec<FailedMessage>)> {
+    let failed = |e| Error::mongo("reading the inbox's failed messages failed", e);
+    let filter = doc! { field::CONSUMER: consumer, field::STATUS: status::FAILED };
+    let total = inbox
+        .count_documents(filter.clone())
+        .await
+        .map_err(failed)?;
+    let newest: Vec<Document> = inbox
+        .find(filter)
+        .sort(doc! { field::FAILED_AT: -1 })
+        .limit(limit)
+        .await
+        .map_err(failed)?
+        .try_collect()
+        .await
+        .map_err(failed)?;
+    Ok((total, newest.iter().map(FailedMessage::read).collect()))
+}

@@ -1,0 +1,188 @@
+//! One message handled in one transaction, retried as MongoDB's drivers
+//! specify for their convenient transaction API.
+//!
+//! The record goes first, then the handler's writes, in the same session:
+//! all commit or none does. An error labelled `TransientTransactionError`
+//! (a write conflict, an election, a network failure), whether from the
+//! record, from the handler's own writes, or from the commit, means the
+//! server aborted the transaction: it is run again from the start, and the
+//! handler with it, whose earlier effects went with the abort. A commit
+//! whose result is unknown (`UnknownTransactionCommitResult`) is committed
+//! again, not run again, since it may have taken effect. Either retry stops
+//! after [`RETRY_LIMIT`], as the drivers' does.
+
+use std::time::{Duration, Instant};
+
+use backoff::backoff::Backoff;
+
+use bson::{DateTime, Document};
+use mongodb::error::{TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT};
+use mongodb::options::{Acknowledgment, WriteConcern};
+use mongodb::{Client, ClientSession, Collection};
+
+use super::record::{record_handled, Entry};
+use super::{Delivery, Handler, HandlerError};
+
+/// How long a transaction is run again, or a commit tried again, after
+/// transient errors: the limit of the drivers' convenient transaction API.
+pub(crate) const RETRY_LIMIT: Duration = Duration::from_secs(120);
+
+/// MaxTimeMSExpired: a commit that timed out is not tried again.
+const MAX_TIME_MS_EXPIRED: i32 = 50;
+
+/// How a message's transaction ended.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// The record and the handler's effects committed.
+    Committed {
+        /// How long the handler ran, in the attempt that committed.
+        handler_time: Duration,
+    },
+    /// The message was handled before: nothing was run.
+    Repeat,
+    /// The handler returned an error: nothing committed.
+    Failed(HandlerError),
+    /// MongoDB failed in a way no retry here mends (it is down, or the
+    /// transient errors outlasted the limit): nothing is known committed
+    /// but what a commit of unknown result may have done.
+    Mongo(mongodb::error::Error),
+}
+
+/// Where a message's transaction runs.
+pub(crate) struct Transaction<'a> {
+    pub client: &'a Client,
+    pub inbox: &'a Collection<Document>,
+    pub retention: Option<Duration>,
+}
+
+impl Transaction<'_> {
+    /// Handles `delivery` once in a transaction with its record
+    /// (`entry`; without one, the handler alone).
+    pub async fn run(
+        &self,
+        handler: &dyn Handler,
+        delivery: &Delivery,
+        entry: Option<&Entry<'_>>,
+    ) -> Outcome {
+        let started = Instant::now();
+        let mut session = match self.client.start_session().await {
+            Ok(session) => session,
+            Err(error) => return Outcome::Mongo(error),
+        };
+        let mut backoff = conflict_backoff();
+        loop {
+            let attempt = self.attempt(&mut session, handler, delivery, entry).await;
+            match attempt {
+                Attempt::Done(outcome) => return outcome,
+                Attempt::Again(error) => match backoff.next_backoff() {
+                    Some(pause) if started.elapsed() < RETRY_LIMIT => {
+                        tracing::debug!(error = %error, "transient transaction error; running it again");
+                        tokio::time::sleep(pause).await;
+                    }
+                    _ => return Outcome::Mongo(error),
+                },
+            }
+        }
+    }
+
+    /// One run of the transaction, from its start to its commit.
+    async fn attempt(
+        &self,
+        session: &mut ClientSession,
+        handler: &dyn Handler,
+        delivery: &Delivery,
+        entry: Option<&Entry<'_>>,
+    ) -> Attempt {
+        let majority = WriteConcern::builder().w(Acknowledgment::Majority).build();
+        if let Err(error) = session.start_transaction().write_concern(majority).await {
+            return Attempt::from_error(error);
+        }
+        if let Some(entry) = entry {
+            let recorded =
+                record_handled(self.inbox, session, entry, DateTime::now(), self.retention).await;
+            match recorded {
+                Ok(true) => {}
+                Ok(false) => {
+                    abort(session).await;
+                    return Attempt::Done(Outcome::Repeat);
+                }
+                Err(error) => {
+                    abort(session).await;
+                    return Attempt::from_error(error);
+                }
+            }
+        }
+        let began = Instant::now();
+        let handled = handler.handle(session, delivery).await;
+        let handler_time = began.elapsed();
+        if let Err(error) = handled {
+            abort(session).await;
+            return match error.transient() {
+                Ok(error) => Attempt::Again(error),
+                Err(error) => Attempt::Done(Outcome::Failed(error)),
+            };
+        }
+        match commit(session).await {
+            Ok(()) => Attempt::Done(Outcome::Committed { handler_time }),
+            Err(error) => Attempt::from_error(error),
+        }
+    }
+}
+
+/// The pause before a transaction is run again: short and growing, with
+/// jitter, so that two transactions that conflicted do not meet again.
+fn conflict_backoff() -> backoff::ExponentialBackoff {
+    backoff::ExponentialBackoff {
+        initial_interval: Duration::from_millis(5),
+        max_interval: Duration::from_millis(500),
+        max_elapsed_time: None,
+        ..Default::default()
+    }
+}
+
+/// One run's end: an outcome, or a transient error to run again after.
+enum Attempt {
+    Done(Outcome),
+    Again(mongodb::error::Error),
+}
+
+impl Attempt {
+    fn from_error(error: mongodb::error::Error) -> Self {
+        if error.contains_label(TRANSIENT_TRANSACTION_ERROR) {
+            Attempt::Again(error)
+        } else {
+            Attempt::Done(Outcome::Mongo(error))
+        }
+    }
+}
+
+/// Commits, again while the result is unknown (up to [`RETRY_LIMIT`]).
+async fn commit(session: &mut ClientSession) -> mongodb::error::Result<()> {
+    let started = Instant::now();
+    loop {
+        match session.commit_transaction().await {
+            Ok(()) => return Ok(()),
+            Err(error)
+                if error.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT)
+                    && !timed_out(&error)
+                    && started.elapsed() < RETRY_LIMIT =>
+            {
+                tracing::debug!(error = %error, "commit result unknown; committing again");
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+fn timed_out(error: &mongodb::error::Error) -> bool {
+    matches!(&*error.kind, mongodb::error::ErrorKind::Command(c) if c.code == MAX_TIME_MS_EXPIRED)
+}
+
+/// Aborts the session's transaction. An error is no matter: the server
+/// aborted it already (an error it raised does), or ends it when it times
+/// out.
+async fn abort(session: &mut ClientSession) {
+    if let Err(error) = session.abort_transaction().await {
+        tracing::debug!(error = %error, "aborting a transaction failed");
+    }
+}

@@ -1,0 +1,508 @@
+//! The inbox against the real servers: each message's effects applied once
+//! through repeats beyond JetStream's duplicate window, a crash between
+//! commit and acknowledgement, handler failures and write conflicts; each
+//! key's messages handled in stream order under concurrency.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use async_nats::HeaderMap;
+use bson::{doc, oid::ObjectId, Document};
+use futures::FutureExt;
+use mongodb::{ClientSession, Collection};
+use outbox_relay::inbox::{
+    handler, AfterCommit, Consumer, ConsumerBuilder, Delivery, Handler, HandlerError, Inbox,
+    InboxMetrics,
+};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{wait_until, TestEnv, WAIT};
+
+/// Publishes `body` to the test's stream as the relay would: with the
+/// message id and, if given, the key.
+async fn publish(
+    env: &TestEnv,
+    subject: &str,
+    id: &str,
+    key: Option<&str>,
+) -> jetstream::context::PublishAckFuture {
+    let mut headers = HeaderMap::new();
+    headers.insert("Nats-Msg-Id", id);
+    if let Some(key) = key {
+        headers.insert("Outbox-Key", key);
+    }
+    let body = serde_json::to_vec(&serde_json::json!({ "id": id })).unwrap();
+    env.jetstream
+        .publish_with_headers(format!("{}.{subject}", env.prefix), headers, body.into())
+        .await
+        .expect("publish")
+}
+
+/// Publishes and waits for JetStream to store it (or drop it as a repeat);
+/// whether it was stored as new.
+async fn publish_stored(env: &TestEnv, subject: &str, id: &str, key: Option<&str>) -> bool {
+    let ack = publish(env, subject, id, key).await.await.expect("stored");
+    !ack.duplicate
+}
+
+/// An inbox for consumer `billing` in the test's database.
+async fn inbox(env: &TestEnv, metrics: &InboxMetrics) -> Inbox {
+    Inbox::builder(&env.db, "billing")
+        .metrics(metrics.clone())
+        .build()
+        .await
+        .expect("an inbox")
+}
+
+/// A consumer of the test's stream with quick retries and a short ack wait.
+fn quick(inbox: &Inbox, env: &TestEnv) -> ConsumerBuilder {
+    inbox
+        .consumer(env.jetstream.clone(), &env.stream)
+        .retry_delay(Duration::from_millis(20), Duration::from_millis(50))
+        .ack_wait(Duration::from_secs(1))
+}
+
+/// A running consumer and the way to stop it.
+struct Running {
+    shutdown: CancellationToken,
+    task: JoinHandle<outbox_relay::Result<()>>,
+}
+
+impl Running {
+    fn start<H: Handler>(consumer: Consumer, handler: H) -> Self {
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(consumer.run(handler, shutdown.clone()));
+        Running { shutdown, task }
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("the consumer stops in time")
+            .expect("the consumer did not panic")
+            .expect("the consumer ran without error");
+    }
+}
+
+/// A counter a handler adds to, inside the message's transaction.
+async fn count(
+    session: &mut ClientSession,
+    effects: &Collection<Document>,
+    name: &str,
+) -> Result<(), HandlerError> {
+    effects
+        .update_one(doc! { "_id": name }, doc! { "$inc": { "n": 1 } })
+        .upsert(true)
+        .session(session)
+        .await?;
+    Ok(())
+}
+
+/// A handler that adds one to counter `name` for every message.
+fn counting(effects: &Collection<Document>, name: &'static str) -> impl Handler {
+    let effects = effects.clone();
+    handler(move |session, _| {
+        let effects = effects.clone();
+        async move { count(session, &effects, name).await }.boxed()
+    })
+}
+
+async fn counted(effects: &Collection<Document>, name: &str) -> i64 {
+    let found = effects.find_one(doc! { "_id": name }).await.unwrap();
+    found.map_or(0, |d| {
+        d.get_i32("n")
+            .map(i64::from)
+            .or_else(|_| d.get_i64("n"))
+            .unwrap_or(0)
+    })
+}
+
+/// The value of one of the inbox's metrics for consumer `billing`.
+fn metric(metrics: &InboxMetrics, name: &str) -> u64 {
+    let line = format!("outbox_inbox_{name}_total{{consumer=\"billing\"}} ");
+    let text = metrics.render();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&line))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+async fn wait_metric(metrics: &InboxMetrics, name: &str, value: u64) {
+    wait_until(&format!("{name} to reach {value}"), || async {
+        metric(metrics, name) >= value
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_message_published_again_past_the_duplicate_window_is_applied_once() {
+    let env = TestEnv::new().await;
+    let mut stream = env.jetstream.get_stream(&env.stream).await.unwrap();
+    let mut config = stream.info().await.unwrap().config.clone();
+    config.duplicate_window = Duration::from_millis(200);
+    env.jetstream.update_stream(config).await.unwrap();
+
+    let id = ObjectId::new().to_hex();
+    assert!(publish_stored(&env, "order.placed", &id, None).await);
+    // Published again until JetStream has forgotten the id and stores it.
+    wait_until("JetStream to store the repeat", || async {
+        publish_stored(&env, "order.placed", &id, None).await
+    })
+    .await;
+
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let effects = env.db.collection::<Document>("effects");
+    let handler = counting(&effects, "orders");
+    let consumer = Running::start(quick(&inbox, &env).bind().await.unwrap(), handler);
+    wait_metric(&metrics, "repeats", 1).await;
+    assert_eq!(metric(&metrics, "handled"), 1);
+    assert_eq!(counted(&effects, "orders").await, 1, "applied once");
+    let record = inbox
+        .collection()
+        .find_one(doc! { "consumer": "billing", "messageId": &id })
+        .await
+        .unwrap()
+        .expect("the inbox holds the message");
+    assert_eq!(record.get_str("status").unwrap(), "handled");
+    consumer.stop().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_crash_between_commit_and_acknowledgement_is_skipped_on_redelivery() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let effects = env.db.collection::<Document>("effects");
+    let abandoned = Arc::new(AtomicU64::new(0));
+    let hook = {
+        let abandoned = abandoned.clone();
+        Arc::new(move |_: &Delivery| {
+            // The first commit is left unacknowledged, as by a crash.
+            match abandoned.fetch_add(1, Ordering::SeqCst) {
+                0 => AfterCommit::Abandon,
+                _ => AfterCommit::Acknowledge,
+            }
+        })
+    };
+    let consumer = quick(&inbox, &env).after_commit(hook).bind().await.unwrap();
+    let handler = counting(&effects, "orders");
+    let running = Running::start(consumer, handler);
+    assert!(publish_stored(&env, "order.placed", &ObjectId::new().to_hex(), None).await);
+    wait_metric(&metrics, "repeats", 1).await;
+    assert_eq!(metric(&metrics, "handled"), 1);
+    assert_eq!(counted(&effects, "orders").await, 1, "applied once");
+    running.stop().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_failing_handler_is_retried_then_recorded_failed_and_terminated_while_others_go_on() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let effects = env.db.collection::<Document>("effects");
+    // The attempts each subject's handler saw (a transaction run again
+    // after a transient error runs its handler again, in the same attempt).
+    let attempts: Arc<Mutex<HashMap<String, BTreeSet<u64>>>> = Arc::default();
+    let calls: Arc<Mutex<Vec<String>>> = Arc::default();
+    let handler = {
+        let (effects, attempts, calls) = (effects.clone(), attempts.clone(), calls.clone());
+        handler(move |session, message| {
+            let (effects, attempts, calls) = (effects.clone(), attempts.clone(), calls.clone());
+            let (subject, attempt) = (message.subject.clone(), message.attempt);
+            async move {
+                attempts
+                    .lock()
+                    .unwrap()
+                    .entry(subject.clone())
+                    .or_default()
+                    .insert(attempt);
+                calls.lock().unwrap().push(subject.clone());
+                count(session, &effects, &subject).await?;
+                if subject.ends_with("twice") && attempt <= 2 {
+                    return Err(HandlerError::new(format!("failing attempt {attempt}")));
+                }
+                if subject.ends_with("always") {
+                    return Err(HandlerError::new("this message cannot be handled"));
+                }
+                Ok(())
+            }
+            .boxed()
+        })
+    };
+    let consumer = quick(&inbox, &env).max_deliveries(3).bind().await.unwrap();
+    let running = Running::start(consumer, handler);
+    // Without a key (redelivered by JetStream) and with one (retried in
+    // place); the always failing one holds back its key's next message.
+    let always = ObjectId::new().to_hex();
+    for (subject, key) in [
+        ("unkeyed.twice", None),
+        ("keyed.twice", Some("k1")),
+        ("keyed.always", Some("k2")),
+        ("keyed.after", Some("k2")),
+        ("other", Some("k3")),
+    ] {
+        let id = if subject == "keyed.always" {
+            always.clone()
+        } else {
+            ObjectId::new().to_hex()
+        };
+        assert!(publish_stored(&env, subject, &id, key).await);
+    }
+    wait_metric(&metrics, "failed", 1).await;
+    wait_metric(&metrics, "handled", 4).await;
+    let prefix = &env.prefix;
+    for subject in ["unkeyed.twice", "keyed.twice", "keyed.after", "other"] {
+        assert_eq!(
+            counted(&effects, &format!("{prefix}.{subject}")).await,
+            1,
+            "{subject} applied once, though tried more often"
+        );
+    }
+    assert_eq!(
+        counted(&effects, &format!("{prefix}.keyed.always")).await,
+        0,
+        "a failed attempt's effects are rolled back"
+    );
+    let tried = attempts.lock().unwrap().clone();
+    let three = BTreeSet::from([1, 2, 3]);
+    assert_eq!(tried[&format!("{prefix}.unkeyed.twice")], three);
+    assert_eq!(tried[&format!("{prefix}.keyed.twice")], three);
+    assert_eq!(
+        tried[&format!("{prefix}.keyed.always")],
+        three,
+        "max_deliveries attempts"
+    );
+    let calls = calls.lock().unwrap().clone();
+    let last_always = calls.iter().rposition(|s| s.ends_with("keyed.always"));
+    let first_after = calls.iter().position(|s| s.ends_with("keyed.after"));
+    assert!(
+        first_after > last_always,
+        "k2's next message waited until the failing one was given up: {calls:?}"
+    );
+
+    let (total, failed) = inbox.failed(10).await.unwrap();
+    assert_eq!(total, 1);
+    assert_eq!(failed[0].message_id, always);
+    assert_eq!(failed[0].attempts, Some(3));
+    assert_eq!(
+        failed[0].last_error.as_deref(),
+        Some("this message cannot be handled")
+    );
+    // Terminated: JetStream holds nothing unacknowledged for the consumer.
+    wait_until("no message pending acknowledgement", || async {
+        let mut consumer: jetstream::consumer::PullConsumer = env
+            .jetstream
+            .get_stream(&env.stream)
+            .await
+            .unwrap()
+            .get_consumer("billing")
+            .await
+            .unwrap();
+        let info = consumer.info().await.unwrap();
+        info.num_ack_pending == 0 && info.num_pending == 0
+    })
+    .await;
+    running.stop().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn with_sixteen_at_once_each_of_fifty_keys_is_handled_in_stream_order() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let seen: Arc<Mutex<HashMap<String, Vec<u64>>>> = Arc::default();
+    let running_now = Arc::new(AtomicU64::new(0));
+    let most_at_once = Arc::new(AtomicU64::new(0));
+    let handler = {
+        let (seen, running_now, most_at_once) =
+            (seen.clone(), running_now.clone(), most_at_once.clone());
+        handler(move |_, message| {
+            let (seen, running_now, most_at_once) =
+                (seen.clone(), running_now.clone(), most_at_once.clone());
+            let (key, sequence) = (
+                message.key.clone().unwrap_or_default(),
+                message.stream_sequence,
+            );
+            async move {
+                let now = running_now.fetch_add(1, Ordering::SeqCst) + 1;
+                most_at_once.fetch_max(now, Ordering::SeqCst);
+                // Long enough for other keys to overlap this one.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                seen.lock().unwrap().entry(key).or_default().push(sequence);
+                running_now.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            }
+            .boxed()
+        })
+    };
+    let consumer = quick(&inbox, &env).concurrency(16).bind().await.unwrap();
+    let running = Running::start(consumer, handler);
+    let mut published: HashMap<String, Vec<u64>> = HashMap::new();
+    let mut acks = Vec::new();
+    for round in 0..10 {
+        for key in 0..50 {
+            let key = format!("key{key}");
+            let ack = publish(
+                &env,
+                &format!("order.r{round}"),
+                &ObjectId::new().to_hex(),
+                Some(&key),
+            )
+            .await;
+            acks.push((key, ack));
+        }
+    }
+    for (key, ack) in acks {
+        let sequence = ack.await.unwrap().sequence;
+        published.entry(key).or_default().push(sequence);
+    }
+    wait_metric(&metrics, "handled", 500).await;
+    let seen = seen.lock().unwrap().clone();
+    for (key, mut sequences) in published {
+        sequences.sort_unstable();
+        assert_eq!(seen[&key], sequences, "{key} in stream order, each once");
+    }
+    assert!(
+        most_at_once.load(Ordering::SeqCst) > 1,
+        "keys were handled side by side"
+    );
+    assert!(
+        most_at_once.load(Ordering::SeqCst) <= 16,
+        "never more than 16 at once"
+    );
+    running.stop().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_write_conflict_with_a_concurrent_writer_is_retried_and_applied_once() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let effects = env.db.collection::<Document>("effects");
+    effects
+        .insert_one(doc! { "_id": "order", "handled": 0, "other": 0 })
+        .await
+        .unwrap();
+    let attempts = Arc::new(AtomicU64::new(0));
+    let handler = {
+        let (client, effects, attempts) = (env.client.clone(), effects.clone(), attempts.clone());
+        handler(move |session, _| {
+            let (client, effects, attempts) = (client.clone(), effects.clone(), attempts.clone());
+            async move {
+                let attempt = attempts.fetch_add(1, Ordering::SeqCst) + 1;
+                // On the first attempt another writer's transaction holds
+                // the document: this one's write conflicts.
+                let mut other = None;
+                if attempt == 1 {
+                    let mut writer = client.start_session().await?;
+                    writer.start_transaction().await?;
+                    effects
+                        .update_one(doc! { "_id": "order" }, doc! { "$inc": { "other": 1 } })
+                        .session(&mut writer)
+                        .await?;
+                    other = Some(writer);
+                }
+                let written = effects
+                    .update_one(doc! { "_id": "order" }, doc! { "$inc": { "handled": 1 } })
+                    .session(session)
+                    .await;
+                if let Some(mut writer) = other {
+                    writer.commit_transaction().await?;
+                }
+                written?;
+                Ok(())
+            }
+            .boxed()
+        })
+    };
+    let running = Running::start(quick(&inbox, &env).bind().await.unwrap(), handler);
+    assert!(publish_stored(&env, "order.placed", &ObjectId::new().to_hex(), None).await);
+    wait_metric(&metrics, "handled", 1).await;
+    let order = effects
+        .find_one(doc! { "_id": "order" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(order.get_i32("handled").unwrap(), 1, "applied once");
+    assert_eq!(
+        order.get_i32("other").unwrap(),
+        1,
+        "the other writer's change stands"
+    );
+    assert!(
+        attempts.load(Ordering::SeqCst) >= 2,
+        "the transaction ran again"
+    );
+    assert_eq!(
+        metric(&metrics, "retried"),
+        0,
+        "a conflict is no failed attempt"
+    );
+    running.stop().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_message_without_an_id_is_handled_every_time_it_comes() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let effects = env.db.collection::<Document>("effects");
+    let handler = counting(&effects, "plain");
+    let running = Running::start(quick(&inbox, &env).bind().await.unwrap(), handler);
+    for _ in 0..2 {
+        env.jetstream
+            .publish(format!("{}.plain", env.prefix), "{}".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    wait_metric(&metrics, "handled", 2).await;
+    assert_eq!(
+        counted(&effects, "plain").await,
+        2,
+        "no deduplication without Nats-Msg-Id"
+    );
+    assert_eq!(
+        inbox.collection().count_documents(doc! {}).await.unwrap(),
+        0,
+        "and no record"
+    );
+    running.stop().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn bad_settings_and_a_missing_stream_are_explained() {
+    let env = TestEnv::new().await;
+    let error = Inbox::builder(&env.db, " ").build().await.unwrap_err();
+    assert!(error.to_string().contains("consumer name"), "{error}");
+    let inbox = inbox(&env, &InboxMetrics::new()).await;
+    let error = inbox
+        .consumer(env.jetstream.clone(), &env.stream)
+        .concurrency(0)
+        .bind()
+        .await
+        .err()
+        .expect("refused");
+    assert!(error.to_string().contains("concurrency"), "{error}");
+    let error = inbox
+        .consumer(env.jetstream.clone(), "NO_SUCH_STREAM")
+        .bind()
+        .await
+        .err()
+        .expect("refused");
+    assert!(error.to_string().contains("NO_SUCH_STREAM"), "{error}");
+    env.drop().await;
+}
