@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Document};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use outbox_relay::{MessageType, NewMessage, Outbox};
 use serde::Serialize;
 use tokio::time::Instant;
@@ -102,22 +102,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let outbox = Outbox::new(&db);
             let orders = db.collection::<Document>("orders");
             while let Ok(n) = ticks_rx.recv().await {
-                // A transaction that conflicts with a concurrent one is
-                // retried, as MongoDB's TransientTransactionError label asks.
-                for attempt in 1..=5 {
-                    let placed = place_order(&client, &outbox, &orders, n, &committed)
-                        .await
-                        .map_err(|e| (is_transient(e.as_ref()), brief(e.as_ref())));
-                    match placed {
-                        Ok(()) => break,
-                        Err((true, _)) if attempt < 5 => {
-                            tokio::time::sleep(Duration::from_millis(5 * attempt)).await;
-                        }
-                        Err((_, why)) => {
-                            eprintln!("order {n} failed: {why}");
-                            break;
-                        }
-                    }
+                if let Err(error) = place_order(&client, &outbox, &orders, n, &committed).await {
+                    eprintln!("order {n} failed: {}", brief(&error));
                 }
             }
         }));
@@ -165,48 +151,52 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Places order `n`: the order and its outbox message in one transaction.
+/// The driver's convenient transaction API runs it again after a transient
+/// error (a write conflict with a concurrent transaction, an election) and
+/// commits again when a commit's result is unknown.
 async fn place_order(
     client: &mongodb::Client,
     outbox: &Outbox,
     orders: &mongodb::Collection<Document>,
     n: i64,
     committed: &Mutex<HashMap<String, Instant>>,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> mongodb::error::Result<()> {
+    let customer = format!("customer-{}", n % 17);
+    let total_cents = 1999 + n % 500;
     let mut session = client.start_session().await?;
-    session.start_transaction().await?;
-    let order =
-        doc! { "n": n, "customer": format!("customer-{}", n % 17), "totalCents": 1999 + n % 500 };
-    orders.insert_one(order).session(&mut session).await?;
-    let event = OrderPlaced {
-        order: n,
-        customer: format!("customer-{}", n % 17),
-        total_cents: 1999 + n % 500,
-    };
-    let message = NewMessage::typed(&event)?
-        .key(n.to_string())
-        .correlation_id(ObjectId::new().to_hex());
-    let id = outbox.add(&mut session, message).await?;
-    let started = Instant::now();
-    if let Ok(mut committed) = committed.lock() {
-        committed.insert(id.to_hex(), started);
-    }
-    session.commit_transaction().await?;
-    Ok(())
-}
-
-fn is_transient(error: &(dyn std::error::Error + 'static)) -> bool {
-    error
-        .downcast_ref::<mongodb::error::Error>()
-        .is_some_and(|e| e.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR))
+    let context = (orders, outbox, committed);
+    session
+        .start_transaction()
+        .and_run(context, |session, (orders, outbox, committed)| {
+            let customer = customer.clone();
+            async move {
+                let order = doc! { "n": n, "customer": &customer, "totalCents": total_cents };
+                orders.insert_one(order).session(&mut *session).await?;
+                let event = OrderPlaced {
+                    order: n,
+                    customer,
+                    total_cents,
+                };
+                let message = NewMessage::typed(&event)?
+                    .key(n.to_string())
+                    .correlation_id(ObjectId::new().to_hex());
+                let id = outbox.add(session, message).await?;
+                // Taken before the commit, as the latency counts from it.
+                if let Ok(mut committed) = committed.lock() {
+                    committed.insert(id.to_hex(), Instant::now());
+                }
+                Ok(())
+            }
+            .boxed()
+        })
+        .await
 }
 
 /// A driver error in one line: the server's message, not its raw reply.
-fn brief(error: &(dyn std::error::Error + 'static)) -> String {
-    match error
-        .downcast_ref::<mongodb::error::Error>()
-        .map(|e| &*e.kind)
-    {
-        Some(mongodb::error::ErrorKind::Command(command)) => {
+fn brief(error: &mongodb::error::Error) -> String {
+    match &*error.kind {
+        mongodb::error::ErrorKind::Command(command) => {
             format!("{} (code {})", command.message, command.code)
         }
         _ => error.to_string(),

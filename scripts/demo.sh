@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Starts the local services and the relay, writes orders with their outbox
-# messages for ~10 s, and prints what arrives on NATS with a latency summary.
+# messages for ~10 s, and prints what arrives on NATS with a latency summary
+# (examples/demo.rs); then a consumer applies the orders to a projection
+# through the inbox, and the whole stream is delivered to it a second time,
+# which changes nothing (examples/consumer.rs).
 #
 #   scripts/demo.sh            (DEMO_RATE=300 DEMO_SECONDS=10 by default)
 set -euo pipefail
@@ -11,7 +14,7 @@ export MONGODB_URI="${MONGODB_URI:-mongodb://127.0.0.1:${MONGO_PORT:-27017}}"
 export NATS_URL="${NATS_URL:-nats://127.0.0.1:${NATS_PORT:-4222}}"
 export DEMO_DATABASE="${DEMO_DATABASE:-demo}" DEMO_PREFIX="${DEMO_PREFIX:-demo}"
 
-cargo build --release --locked --bin outbox-relay --example demo
+cargo build --release --locked --bin outbox-relay --example demo --example consumer
 mkdir -p .services
 target/release/outbox-relay run --mongodb-uri "$MONGODB_URI" --database "$DEMO_DATABASE" \
   --nats-url "$NATS_URL" --subject-prefix "$DEMO_PREFIX" --create-stream DEMO \
@@ -27,3 +30,6 @@ for _ in $(seq 1 100); do
 done
 echo "relay running (log: .services/demo-relay.log)"
 target/release/examples/demo
+echo
+echo "consumer: applying the orders to a projection through the inbox"
+DEMO_STREAM=DEMO target/release/examples/consumer

@@ -186,6 +186,19 @@ impl Error {
     }
 }
 
+/// Lets the writer's errors pass through the driver's convenient
+/// transaction API (`start_transaction().and_run2(..)`): a MongoDB error
+/// comes back as itself, with its labels, so a transient one runs the
+/// transaction again; any other ends it with this error inside.
+impl From<Error> for mongodb::error::Error {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Mongo { source, .. } => source,
+            other => mongodb::error::Error::custom(other),
+        }
+    }
+}
+
 /// A driver error in one line: the server's code and message, or the kind of
 /// failure without the driver's topology description.
 pub(crate) fn brief(error: &mongodb::error::Error) -> String {

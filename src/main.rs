@@ -10,7 +10,7 @@ use outbox_relay::Relay;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
-use cli::{Cli, Command, DlqCommand, LogFormat};
+use cli::{Cli, Command, DlqCommand, InboxCommand, LogFormat};
 use outbox_relay::admin::dlq;
 use outbox_relay::admin::status::Status;
 use outbox_relay::{Error, RelayConfig, Result};
@@ -75,6 +75,7 @@ async fn execute(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Dlq(command) => dlq(command).await,
+        Command::Inbox(command) => inbox(command).await,
         Command::Sweep(args) => {
             let relay = Relay::connect(args.settings.resolve()?).await?;
             let tally = relay.sweep_once(args.give_up_after).await?;
@@ -85,6 +86,44 @@ async fn execute(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `outbox-relay inbox list`: the newest messages a consumer gave up on.
+async fn inbox(command: InboxCommand) -> Result<ExitCode> {
+    let InboxCommand::List {
+        consumer,
+        inbox_collection,
+        limit,
+        json,
+        settings,
+    } = command;
+    let config = settings.resolve()?;
+    let collection = open_database(&config).await?.collection(&inbox_collection);
+    let (total, failed) =
+        outbox_relay::inbox::failed_messages(&collection, &consumer, i64::from(limit)).await?;
+    if json {
+        let listed = serde_json::json!({ "total": total, "messages": failed });
+        println!("{}", to_json(&listed)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for message in &failed {
+        println!(
+            "{}  {}  {}  attempts {}  {}",
+            message.message_id,
+            message.subject.as_deref().unwrap_or("(no subject)"),
+            message.failed_at.as_deref().unwrap_or("-"),
+            message.attempts.unwrap_or(0),
+            message
+                .last_error
+                .as_deref()
+                .unwrap_or("(no error recorded)")
+        );
+    }
+    println!(
+        "{} of {total} failed messages of consumer {consumer:?} shown",
+        failed.len()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `outbox-relay dlq ...`: each prints what it did and how many.

@@ -54,6 +54,31 @@ pub enum Command {
     /// List, replay or discard failed messages (the dead letters).
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Look into a consumer's inbox (see outbox_relay::inbox).
+    #[command(subcommand)]
+    Inbox(InboxCommand),
+}
+
+/// `outbox-relay inbox ...`.
+#[derive(Debug, Subcommand)]
+pub enum InboxCommand {
+    /// List the newest messages a consumer gave up on (recorded failed).
+    List {
+        /// The consumer's name, as its inbox was built with.
+        #[arg(long)]
+        consumer: String,
+        /// The inbox collection, in --database.
+        #[arg(long, default_value = outbox_relay::inbox::DEFAULT_COLLECTION)]
+        inbox_collection: String,
+        /// At most this many (at least 1).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        settings: RunArgs,
+    },
 }
 
 /// `outbox-relay status`.

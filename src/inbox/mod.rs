@@ -69,7 +69,9 @@ use mongodb::{ClientSession, Collection, Database};
 
 pub use consumer::{AfterCommit, AfterCommitHook, Consumer, ConsumerBuilder};
 pub use metrics::InboxMetrics;
-pub use record::{field, status, FailedMessage, DEFAULT_COLLECTION, TTL_INDEX, UNIQUE_INDEX};
+pub use record::{
+    failed_messages, field, status, FailedMessage, DEFAULT_COLLECTION, TTL_INDEX, UNIQUE_INDEX,
+};
 
 use crate::error::{Error, Result};
 

@@ -296,6 +296,14 @@ async fn a_failing_handler_is_retried_then_recorded_failed_and_terminated_while_
         failed[0].last_error.as_deref(),
         Some("this message cannot be handled")
     );
+    // And the command line lists it.
+    let mut list = crate::common::relay_command(&env);
+    list.args(["inbox", "list", "--consumer", "billing", "--json"]);
+    let output = crate::common::bounded(list).await;
+    assert!(output.status.success(), "{output:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(listed["total"], 1);
+    assert_eq!(listed["messages"][0]["message_id"], always.as_str());
     // Terminated: JetStream holds nothing unacknowledged for the consumer.
     wait_until("no message pending acknowledgement", || async {
         let mut consumer: jetstream::consumer::PullConsumer = env

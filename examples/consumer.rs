@@ -1,0 +1,207 @@
+//! Demo consumer for the relay's stream (see scripts/demo.sh): applies
+//! `order.placed` messages to a projection through the inbox, so each
+//! order counts once however often its message arrives.
+//!
+//! First it handles what the relay published, then checks the projection
+//! against the orders themselves. Then it replays the whole stream to the
+//! same inbox, every message delivered a second time, as after a crash
+//! between commit and acknowledgement or a repeat past JetStream's duplicate
+//! window, and shows that the projection did not change.
+//!
+//! Settings (environment): MONGODB_URI, NATS_URL, DEMO_DATABASE (demo),
+//! DEMO_PREFIX (demo), DEMO_STREAM (DEMO).
+
+use std::error::Error;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use bson::{doc, Bson, Document};
+use futures::{FutureExt, TryStreamExt};
+use mongodb::Collection;
+use outbox_relay::inbox::{handler, Handler, Inbox};
+use serde::Deserialize;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Deserialize)]
+struct OrderPlaced {
+    customer: String,
+    total_cents: i64,
+}
+
+fn setting(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+/// Adds each order to its customer's totals, in the message's transaction.
+fn project(totals: Collection<Document>) -> impl Handler {
+    handler(move |session, message| {
+        let totals = totals.clone();
+        async move {
+            let order: OrderPlaced = message.json()?;
+            totals
+                .update_one(
+                    doc! { "_id": &order.customer },
+                    doc! { "$inc": { "orders": 1, "totalCents": order.total_cents } },
+                )
+                .upsert(true)
+                .session(session)
+                .await?;
+            Ok(())
+        }
+        .boxed()
+    })
+}
+
+/// Orders and cents summed over `collection`: what `orders` and `cents`
+/// (`$group` expressions) add up to.
+async fn sums(
+    collection: &Collection<Document>,
+    orders: Bson,
+    cents: &str,
+) -> Result<(i64, i64), Box<dyn Error + Send + Sync>> {
+    let pipeline = [doc! { "$group": {
+        "_id": null,
+        "orders": { "$sum": orders },
+        "cents": { "$sum": cents },
+    } }];
+    let sums: Vec<Document> = collection.aggregate(pipeline).await?.try_collect().await?;
+    let number = |name: &str| {
+        sums.first()
+            .and_then(|d| d.get(name))
+            .and_then(|v| v.as_i64().or_else(|| v.as_i32().map(i64::from)))
+            .unwrap_or(0)
+    };
+    Ok((number("orders"), number("cents")))
+}
+
+/// Runs the inbox's consumer (durable `projection`) until JetStream has
+/// nothing left for it.
+async fn drain(
+    inbox: &Inbox,
+    jetstream: &jetstream::Context,
+    stream: &str,
+    subject: &str,
+    handler: impl Handler,
+) -> Result<(), Box<dyn Error + Send + Sync>> {
+    let consumer = inbox
+        .consumer(jetstream.clone(), stream)
+        .durable("projection")
+        .filter_subject(subject)
+        .bind()
+        .await?;
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(consumer.run(handler, shutdown.clone()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut consumer: jetstream::consumer::PullConsumer = jetstream
+            .get_stream(stream)
+            .await?
+            .get_consumer("projection")
+            .await?;
+        let info = consumer.info().await?;
+        if info.num_pending == 0 && info.num_ack_pending == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err("the consumer did not catch up within 60 s".into());
+        }
+    }
+    shutdown.cancel();
+    running.await??;
+    Ok(())
+}
+
+fn counter(metrics: &str, name: &str) -> u64 {
+    let prefix = format!("outbox_inbox_{name}_total{{consumer=\"projection\"}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
+    let mongodb_uri = setting("MONGODB_URI", "mongodb://127.0.0.1:27017");
+    let nats_url = setting("NATS_URL", "nats://127.0.0.1:4222");
+    let database = setting("DEMO_DATABASE", "demo");
+    let prefix = setting("DEMO_PREFIX", "demo");
+    let stream = setting("DEMO_STREAM", "DEMO");
+
+    let client = outbox_relay::connect::connect_mongodb(&mongodb_uri).await?;
+    let db = client.database(&database);
+    let jetstream = jetstream::new(async_nats::connect(&nats_url).await?);
+    let totals = db.collection::<Document>("order_totals");
+    totals.drop().await?;
+    let inbox = Inbox::builder(&db, "projection").build().await?;
+    inbox
+        .collection()
+        .delete_many(doc! { "consumer": "projection" })
+        .await?;
+    let subject = format!("{prefix}.order.placed");
+    // A consumer left by an earlier run would start where that one ended.
+    if let Ok(stream) = jetstream.get_stream(&stream).await {
+        let _ = stream.delete_consumer("projection").await;
+    }
+
+    drain(
+        &inbox,
+        &jetstream,
+        &stream,
+        &subject,
+        project(totals.clone()),
+    )
+    .await?;
+    let projected = sums(&totals, "$orders".into(), "$totalCents").await?;
+    let ordered = sums(&db.collection("orders"), 1.into(), "$totalCents").await?;
+    let metrics = inbox.metrics().render();
+    println!(
+        "projection: {} orders, {} cents; the orders collection: {} orders, {} cents{}",
+        projected.0,
+        projected.1,
+        ordered.0,
+        ordered.1,
+        if projected == ordered {
+            " (they match)"
+        } else {
+            " (they DIFFER)"
+        }
+    );
+    println!(
+        "handled {}, repeats skipped {}",
+        counter(&metrics, "handled"),
+        counter(&metrics, "repeats")
+    );
+
+    // Every message delivered again: the inbox knows them all.
+    if let Ok(stream) = jetstream.get_stream(&stream).await {
+        stream.delete_consumer("projection").await?;
+    }
+    drain(
+        &inbox,
+        &jetstream,
+        &stream,
+        &subject,
+        project(totals.clone()),
+    )
+    .await?;
+    let replayed = sums(&totals, "$orders".into(), "$totalCents").await?;
+    let metrics = inbox.metrics().render();
+    println!(
+        "replayed the whole stream: {} repeats skipped, projection {} orders, {} cents{}",
+        counter(&metrics, "repeats"),
+        replayed.0,
+        replayed.1,
+        if replayed == projected {
+            " (unchanged)"
+        } else {
+            " (CHANGED)"
+        }
+    );
+    if projected != ordered || replayed != projected {
+        std::process::exit(1);
+    }
+    Ok(())
+}
