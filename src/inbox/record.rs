@@ -10,14 +10,18 @@
 //!
 //! The unique index `inbox_message` on `{consumer, messageId}` is what makes
 //! a repeat harmless. The record of a handled message is written in the same
-//! transaction as the handler's effects, by an upsert that matches only a
-//! record not yet `handled`: for a message handled before, the upsert
-//! inserts, meets the index and fails with a duplicate key, and the repeat
-//! is acknowledged unhandled. While another transaction holds an uncommitted
-//! record of the message, the upsert fails with a write conflict instead and
-//! is tried again, so two copies handled at once commit once. A `failed`
-//! record is taken over when the message comes again (replayed, say): it is
-//! handled like a new one.
+//! transaction as the handler's effects, by an upsert on `{consumer,
+//! messageId}` that returns the record as it was: none, or a `failed` one,
+//! and the message is handled; a `handled` one, and the transaction is
+//! aborted, the overwrite with it, and the repeat acknowledged unhandled.
+//! While another transaction holds an uncommitted record of the message,
+//! the upsert fails with a write conflict instead and is tried again, so
+//! two copies handled at once commit once. A `failed` record is taken over
+//! when the message comes again (replayed, say): it is handled like a new
+//! one.
+//!
+//! The upsert's filter is the index's key alone, by equality: the lookup
+//! any server answers from the index.
 //!
 //! `expireAt` (with the TTL index `inbox_ttl`) is set where a retention is
 //! given: a repeat older than the retention is no longer recognised.
@@ -26,7 +30,7 @@ use std::time::Duration;
 
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
-use mongodb::options::IndexOptions;
+use mongodb::options::{IndexOptions, ReturnDocument};
 use mongodb::{ClientSession, Collection, IndexModel};
 use serde::Serialize;
 
@@ -123,8 +127,8 @@ pub(crate) async fn ensure_indexes(inbox: &Collection<Document>) -> Result<()> {
 }
 
 /// Records `entry` as handled inside the session's transaction. `Ok(false)`:
-/// the message was handled before (the transaction is then aborted by the
-/// server, and must be given up).
+/// the message was handled before, and the transaction (which overwrote
+/// that record) must be aborted.
 pub(crate) async fn record_handled(
     inbox: &Collection<Document>,
     session: &mut ClientSession,
@@ -132,21 +136,23 @@ pub(crate) async fn record_handled(
     now: DateTime,
     retention: Option<Duration>,
 ) -> mongodb::error::Result<bool> {
-    let mut filter = entry.key();
-    filter.insert(field::STATUS, doc! { "$ne": status::HANDLED });
     let mut set = entry.fields(status::HANDLED, now, retention);
     set.insert(field::HANDLED_AT, now);
     let update = doc! {
         "$set": set,
         "$unset": { field::FAILED_AT: "", field::LAST_ERROR: "" },
     };
-    match inbox
-        .update_one(filter, update)
+    let before = inbox
+        .find_one_and_update(entry.key(), update)
         .upsert(true)
+        .return_document(ReturnDocument::Before)
+        .projection(doc! { field::STATUS: 1 })
         .session(session)
-        .await
-    {
-        Ok(_) => Ok(true),
+        .await;
+    match before {
+        Ok(before) => Ok(!before.is_some_and(|record| is_handled(&record))),
+        // Two copies recorded at once outside a transaction's protection
+        // (a deployment without the write conflict): the other one won.
         Err(error) if is_duplicate_key(&error) => Ok(false),
         Err(error) => Err(error),
     }
@@ -161,21 +167,40 @@ pub(crate) async fn record_failed(
     now: DateTime,
     retention: Option<Duration>,
 ) -> mongodb::error::Result<()> {
-    let mut filter = entry.key();
-    filter.insert(field::STATUS, doc! { "$ne": status::HANDLED });
     let mut set = entry.fields(status::FAILED, now, retention);
     set.insert(field::FAILED_AT, now);
     set.insert(field::LAST_ERROR, error);
-    match inbox
-        .update_one(filter, doc! { "$set": set })
-        .upsert(true)
-        .await
-    {
-        Ok(_) => Ok(()),
-        // Handled meanwhile: nothing failed.
+    let existing = inbox
+        .find_one(entry.key())
+        .projection(doc! { field::STATUS: 1 })
+        .await?;
+    let written = match existing {
+        Some(record) if is_handled(&record) => return Ok(()),
+        // Only while it is still what was read, so a copy handled since
+        // stays handled.
+        Some(record) => {
+            let mut filter = entry.key();
+            filter.insert(field::STATUS, record.get(field::STATUS).cloned());
+            inbox
+                .update_one(filter, doc! { "$set": set })
+                .await
+                .map(drop)
+        }
+        None => {
+            let mut record = entry.key();
+            record.extend(set);
+            inbox.insert_one(record).await.map(drop)
+        }
+    };
+    match written {
+        // Recorded meanwhile by a copy handled or given up on.
         Err(error) if is_duplicate_key(&error) => Ok(()),
-        Err(error) => Err(error),
+        other => other,
     }
+}
+
+fn is_handled(record: &Document) -> bool {
+    record.get_str(field::STATUS) == Ok(status::HANDLED)
 }
 
 /// Whether a write failed on a unique index.
