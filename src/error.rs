@@ -244,6 +244,32 @@ pub(crate) fn is_document_error(error: &mongodb::error::Error) -> bool {
     DOCUMENT_CODES.contains(&code)
 }
 
+/// Whether a MongoDB operation failed because the deployment could not be
+/// reached or could not serve anyone (down, electing, shutting down, or
+/// refusing this user), rather than because of what the operation was: a
+/// failure no message is to blame for.
+pub(crate) fn is_unreachable(error: &mongodb::error::Error) -> bool {
+    use mongodb::error::ErrorKind;
+    /// HostUnreachable (6), HostNotFound (7), Unauthorized (13),
+    /// AuthenticationFailed (18), NetworkTimeout (89), ShutdownInProgress
+    /// (91), PrimarySteppedDown (189), SocketException (9001),
+    /// NotWritablePrimary (10107), InterruptedAtShutdown (11600),
+    /// InterruptedDueToReplStateChange (11602), NotPrimaryNoSecondaryOk
+    /// (13435), NotPrimaryOrSecondary (13436).
+    const DEPLOYMENT_CODES: [i32; 13] = [
+        6, 7, 13, 18, 89, 91, 189, 9001, 10107, 11600, 11602, 13435, 13436,
+    ];
+    match &*error.kind {
+        ErrorKind::Io(_)
+        | ErrorKind::ServerSelection { .. }
+        | ErrorKind::ConnectionPoolCleared { .. }
+        | ErrorKind::DnsResolve { .. }
+        | ErrorKind::Authentication { .. } => true,
+        ErrorKind::Command(command) => DEPLOYMENT_CODES.contains(&command.code),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,9 +22,21 @@
 //!   the consumer's ack wait apart, however long it waits for its key or
 //!   for a retry. How many are held is bounded (16 per concurrent
 //!   transaction); past that the consumer reads no further.
+//! - **A failure is the message's own unless MongoDB is unreachable.** A
+//!   transaction the server refused (a validator, a handler that ended the
+//!   transaction or swallowed an error that aborted it, transient errors
+//!   past the drivers' limit) costs an attempt like a handler's error, and
+//!   so does a handler that panics. Only a MongoDB that cannot be reached
+//!   (down, electing, refusing this user) charges none: the message waits,
+//!   kept alive, until it answers, and an outage burns no attempts.
 //! - **Graceful shutdown.** On `shutdown` the consumer reads nothing more,
-//!   finishes the transactions in flight and acknowledges them; messages
-//!   still waiting are left unacknowledged, for JetStream to redeliver.
+//!   finishes the transactions in flight and acknowledges them, and, once
+//!   its last pull has ended, hands every other message it holds back to
+//!   JetStream (a negative acknowledgement without delay, in stream order),
+//!   so the consumer started next receives them before their keys' later
+//!   messages. After a crash,
+//!   the messages held wait out their ack wait instead: a consumer started
+//!   sooner may handle a key's later message first.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -42,9 +54,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::record::{record_failed, Entry};
 use super::transaction::{Outcome, Transaction};
-use super::{Delivery, Handler, Inbox};
+use super::{Delivery, Handler, HandlerError, Inbox};
 use crate::contract::header;
-use crate::error::{brief, Error, Result};
+use crate::error::{brief, is_unreachable, Error, Result};
 use crate::retry::{reconnect_backoff, Outage};
 
 /// Settings of a [`Consumer`]; [`ConsumerBuilder::bind`] creates or binds
@@ -54,7 +66,7 @@ pub struct ConsumerBuilder {
     jetstream: jetstream::Context,
     stream: String,
     durable: Option<String>,
-    filter_subjects: Vec<String>,
+    filter_subject: Option<String>,
     settings: Settings,
     ack_wait: Duration,
 }
@@ -98,7 +110,7 @@ impl ConsumerBuilder {
             jetstream,
             stream: stream.to_owned(),
             durable: None,
-            filter_subjects: Vec::new(),
+            filter_subject: None,
             settings: Settings {
                 concurrency: 16,
                 max_deliveries: 5,
@@ -116,9 +128,10 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Take only messages on subjects matching `subject` (repeatable).
+    /// Take only messages on subjects matching `subject` (a NATS pattern:
+    /// `shop.order.*`, `shop.>`). Default: every subject of the stream.
     pub fn filter_subject(mut self, subject: &str) -> Self {
-        self.filter_subjects.push(subject.to_owned());
+        self.filter_subject = Some(subject.to_owned());
         self
     }
 
@@ -182,7 +195,7 @@ impl ConsumerBuilder {
             // JetStream's own limit would end a message silently.
             max_deliver: -1,
             max_ack_pending: i64::try_from(self.held_limit() * 2).unwrap_or(i64::MAX),
-            filter_subjects: self.filter_subjects.clone(),
+            filter_subject: self.filter_subject.clone().unwrap_or_default(),
             ..Default::default()
         };
         let pull: PullConsumer = stream
@@ -197,6 +210,7 @@ impl ConsumerBuilder {
                     e,
                 )
             })?;
+        self.check_existing(&durable, &pull.cached_info().config)?;
         let ack_wait = pull.cached_info().config.ack_wait;
         let nats = self.jetstream.client();
         Ok(Consumer {
@@ -231,6 +245,42 @@ impl ConsumerBuilder {
         }
     }
 
+    /// A consumer that existed keeps its own settings; refuses those the
+    /// inbox cannot work with.
+    fn check_existing(&self, durable: &str, config: &jetstream::consumer::Config) -> Result<()> {
+        let wanted = self.filter_subject.as_deref().unwrap_or("");
+        let problem = if config.ack_policy != AckPolicy::Explicit {
+            Some(format!(
+                "acknowledges {:?}, not each message explicitly, so a message would count as \
+                 handled before its commit",
+                config.ack_policy
+            ))
+        } else if config.filter_subject != wanted {
+            Some(format!(
+                "filters subject {:?}, not {wanted:?}",
+                config.filter_subject
+            ))
+        } else if config.max_deliver > 0
+            && u64::try_from(config.max_deliver).unwrap_or(0) <= self.settings.max_deliveries
+        {
+            Some(format!(
+                "ends a message after {} deliveries itself, before the inbox records it failed \
+                 after {}",
+                config.max_deliver, self.settings.max_deliveries
+            ))
+        } else {
+            None
+        };
+        match problem {
+            Some(problem) => Err(Error::Config(format!(
+                "the existing JetStream consumer {durable:?} on {:?} {problem}; delete it \
+                 (nats consumer rm) to have it created anew, or name another with durable()",
+                self.stream
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn held_limit(&self) -> usize {
         self.settings
             .concurrency
@@ -259,6 +309,7 @@ impl Consumer {
             settings: self.settings,
             lanes: Mutex::default(),
             kept: Mutex::default(),
+            handed_back: Mutex::default(),
             shutdown: shutdown.clone(),
         });
         let holding = Arc::new(Semaphore::new(held_limit));
@@ -271,6 +322,7 @@ impl Consumer {
         let mut tasks = JoinSet::new();
         let outcome = pull_until(&self.pull, &shared, &holding, &mut tasks, &shutdown).await;
         while tasks.join_next().await.is_some() {}
+        shared.hand_back().await;
         keeper_stop.cancel();
         let _ = keeper.await;
         outcome
@@ -278,7 +330,10 @@ impl Consumer {
 }
 
 /// Reads messages and hands them out until shutdown, or until the consumer
-/// ends.
+/// ends. Each pull asks for as many messages as there are free places
+/// among the held, so every message JetStream sends is held, and kept
+/// alive, from the moment it arrives: none waits unseen in a client buffer
+/// while its ack wait runs out.
 async fn pull_until(
     pull: &PullConsumer,
     shared: &Arc<Shared>,
@@ -286,43 +341,106 @@ async fn pull_until(
     tasks: &mut JoinSet<()>,
     shutdown: &CancellationToken,
 ) -> Result<()> {
-    let mut messages = pull
-        .messages()
-        .await
-        .map_err(|e| Error::nats("reading the consumer's messages failed", e))?;
     let mut outage = Outage::new("NATS consumer");
     loop {
-        let slot = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            slot = holding.clone().acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => return Ok(()),
-            },
+        let Some(mut slots) = free_places(holding, shutdown).await else {
+            return Ok(());
         };
-        let next = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            next = messages.next() => next,
-        };
-        match next {
-            Some(Ok(message)) => {
-                outage.recovered();
-                shared.dispatch(message, slot, tasks);
-            }
-            Some(Err(error)) => {
-                if error.kind() == pull::MessagesErrorKind::ConsumerDeleted {
-                    return Err(Error::nats("the JetStream consumer was deleted", error));
-                }
+        let batch = pull
+            .batch()
+            .max_messages(slots.len())
+            .expires(PULL_EXPIRES)
+            .messages()
+            .await;
+        let mut batch = match batch {
+            Ok(batch) => batch,
+            Err(error) => {
                 outage.failed(&error);
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                drop(slots);
+                if !pause_unless(shutdown, Duration::from_millis(100)).await {
+                    return Ok(());
+                }
+                continue;
             }
-            None => {
-                return Err(Error::Protocol(
-                    "the JetStream consumer's messages ended".into(),
-                ))
+        };
+        // The batch ends when full or when its pull expires; stopping, what
+        // still comes is kept to be handed back.
+        while let Some(next) = batch.next().await {
+            match next {
+                Ok(message) => {
+                    outage.recovered();
+                    let Some(slot) = slots.pop() else {
+                        // More than was asked for: JetStream redelivers it.
+                        continue;
+                    };
+                    let held = shared.hold(message, slot);
+                    if shutdown.is_cancelled() {
+                        shared.keep_for_handing_back([held]);
+                    } else {
+                        shared.dispatch(held, tasks);
+                    }
+                }
+                Err(error) => {
+                    outage.failed(&error);
+                    if !pause_unless(shutdown, Duration::from_millis(100)).await {
+                        return Ok(());
+                    }
+                    check_exists(pull).await?;
+                    break;
+                }
             }
         }
         // Reap what finished, so the set holds only what runs.
         while tasks.try_join_next().is_some() {}
+    }
+}
+
+/// How long one pull waits for messages before it is renewed; what the
+/// consumer's shutdown may wait for the last pull's messages to come in.
+const PULL_EXPIRES: Duration = Duration::from_secs(1);
+
+/// The free places among the held, at least one (waited for), at most one
+/// pull's worth. None once the consumer stops.
+async fn free_places(
+    holding: &Arc<Semaphore>,
+    shutdown: &CancellationToken,
+) -> Option<Vec<OwnedSemaphorePermit>> {
+    let first = tokio::select! {
+        _ = shutdown.cancelled() => return None,
+        slot = holding.clone().acquire_owned() => slot.ok()?,
+    };
+    let mut slots = vec![first];
+    while let Ok(slot) = holding.clone().try_acquire_owned() {
+        slots.push(slot);
+    }
+    Some(slots)
+}
+
+/// Waits `delay`; false if `shutdown` fires first.
+async fn pause_unless(shutdown: &CancellationToken, delay: Duration) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tokio::time::sleep(delay) => true,
+    }
+}
+
+/// After a failed pull: an error if the consumer (or its stream) no longer
+/// exists, which no retry mends.
+async fn check_exists(pull: &PullConsumer) -> Result<()> {
+    use async_nats::jetstream::context::ConsumerInfoErrorKind;
+    match pull.get_info().await {
+        Err(error)
+            if matches!(
+                error.kind(),
+                ConsumerInfoErrorKind::NotFound | ConsumerInfoErrorKind::StreamNotFound
+            ) =>
+        {
+            Err(Error::nats(
+                "the JetStream consumer or its stream was deleted; the consumer stops",
+                error,
+            ))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -340,6 +458,9 @@ struct Shared {
     lanes: Mutex<HashMap<String, VecDeque<Held>>>,
     /// The reply subjects of held messages, kept from redelivery.
     kept: Mutex<KeptAlive>,
+    /// Held messages left as the consumer stops, handed back to JetStream
+    /// once nothing more can arrive (see [`Shared::hand_back`]).
+    handed_back: Mutex<Vec<Held>>,
     shutdown: CancellationToken,
 }
 
@@ -371,6 +492,48 @@ impl Drop for KeptEntry {
     }
 }
 
+/// A key's line while a task works through it. Dropped however the task
+/// ends (a panic included), it removes the line, so the key's next message
+/// starts a task of its own rather than waiting behind none.
+struct Lane {
+    shared: Arc<Shared>,
+    key: String,
+    /// Removed already: the key may have a new line, not this one's.
+    closed: bool,
+}
+
+impl Lane {
+    /// The line's next message; none closes the line, under the same lock,
+    /// so a message dispatched after it starts a new one.
+    fn next(&mut self) -> Option<Held> {
+        let mut lanes = self.shared.lock_lanes();
+        let next = lanes.get_mut(&self.key).and_then(VecDeque::pop_front);
+        if next.is_none() {
+            lanes.remove(&self.key);
+            self.closed = true;
+        }
+        next
+    }
+
+    /// Closes the line, returning what waited in it, in order.
+    fn close(&mut self) -> VecDeque<Held> {
+        if self.closed {
+            return VecDeque::new();
+        }
+        self.closed = true;
+        self.shared
+            .lock_lanes()
+            .remove(&self.key)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        drop(self.close());
+    }
+}
+
 /// How handling a message ended, for its acknowledgement.
 enum Settled {
     Acknowledged,
@@ -384,21 +547,20 @@ impl Shared {
         self.lanes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Puts a message in its key's line, or in a task of its own.
-    fn dispatch(
-        self: &Arc<Self>,
-        message: jetstream::Message,
-        slot: OwnedSemaphorePermit,
-        tasks: &mut JoinSet<()>,
-    ) {
+    /// A message just read, held: kept alive, in its place among the held.
+    fn hold(self: &Arc<Self>, message: jetstream::Message, slot: OwnedSemaphorePermit) -> Held {
         let delivery = read_delivery(&message);
         let kept = self.keep(&message);
-        let held = Held {
+        Held {
             message,
             delivery,
             _slot: slot,
             _kept: kept,
-        };
+        }
+    }
+
+    /// Puts a message in its key's line, or in a task of its own.
+    fn dispatch(self: &Arc<Self>, held: Held, tasks: &mut JoinSet<()>) {
         let Some(key) = held.delivery.key.clone() else {
             let shared = self.clone();
             tasks.spawn(async move {
@@ -413,6 +575,26 @@ impl Shared {
                 lanes.insert(key.clone(), VecDeque::new());
                 tasks.spawn(self.clone().work_through(key, held));
             }
+        }
+    }
+
+    /// Keeps messages left as the consumer stops, to be handed back.
+    fn keep_for_handing_back(&self, held: impl IntoIterator<Item = Held>) {
+        let mut handed_back = self.handed_back.lock().unwrap_or_else(|e| e.into_inner());
+        handed_back.extend(held);
+    }
+
+    /// Hands every message left back to JetStream (a negative
+    /// acknowledgement without delay) in stream order, so that each key's
+    /// come back in its order, ahead of its later messages. Run once no
+    /// pull is open: a pull still open would take a message handed back
+    /// ahead of those handed back after it.
+    async fn hand_back(&self) {
+        let mut left =
+            std::mem::take(&mut *self.handed_back.lock().unwrap_or_else(|e| e.into_inner()));
+        left.sort_by_key(|held| held.delivery.stream_sequence);
+        for held in left {
+            acknowledge(&held.message, AckKind::Nak(None)).await;
         }
     }
 
@@ -431,30 +613,40 @@ impl Shared {
     }
 
     /// Handles a key's messages one after another, in the order they came,
-    /// until its line is empty.
+    /// until its line is empty. Stopping, it hands what waits in the line
+    /// back to JetStream in that order, so that a consumer started next
+    /// receives them before the key's later messages.
     async fn work_through(self: Arc<Self>, key: String, first: Held) {
+        let mut lane = Lane {
+            shared: self.clone(),
+            key,
+            closed: false,
+        };
         let mut next = Some(first);
         while let Some(held) = next {
             // Its later messages wait, so a failed attempt is tried again
             // in place.
             if let Settled::Left = self.clone().handle(held, true).await {
-                break;
+                self.keep_for_handing_back(lane.close());
+                return;
             }
-            let mut lanes = self.lock_lanes();
-            next = lanes.get_mut(&key).and_then(VecDeque::pop_front);
-            if next.is_none() {
-                lanes.remove(&key);
-            }
+            next = lane.next();
         }
-        // Stopping: what waits in the line stays unacknowledged.
-        self.lock_lanes().remove(&key);
     }
 
     /// Handles one message to its end: acknowledged (handled, a repeat, or
     /// given up on and terminated), negatively acknowledged for a later
-    /// attempt, or left as the consumer stops. `in_place`: a failed attempt
-    /// is tried again here, not redelivered.
+    /// attempt, or kept to be handed back as the consumer stops. `in_place`: a
+    /// failed attempt is tried again here, not redelivered.
     async fn handle(self: Arc<Self>, mut held: Held, in_place: bool) -> Settled {
+        let settled = self.settle(&mut held, in_place).await;
+        if let Settled::Left = settled {
+            self.keep_for_handing_back([held]);
+        }
+        settled
+    }
+
+    async fn settle(&self, held: &mut Held, in_place: bool) -> Settled {
         let consumer = self.inbox.name().to_owned();
         let metrics = self.inbox.metrics().clone();
         let mut outage = Outage::new("MongoDB inbox");
@@ -463,9 +655,8 @@ impl Shared {
             if self.shutdown.is_cancelled() {
                 return Settled::Left;
             }
-            let outcome = self.attempt(&held.delivery).await;
             let attempt = held.delivery.attempt;
-            match outcome {
+            match self.attempt(&held.delivery).await.charged() {
                 Outcome::Committed { handler_time } => {
                     outage.recovered();
                     metrics.handled(&consumer, handler_time);
@@ -486,7 +677,7 @@ impl Shared {
                 Outcome::Failed(error) if attempt >= self.settings.max_deliveries => {
                     outage.recovered();
                     let reason = error.to_string();
-                    if self.give_up(&held, &reason).await {
+                    if self.give_up(held, &reason).await {
                         metrics.failed(&consumer);
                         return Settled::Acknowledged;
                     }
@@ -502,7 +693,7 @@ impl Shared {
                         attempt,
                         error = %error,
                         ?delay,
-                        "handler failed; trying again later"
+                        "handling failed; trying again later"
                     );
                     if !in_place {
                         acknowledge(&held.message, AckKind::Nak(Some(delay))).await;
@@ -513,8 +704,8 @@ impl Shared {
                     }
                     held.delivery.attempt += 1;
                 }
-                // MongoDB failed: no attempt is charged; the message waits
-                // here, kept alive, until MongoDB answers.
+                // MongoDB could not be reached: no attempt is charged; the
+                // message waits here, kept alive, until MongoDB answers.
                 Outcome::Mongo(error) => {
                     outage.failed(&brief(&error));
                     let delay = backoff.next_backoff_or_max();
@@ -583,11 +774,23 @@ impl Shared {
                 .await;
                 match written {
                     Ok(()) => break,
-                    Err(error) => {
+                    Err(error) if is_unreachable(&error) => {
                         outage.failed(&brief(&error));
                         if !self.pause(backoff.next_backoff_or_max()).await {
                             return false;
                         }
+                    }
+                    // Refused for what it is (a validator on the inbox, say):
+                    // no retry can write it, and the log above keeps the
+                    // message's subject and sequence.
+                    Err(error) => {
+                        tracing::error!(
+                            consumer = self.inbox.name(),
+                            stream_sequence = delivery.stream_sequence,
+                            error = %brief(&error),
+                            "recording the message failed was refused; terminated unrecorded"
+                        );
+                        break;
                     }
                 }
             }
@@ -611,10 +814,7 @@ impl Shared {
 
     /// Waits `delay`; false if the consumer stops first.
     async fn pause(&self, delay: Duration) -> bool {
-        tokio::select! {
-            _ = self.shutdown.cancelled() => false,
-            _ = tokio::time::sleep(delay) => true,
-        }
+        pause_unless(&self.shutdown, delay).await
     }
 }
 
@@ -692,5 +892,22 @@ impl NextOrMax for backoff::ExponentialBackoff {
     fn next_backoff_or_max(&mut self) -> Duration {
         use backoff::backoff::Backoff;
         self.next_backoff().unwrap_or(self.max_interval)
+    }
+}
+
+impl Outcome {
+    /// A MongoDB failure that is the message's to bear, as an attempt
+    /// failed: the server answered and refused (the transaction's writes, a
+    /// handler that ended the transaction itself or swallowed an error that
+    /// aborted it, transient errors past the limit). Only a deployment that
+    /// cannot be reached charges no attempt, so no message is tried for
+    /// ever, and an outage burns no message's attempts.
+    fn charged(self) -> Outcome {
+        match self {
+            Outcome::Mongo(error) if !is_unreachable(&error) => Outcome::Failed(HandlerError::new(
+                crate::Error::mongo("the message's transaction failed", error),
+            )),
+            other => other,
+        }
     }
 }

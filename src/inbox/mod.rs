@@ -84,6 +84,9 @@ pub struct Inbox {
     metrics: InboxMetrics,
 }
 
+/// The shortest retention an inbox takes.
+const MIN_RETENTION: Duration = Duration::from_secs(60);
+
 /// Settings of an [`Inbox`]; [`InboxBuilder::build`] checks them and
 /// prepares the collection.
 #[derive(Debug)]
@@ -172,9 +175,13 @@ impl InboxBuilder {
                 "the inbox collection's name must not be empty".into(),
             ));
         }
-        if self.retention.is_some_and(|r| r < Duration::from_secs(1)) {
+        // Shorter, a redelivery after the ack wait (30 s by default) could
+        // find its record gone; and MongoDB's TTL monitor runs once a minute.
+        if self.retention.is_some_and(|r| r < MIN_RETENTION) {
             return Err(Error::Config(
-                "the inbox's retention must be at least 1s".into(),
+                "the inbox's retention must be at least 1 minute; choose one longer than any \
+                 redelivery you expect (days, for most consumers)"
+                    .into(),
             ));
         }
         let collection = self.database.collection(&self.collection);
@@ -234,15 +241,19 @@ impl HandlerError {
         HandlerError(error.into())
     }
 
-    /// The MongoDB error inside if it is transient, or else the error.
+    /// The MongoDB error labelled `TransientTransactionError` that this is
+    /// or was caused by (however the handler wrapped it), or else the error.
     fn transient(self) -> std::result::Result<mongodb::error::Error, HandlerError> {
-        match self.0.downcast::<mongodb::error::Error>() {
-            Ok(error) if error.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR) => {
-                Ok(*error)
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self.0.as_ref());
+        while let Some(error) = cause {
+            if let Some(mongo) = error.downcast_ref::<mongodb::error::Error>() {
+                if mongo.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR) {
+                    return Ok(mongo.clone());
+                }
             }
-            Ok(error) => Err(HandlerError(error)),
-            Err(other) => Err(HandlerError(other)),
+            cause = error.source();
         }
+        Err(self)
     }
 }
 

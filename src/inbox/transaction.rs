@@ -11,9 +11,11 @@
 //! again, not run again, since it may have taken effect. Either retry stops
 //! after [`RETRY_LIMIT`], as the drivers' does.
 
+use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use backoff::backoff::Backoff;
+use futures::FutureExt;
 
 use bson::{DateTime, Document};
 use mongodb::error::{TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT};
@@ -71,7 +73,9 @@ impl Transaction<'_> {
         };
         let mut backoff = conflict_backoff();
         loop {
-            let attempt = self.attempt(&mut session, handler, delivery, entry).await;
+            let attempt = self
+                .attempt(&mut session, handler, delivery, entry, started)
+                .await;
             match attempt {
                 Attempt::Done(outcome) => return outcome,
                 Attempt::Again(error) => match backoff.next_backoff() {
@@ -92,6 +96,7 @@ impl Transaction<'_> {
         handler: &dyn Handler,
         delivery: &Delivery,
         entry: Option<&Entry<'_>>,
+        started: Instant,
     ) -> Attempt {
         let majority = WriteConcern::builder().w(Acknowledgment::Majority).build();
         if let Err(error) = session.start_transaction().write_concern(majority).await {
@@ -113,7 +118,7 @@ impl Transaction<'_> {
             }
         }
         let began = Instant::now();
-        let handled = handler.handle(session, delivery).await;
+        let handled = run_handler(handler, session, delivery).await;
         let handler_time = began.elapsed();
         if let Err(error) = handled {
             abort(session).await;
@@ -122,7 +127,7 @@ impl Transaction<'_> {
                 Err(error) => Attempt::Done(Outcome::Failed(error)),
             };
         }
-        match commit(session).await {
+        match commit(session, started).await {
             Ok(()) => Attempt::Done(Outcome::Committed { handler_time }),
             Err(error) => Attempt::from_error(error),
         }
@@ -156,9 +161,29 @@ impl Attempt {
     }
 }
 
-/// Commits, again while the result is unknown (up to [`RETRY_LIMIT`]).
-async fn commit(session: &mut ClientSession) -> mongodb::error::Result<()> {
-    let started = Instant::now();
+/// Runs the handler; a panic in it is its failure, like an error, so that
+/// it costs the message an attempt and not the consumer its task.
+async fn run_handler(
+    handler: &dyn Handler,
+    session: &mut ClientSession,
+    delivery: &Delivery,
+) -> Result<(), HandlerError> {
+    let handled = AssertUnwindSafe(handler.handle(session, delivery))
+        .catch_unwind()
+        .await;
+    handled.unwrap_or_else(|panic| {
+        let text = panic
+            .downcast_ref::<&str>()
+            .map(|text| (*text).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(HandlerError::new(format!("the handler panicked: {text}")))
+    })
+}
+
+/// Commits, again while the result is unknown, until [`RETRY_LIMIT`] after
+/// the transaction's first start (`started`), as the drivers do.
+async fn commit(session: &mut ClientSession, started: Instant) -> mongodb::error::Result<()> {
     loop {
         match session.commit_transaction().await {
             Ok(()) => return Ok(()),

@@ -496,6 +496,12 @@ async fn bad_settings_and_a_missing_stream_are_explained() {
     let env = TestEnv::new().await;
     let error = Inbox::builder(&env.db, " ").build().await.unwrap_err();
     assert!(error.to_string().contains("consumer name"), "{error}");
+    let error = Inbox::builder(&env.db, "billing")
+        .retention(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("at least 1 minute"), "{error}");
     let inbox = inbox(&env, &InboxMetrics::new()).await;
     let error = inbox
         .consumer(env.jetstream.clone(), &env.stream)
@@ -512,5 +518,223 @@ async fn bad_settings_and_a_missing_stream_are_explained() {
         .err()
         .expect("refused");
     assert!(error.to_string().contains("NO_SUCH_STREAM"), "{error}");
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn stopping_hands_waiting_messages_back_so_the_next_consumer_keeps_each_keys_order() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    // The first message blocks until let go, so its key's others wait.
+    let (started, release) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let first_consumer = {
+        let (seen, started, release) = (seen.clone(), started.clone(), release.clone());
+        handler(move |_, message| {
+            let (seen, started, release) = (seen.clone(), started.clone(), release.clone());
+            let subject = message.subject.clone();
+            async move {
+                if subject.ends_with(".m1") {
+                    started.notify_one();
+                    release.notified().await;
+                }
+                seen.lock().unwrap().push(subject);
+                Ok(())
+            }
+            .boxed()
+        })
+    };
+    // An ack wait far longer than the test: only a message handed back at
+    // once can reach the next consumer in time.
+    let bind = || {
+        inbox
+            .consumer(env.jetstream.clone(), &env.stream)
+            .ack_wait(Duration::from_secs(300))
+            .bind()
+    };
+    let running = Running::start(bind().await.unwrap(), first_consumer);
+    for n in 1..=4 {
+        publish_stored(&env, &format!("m{n}"), &ObjectId::new().to_hex(), Some("k")).await;
+    }
+    tokio::time::timeout(WAIT, started.notified())
+        .await
+        .expect("the first message is being handled");
+    // Stopping while m1 is in flight: it finishes; m2..m4 are handed back.
+    running.shutdown.cancel();
+    release.notify_one();
+    running.stop().await;
+    publish_stored(&env, "m5", &ObjectId::new().to_hex(), Some("k")).await;
+
+    let running = Running::start(bind().await.unwrap(), {
+        let seen = seen.clone();
+        handler(move |_, message| {
+            let (seen, subject) = (seen.clone(), message.subject.clone());
+            async move {
+                seen.lock().unwrap().push(subject);
+                Ok(())
+            }
+            .boxed()
+        })
+    });
+    wait_metric(&metrics, "handled", 5).await;
+    let prefix = &env.prefix;
+    let expected: Vec<String> = (1..=5).map(|n| format!("{prefix}.m{n}")).collect();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        expected,
+        "k's messages in stream order"
+    );
+    running.stop().await;
+    env.drop().await;
+}
+
+/// A handler that misbehaves on subject `bad` and counts `good` messages:
+/// published in that order (on key `key`, if given), `bad` ends failed after
+/// two attempts and `good` is handled. Its failed record.
+async fn fails_alone(
+    misbehave: impl for<'a> Fn(&'a mut ClientSession) -> outbox_relay::inbox::Handled<'a>
+        + Send
+        + Sync
+        + 'static,
+    key: Option<&str>,
+) -> outbox_relay::inbox::FailedMessage {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let effects = env.db.collection::<Document>("effects");
+    let handler = {
+        let effects = effects.clone();
+        handler(move |session, message| {
+            if message.subject.ends_with(".bad") {
+                return misbehave(session);
+            }
+            let effects = effects.clone();
+            async move { count(session, &effects, "good").await }.boxed()
+        })
+    };
+    let consumer = quick(&inbox, &env).max_deliveries(2).bind().await.unwrap();
+    let running = Running::start(consumer, handler);
+    let bad = ObjectId::new().to_hex();
+    publish_stored(&env, "bad", &bad, key).await;
+    publish_stored(&env, "good", &ObjectId::new().to_hex(), key).await;
+    wait_metric(&metrics, "failed", 1).await;
+    wait_metric(&metrics, "handled", 1).await;
+    assert_eq!(
+        counted(&effects, "good").await,
+        1,
+        "the other message is handled"
+    );
+    let (total, mut failed) = inbox.failed(10).await.unwrap();
+    assert_eq!(total, 1);
+    let failed = failed.remove(0);
+    assert_eq!(failed.message_id, bad);
+    assert_eq!(failed.attempts, Some(2), "max_deliveries attempts, no more");
+    running.stop().await;
+    env.drop().await;
+    failed
+}
+
+#[tokio::test]
+async fn a_panicking_handler_costs_attempts_and_its_keys_next_message_goes_on() {
+    let failed = fails_alone(
+        |_| async { panic!("a bug in the handler") }.boxed(),
+        Some("k"),
+    )
+    .await;
+    let error = failed.last_error.unwrap_or_default();
+    assert!(error.contains("panicked: a bug in the handler"), "{error}");
+}
+
+#[tokio::test]
+async fn a_transaction_the_handler_ended_itself_costs_attempts_not_a_loop() {
+    // A handler bug: the commit that follows cannot succeed.
+    let failed = fails_alone(
+        |session| {
+            async move {
+                session.abort_transaction().await?;
+                Ok(())
+            }
+            .boxed()
+        },
+        None,
+    )
+    .await;
+    assert!(failed.last_error.is_some());
+}
+
+#[tokio::test]
+async fn an_existing_consumer_it_cannot_work_with_is_refused_and_a_deleted_one_ends_the_run() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let stream = env.jetstream.get_stream(&env.stream).await.unwrap();
+    stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some("billing".into()),
+            ack_policy: jetstream::consumer::AckPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let error = quick(&inbox, &env).bind().await.err().expect("refused");
+    assert!(
+        matches!(error, outbox_relay::Error::Config(_))
+            && error.to_string().contains("nats consumer rm"),
+        "{error}"
+    );
+    stream.delete_consumer("billing").await.unwrap();
+
+    let consumer = quick(&inbox, &env).bind().await.unwrap();
+    let running = Running::start(consumer, counting(&env.db.collection("effects"), "n"));
+    publish_stored(&env, "order", &ObjectId::new().to_hex(), None).await;
+    wait_metric(&metrics, "handled", 1).await;
+    stream.delete_consumer("billing").await.unwrap();
+    let ended = tokio::time::timeout(WAIT, running.task)
+        .await
+        .expect("the run ends once its consumer is gone")
+        .expect("no panic");
+    let error = ended.expect_err("an error says the consumer is gone");
+    assert!(error.to_string().contains("deleted"), "{error}");
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn with_a_retention_each_record_expires_through_the_ttl_index() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = Inbox::builder(&env.db, "billing")
+        .retention(Duration::from_secs(3600))
+        .metrics(metrics.clone())
+        .build()
+        .await
+        .unwrap();
+    let running = Running::start(
+        quick(&inbox, &env).bind().await.unwrap(),
+        counting(&env.db.collection("effects"), "n"),
+    );
+    let id = ObjectId::new().to_hex();
+    publish_stored(&env, "order", &id, None).await;
+    wait_metric(&metrics, "handled", 1).await;
+    let record = inbox
+        .collection()
+        .find_one(doc! { "messageId": &id })
+        .await
+        .unwrap()
+        .expect("recorded");
+    let handled_at = record.get_datetime("handledAt").unwrap().timestamp_millis();
+    let expire_at = record.get_datetime("expireAt").unwrap().timestamp_millis();
+    assert_eq!(expire_at - handled_at, 3_600_000, "expires an hour after");
+    let ttl = inbox
+        .collection()
+        .list_index_names()
+        .await
+        .unwrap()
+        .contains(&"inbox_ttl".to_owned());
+    assert!(ttl, "the TTL index exists");
+    running.stop().await;
     env.drop().await;
 }
