@@ -22,7 +22,7 @@ use crate::writer::{NewMessage, Outbox};
 pub struct Clock(Arc<Mutex<HashMap<ObjectId, Instant>>>);
 
 impl Clock {
-    fn note(&self, id: ObjectId, at: Instant) {
+    pub(crate) fn note(&self, id: ObjectId, at: Instant) {
         if let Ok(mut times) = self.0.lock() {
             times.entry(id).or_insert(at);
         }

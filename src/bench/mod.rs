@@ -11,6 +11,7 @@
 //!
 //! Everything runs in a database of its own, which is dropped afterwards.
 
+mod inbox;
 pub mod load;
 mod process;
 mod report;
@@ -29,6 +30,7 @@ use crate::config::NatsMode;
 use crate::error::{Error, Result};
 use crate::publish::{connect_nats, StreamSetup};
 use crate::redact;
+pub use inbox::{EndToEnd, InboxBench};
 use load::Clock;
 pub use load::Keys;
 use process::{RelayProcess, RelayView, Usage};
@@ -56,6 +58,8 @@ pub struct BenchConfig {
     pub poll_intervals: Vec<Duration>,
     /// Messages in the backlog drain (0: skip it).
     pub backlog: usize,
+    /// Messages the inbox handles, timed (0: skip the inbox's runs).
+    pub inbox: usize,
     /// How messages are keyed: push over JetStream and the drain run once
     /// for each (the other modes without keys).
     pub keys: Vec<Keys>,
@@ -171,6 +175,7 @@ pub struct Report {
     pub runs: Vec<RunResult>,
     pub drain: Option<Drain>,
     pub keyed_drains: Vec<KeyedDrain>,
+    pub inbox: Option<InboxBench>,
 }
 
 /// A description of the server at `uri` for the record: its buildInfo version.
@@ -214,6 +219,7 @@ pub async fn run(config: &BenchConfig) -> Result<Report> {
         runs: Vec::new(),
         drain: None,
         keyed_drains: Vec::new(),
+        inbox: None,
     };
     let outcome = bench.all(&mut report).await;
     bench.clean_up().await;
@@ -268,6 +274,9 @@ impl Bench<'_> {
                 });
             }
             report.drain = Some(drain);
+        }
+        if self.config.inbox > 0 {
+            report.inbox = Some(self.inbox(self.config.inbox).await?);
         }
         Ok(())
     }

@@ -108,6 +108,32 @@ pub fn print_table(report: &Report) {
             keyed.relay.peak_rss_mib,
         );
     }
+    if let Some(inbox) = &report.inbox {
+        println!(
+            "inbox, {} messages at {} at once: {:.0}/s handled with the inbox, {:.0}/s in a \
+             transaction without the record, {:.0}/s as plain updates ({:.0}% of that)",
+            inbox.messages,
+            inbox.concurrency,
+            inbox.inbox_rate,
+            inbox.transaction_rate,
+            inbox.plain_rate,
+            inbox.share_of_plain * 100.0,
+        );
+        for e2e in &inbox.end_to_end {
+            println!(
+                "outbox commit to inbox commit at {}/s: {}/{} received, p50 {:.2} ms, p90 {:.2} \
+                 ms, p99 {:.2} ms, max {:.2} ms; relay cpu {:.2} s",
+                e2e.offered_rate,
+                e2e.received,
+                e2e.messages,
+                e2e.p50_ms,
+                e2e.p90_ms,
+                e2e.p99_ms,
+                e2e.max_ms,
+                e2e.relay.cpu_seconds,
+            );
+        }
+    }
 }
 
 /// Writes the report as JSON.

@@ -40,6 +40,10 @@ pub struct BenchArgs {
     /// Messages in the backlog drain; 0 skips it.
     #[arg(long, default_value_t = 100_000)]
     pub backlog: usize,
+    /// Messages the inbox handles, timed against the same updates without
+    /// it, then the latency from outbox commit to consumer commit; 0 skips.
+    #[arg(long, default_value_t = 10_000)]
+    pub inbox: usize,
     /// How messages are keyed, comma-separated: "none", a number of
     /// distinct keys, or "one" (a single hot key); push over JetStream and
     /// the backlog drain run once for each.
@@ -104,6 +108,7 @@ impl BenchArgs {
             count: self.count,
             poll_intervals: self.poll_intervals,
             backlog: self.backlog,
+            inbox: self.inbox,
             keys,
             output: self.output,
             server: self.server.unwrap_or(server),
