@@ -249,16 +249,24 @@ pub(crate) fn is_document_error(error: &mongodb::error::Error) -> bool {
 /// refusing this user), rather than because of what the operation was: a
 /// failure no message is to blame for.
 pub(crate) fn is_unreachable(error: &mongodb::error::Error) -> bool {
-    use mongodb::error::ErrorKind;
+    use mongodb::error::{ErrorKind, WriteFailure};
     /// HostUnreachable (6), HostNotFound (7), Unauthorized (13),
-    /// AuthenticationFailed (18), NetworkTimeout (89), ShutdownInProgress
-    /// (91), PrimarySteppedDown (189), SocketException (9001),
-    /// NotWritablePrimary (10107), InterruptedAtShutdown (11600),
+    /// AuthenticationFailed (18), WriteConcernFailed (64, no majority to
+    /// acknowledge), NetworkTimeout (89), ShutdownInProgress (91),
+    /// ReadConcernMajorityNotAvailableYet (134), PrimarySteppedDown (189),
+    /// ExceededTimeLimit (262), ReauthenticationRequired (391),
+    /// SocketException (9001), NotWritablePrimary (10107), LegacyNotPrimary
+    /// (10058), InterruptedAtShutdown (11600),
     /// InterruptedDueToReplStateChange (11602), NotPrimaryNoSecondaryOk
     /// (13435), NotPrimaryOrSecondary (13436).
-    const DEPLOYMENT_CODES: [i32; 13] = [
-        6, 7, 13, 18, 89, 91, 189, 9001, 10107, 11600, 11602, 13435, 13436,
+    const DEPLOYMENT_CODES: [i32; 18] = [
+        6, 7, 13, 18, 64, 89, 91, 134, 189, 262, 391, 9001, 10058, 10107, 11600, 11602, 13435,
+        13436,
     ];
+    // The driver labels what a retry may mend for the deployment's sake.
+    if error.contains_label("RetryableWriteError") {
+        return true;
+    }
     match &*error.kind {
         ErrorKind::Io(_)
         | ErrorKind::ServerSelection { .. }
@@ -266,6 +274,9 @@ pub(crate) fn is_unreachable(error: &mongodb::error::Error) -> bool {
         | ErrorKind::DnsResolve { .. }
         | ErrorKind::Authentication { .. } => true,
         ErrorKind::Command(command) => DEPLOYMENT_CODES.contains(&command.code),
+        ErrorKind::Write(WriteFailure::WriteConcernError(concern)) => {
+            DEPLOYMENT_CODES.contains(&concern.code)
+        }
         _ => false,
     }
 }

@@ -14,9 +14,7 @@
 //!   is tried again in place, so the later messages of its key keep waiting
 //!   behind it. After `max_deliveries` attempts the message is recorded
 //!   `failed` in the inbox with the error, for a person to see, and
-//!   terminated; its key's next message goes on. A MongoDB that fails
-//!   (down, or transient errors past the limit) charges no attempt: the
-//!   message is tried again in place after a pause until it answers.
+//!   terminated; its key's next message goes on.
 //! - **Held messages stay ours.** Every message read and not yet settled
 //!   is kept from redelivery with in-progress acknowledgements, a third of
 //!   the consumer's ack wait apart, however long it waits for its key or
@@ -27,7 +25,8 @@
 //!   transaction or swallowed an error that aborted it, transient errors
 //!   past the drivers' limit) costs an attempt like a handler's error, and
 //!   so does a handler that panics. Only a MongoDB that cannot be reached
-//!   (down, electing, refusing this user) charges none: the message waits,
+//!   (down, electing, refusing this user) or starts no transaction charges
+//!   none: the message waits,
 //!   kept alive, until it answers, and an outage burns no attempts.
 //! - **Graceful shutdown.** On `shutdown` the consumer reads nothing more,
 //!   finishes the transactions in flight and acknowledges them, and, once
@@ -101,6 +100,8 @@ pub struct Consumer {
     pull: PullConsumer,
     settings: Settings,
     ack_wait: Duration,
+    /// The most messages one pull asks for.
+    pull_limit: usize,
 }
 
 impl ConsumerBuilder {
@@ -212,14 +213,35 @@ impl ConsumerBuilder {
             })?;
         self.check_existing(&durable, &pull.cached_info().config)?;
         let ack_wait = pull.cached_info().config.ack_wait;
+        self.check_retention(ack_wait)?;
+        let pull_limit = pull_limit(self.held_limit(), &pull.cached_info().config);
         let nats = self.jetstream.client();
         Ok(Consumer {
             inbox: self.inbox,
             nats,
             pull,
             ack_wait,
+            pull_limit,
             settings: self.settings,
         })
+    }
+
+    /// A record must outlast any redelivery of its message: one after the
+    /// ack wait (a crash between commit and acknowledgement), plus the TTL
+    /// monitor's minute.
+    fn check_retention(&self, ack_wait: Duration) -> Result<()> {
+        match self.inbox.retention {
+            Some(retention) if retention < ack_wait + Duration::from_secs(60) => {
+                Err(Error::Config(format!(
+                    "inbox consumer: the inbox's retention ({}) must exceed the ack wait ({}) by \
+                     a minute at least, or a message redelivered after a crash would be handled \
+                     again",
+                    humantime::format_duration(retention),
+                    humantime::format_duration(ack_wait)
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn check(&self) -> Result<()> {
@@ -255,18 +277,27 @@ impl ConsumerBuilder {
                  handled before its commit",
                 config.ack_policy
             ))
-        } else if config.filter_subject != wanted {
+        } else if config.filter_subject != wanted || !config.filter_subjects.is_empty() {
             Some(format!(
-                "filters subject {:?}, not {wanted:?}",
-                config.filter_subject
+                "filters subjects {:?}, not {wanted:?}",
+                if config.filter_subjects.is_empty() {
+                    vec![config.filter_subject.clone()]
+                } else {
+                    config.filter_subjects.clone()
+                }
             ))
-        } else if config.max_deliver > 0
-            && u64::try_from(config.max_deliver).unwrap_or(0) <= self.settings.max_deliveries
-        {
+        } else if config.max_deliver > 0 {
+            // Deliveries are not attempts: a hand-back at shutdown or an
+            // ack wait run out takes one too.
             Some(format!(
-                "ends a message after {} deliveries itself, before the inbox records it failed \
-                 after {}",
-                config.max_deliver, self.settings.max_deliveries
+                "ends a message after {} deliveries itself, silently, where the inbox records \
+                 it failed",
+                config.max_deliver
+            ))
+        } else if !config.max_expires.is_zero() && config.max_expires < PULL_EXPIRES {
+            Some(format!(
+                "refuses pulls that wait longer than {:?}; the inbox's wait {PULL_EXPIRES:?}",
+                config.max_expires
             ))
         } else {
             None
@@ -285,6 +316,15 @@ impl ConsumerBuilder {
         self.settings
             .concurrency
             .saturating_mul(HELD_PER_TRANSACTION)
+    }
+}
+
+/// The most messages one pull may ask for: a place for each among the
+/// held, and no more than the consumer's own `max_batch`.
+fn pull_limit(held_limit: usize, config: &jetstream::consumer::Config) -> usize {
+    match usize::try_from(config.max_batch) {
+        Ok(max_batch) if max_batch > 0 => held_limit.min(max_batch),
+        _ => held_limit,
     }
 }
 
@@ -310,7 +350,8 @@ impl Consumer {
             lanes: Mutex::default(),
             kept: Mutex::default(),
             handed_back: Mutex::default(),
-            shutdown: shutdown.clone(),
+            // Also fired when the consumer ends, so its tasks stop too.
+            shutdown: shutdown.child_token(),
         });
         let holding = Arc::new(Semaphore::new(held_limit));
         let keeper_stop = CancellationToken::new();
@@ -320,101 +361,123 @@ impl Consumer {
             keeper_stop.clone(),
         ));
         let mut tasks = JoinSet::new();
-        let outcome = pull_until(&self.pull, &shared, &holding, &mut tasks, &shutdown).await;
+        let pulling = Pulling {
+            pull: &self.pull,
+            limit: self.pull_limit,
+            holding: &holding,
+        };
+        let outcome = pulling.until(&shared, &mut tasks, &shutdown).await;
+        shared.shutdown.cancel();
         while tasks.join_next().await.is_some() {}
         shared.hand_back().await;
+        // Acknowledgements are buffered publishes: sent before returning,
+        // so a process that exits next does not lose them.
+        if let Err(error) = shared.nats.flush().await {
+            tracing::warn!(error = %error, "sending the last acknowledgements failed; JetStream will redeliver those messages");
+        }
         keeper_stop.cancel();
         let _ = keeper.await;
         outcome
     }
 }
 
-/// Reads messages and hands them out until shutdown, or until the consumer
-/// ends. Each pull asks for as many messages as there are free places
-/// among the held, so every message JetStream sends is held, and kept
-/// alive, from the moment it arrives: none waits unseen in a client buffer
-/// while its ack wait runs out.
-async fn pull_until(
-    pull: &PullConsumer,
-    shared: &Arc<Shared>,
-    holding: &Arc<Semaphore>,
-    tasks: &mut JoinSet<()>,
-    shutdown: &CancellationToken,
-) -> Result<()> {
-    let mut outage = Outage::new("NATS consumer");
-    loop {
-        let Some(mut slots) = free_places(holding, shutdown).await else {
-            return Ok(());
-        };
-        let batch = pull
-            .batch()
-            .max_messages(slots.len())
-            .expires(PULL_EXPIRES)
-            .messages()
-            .await;
-        let mut batch = match batch {
-            Ok(batch) => batch,
-            Err(error) => {
-                outage.failed(&error);
-                drop(slots);
-                if !pause_unless(shutdown, Duration::from_millis(100)).await {
-                    return Ok(());
-                }
-                continue;
-            }
-        };
-        // The batch ends when full or when its pull expires; stopping, what
-        // still comes is kept to be handed back.
-        while let Some(next) = batch.next().await {
-            match next {
-                Ok(message) => {
-                    outage.recovered();
-                    let Some(slot) = slots.pop() else {
-                        // More than was asked for: JetStream redelivers it.
-                        continue;
-                    };
-                    let held = shared.hold(message, slot);
-                    if shutdown.is_cancelled() {
-                        shared.keep_for_handing_back([held]);
-                    } else {
-                        shared.dispatch(held, tasks);
-                    }
-                }
+/// Reads messages from the durable consumer: pulls no larger than its
+/// limit, each with a free place among the held for every message.
+struct Pulling<'a> {
+    pull: &'a PullConsumer,
+    limit: usize,
+    holding: &'a Arc<Semaphore>,
+}
+
+impl Pulling<'_> {
+    /// Reads messages and hands them out until shutdown, or until the consumer
+    /// ends. Each pull asks for as many messages as there are free places
+    /// among the held, so every message JetStream sends is held, and kept
+    /// alive, from the moment it arrives: none waits unseen in a client buffer
+    /// while its ack wait runs out.
+    async fn until(
+        &self,
+        shared: &Arc<Shared>,
+        tasks: &mut JoinSet<()>,
+        shutdown: &CancellationToken,
+    ) -> Result<()> {
+        let mut outage = Outage::new("NATS consumer");
+        loop {
+            let Some(mut slots) = self.free_places(shutdown).await else {
+                return Ok(());
+            };
+            let batch = self
+                .pull
+                .batch()
+                .max_messages(slots.len())
+                .expires(PULL_EXPIRES)
+                .messages()
+                .await;
+            let mut batch = match batch {
+                Ok(batch) => batch,
                 Err(error) => {
                     outage.failed(&error);
+                    drop(slots);
                     if !pause_unless(shutdown, Duration::from_millis(100)).await {
                         return Ok(());
                     }
-                    check_exists(pull).await?;
-                    break;
+                    continue;
+                }
+            };
+            // The batch ends when full or when its pull expires; stopping, what
+            // still comes is kept to be handed back.
+            while let Some(next) = batch.next().await {
+                match next {
+                    Ok(message) => {
+                        outage.recovered();
+                        let Some(slot) = slots.pop() else {
+                            // More than was asked for: JetStream redelivers it.
+                            continue;
+                        };
+                        let held = shared.hold(message, slot);
+                        if shutdown.is_cancelled() {
+                            shared.keep_for_handing_back([held]);
+                        } else {
+                            shared.dispatch(held, tasks);
+                        }
+                    }
+                    Err(error) => {
+                        outage.failed(&error);
+                        if !pause_unless(shutdown, Duration::from_millis(100)).await {
+                            return Ok(());
+                        }
+                        check_exists(self.pull).await?;
+                        break;
+                    }
                 }
             }
+            // Reap what finished, so the set holds only what runs.
+            while tasks.try_join_next().is_some() {}
         }
-        // Reap what finished, so the set holds only what runs.
-        while tasks.try_join_next().is_some() {}
+    }
+
+    /// The free places among the held, at least one (waited for), at most one
+    /// pull's worth. None once the consumer stops.
+    async fn free_places(&self, shutdown: &CancellationToken) -> Option<Vec<OwnedSemaphorePermit>> {
+        let first = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return None,
+            slot = self.holding.clone().acquire_owned() => slot.ok()?,
+        };
+        let mut slots = vec![first];
+        while slots.len() < self.limit {
+            let Ok(slot) = self.holding.clone().try_acquire_owned() else {
+                break;
+            };
+            slots.push(slot);
+        }
+        Some(slots)
     }
 }
 
 /// How long one pull waits for messages before it is renewed; what the
 /// consumer's shutdown may wait for the last pull's messages to come in.
 const PULL_EXPIRES: Duration = Duration::from_secs(1);
-
-/// The free places among the held, at least one (waited for), at most one
-/// pull's worth. None once the consumer stops.
-async fn free_places(
-    holding: &Arc<Semaphore>,
-    shutdown: &CancellationToken,
-) -> Option<Vec<OwnedSemaphorePermit>> {
-    let first = tokio::select! {
-        _ = shutdown.cancelled() => return None,
-        slot = holding.clone().acquire_owned() => slot.ok()?,
-    };
-    let mut slots = vec![first];
-    while let Ok(slot) = holding.clone().try_acquire_owned() {
-        slots.push(slot);
-    }
-    Some(slots)
-}
 
 /// Waits `delay`; false if `shutdown` fires first.
 async fn pause_unless(shutdown: &CancellationToken, delay: Duration) -> bool {
@@ -529,8 +592,11 @@ impl Lane {
 }
 
 impl Drop for Lane {
+    /// Only if its task ended unexpectedly (a panic): what waited is handed
+    /// back as the consumer stops, rather than left to its ack wait.
     fn drop(&mut self) {
-        drop(self.close());
+        let waiting = self.close();
+        self.shared.keep_for_handing_back(waiting);
     }
 }
 
@@ -656,7 +722,10 @@ impl Shared {
                 return Settled::Left;
             }
             let attempt = held.delivery.attempt;
-            match self.attempt(&held.delivery).await.charged() {
+            let Some(outcome) = self.attempt(&held.delivery).await else {
+                return Settled::Left;
+            };
+            match outcome.charged() {
                 Outcome::Committed { handler_time } => {
                     outage.recovered();
                     metrics.handled(&consumer, handler_time);
@@ -704,9 +773,10 @@ impl Shared {
                     }
                     held.delivery.attempt += 1;
                 }
-                // MongoDB could not be reached: no attempt is charged; the
-                // message waits here, kept alive, until MongoDB answers.
-                Outcome::Mongo(error) => {
+                // MongoDB could not be reached, or started no transaction:
+                // no attempt is charged; the message waits here, kept
+                // alive, until MongoDB answers.
+                Outcome::Mongo(error) | Outcome::Unavailable(error) => {
                     outage.failed(&brief(&error));
                     let delay = backoff.next_backoff_or_max();
                     if !self.pause(delay).await {
@@ -718,10 +788,17 @@ impl Shared {
     }
 
     /// One transaction for `delivery`, within the concurrency limit.
-    async fn attempt(&self, delivery: &Delivery) -> Outcome {
-        let Ok(_running) = self.running.acquire().await else {
-            return Outcome::Mongo(mongodb::error::Error::custom("the consumer stopped"));
+    /// None if the consumer stops first: a message waiting for its turn
+    /// starts no transaction then.
+    async fn attempt(&self, delivery: &Delivery) -> Option<Outcome> {
+        let _running = tokio::select! {
+            biased;
+            _ = self.shutdown.cancelled() => return None,
+            running = self.running.acquire() => running.ok()?,
         };
+        if self.shutdown.is_cancelled() {
+            return None;
+        }
         let consumer = self.inbox.name();
         let entry = delivery.message_id.as_deref().map(|message_id| Entry {
             consumer,
@@ -735,9 +812,10 @@ impl Shared {
             inbox: self.inbox.collection(),
             retention: self.inbox.retention,
         };
-        transaction
+        let outcome = transaction
             .run(self.handler.as_ref(), delivery, entry.as_ref())
-            .await
+            .await;
+        Some(outcome)
     }
 
     /// Records the message failed and terminates it. False if MongoDB kept

@@ -186,6 +186,7 @@ impl InboxBuilder {
         }
         let collection = self.database.collection(&self.collection);
         record::ensure_indexes(&collection).await?;
+        check_transactions(&collection).await?;
         Ok(Inbox {
             collection,
             consumer: self.consumer,
@@ -193,6 +194,23 @@ impl InboxBuilder {
             metrics: self.metrics.unwrap_or_default(),
         })
     }
+}
+
+/// Runs a read in a transaction, so that a deployment that takes none (a
+/// standalone server) is refused here, once, rather than by every message.
+async fn check_transactions(inbox: &Collection<Document>) -> Result<()> {
+    let refused = |e| {
+        Error::mongo(
+            "the inbox needs transactions, which MongoDB runs only on a replica set or a \
+             sharded cluster (a standalone server can be made a one-member replica set)",
+            e,
+        )
+    };
+    let mut session = inbox.client().start_session().await.map_err(refused)?;
+    session.start_transaction().await.map_err(refused)?;
+    let read = inbox.find_one(bson::doc! {}).session(&mut session).await;
+    let _ = session.abort_transaction().await;
+    read.map(drop).map_err(refused)
 }
 
 /// A message as its handler sees it.
@@ -232,7 +250,10 @@ impl Delivery {
 
 /// Why a handler did not handle a message. Any error converts into it; a
 /// MongoDB error labelled `TransientTransactionError` (a write conflict,
-/// say) runs the transaction again rather than counting as a failure.
+/// say), returned as it is or as the `source()` of the handler's own error,
+/// runs the transaction again rather than counting as a failure. (An error
+/// type that hides its cause from `source()`, as `anyhow::Error` does its
+/// outermost one, hides the label too: return the MongoDB error itself.)
 pub struct HandlerError(Box<dyn std::error::Error + Send + Sync>);
 
 impl HandlerError {

@@ -42,12 +42,17 @@ pub(crate) enum Outcome {
     },
     /// The message was handled before: nothing was run.
     Repeat,
-    /// The handler returned an error: nothing committed.
+    /// The handler returned an error or panicked: nothing committed.
     Failed(HandlerError),
-    /// MongoDB failed in a way no retry here mends (it is down, or the
-    /// transient errors outlasted the limit): nothing is known committed
-    /// but what a commit of unknown result may have done.
+    /// MongoDB failed in a way no retry here mends (it is down, refused the
+    /// transaction's writes, or the transient errors outlasted the limit):
+    /// nothing is known committed but what a commit of unknown result may
+    /// have done.
     Mongo(mongodb::error::Error),
+    /// No transaction could be started (no session, or a deployment that
+    /// takes none): nothing was run, and nothing about the message is to
+    /// blame.
+    Unavailable(mongodb::error::Error),
 }
 
 /// Where a message's transaction runs.
@@ -69,7 +74,7 @@ impl Transaction<'_> {
         let started = Instant::now();
         let mut session = match self.client.start_session().await {
             Ok(session) => session,
-            Err(error) => return Outcome::Mongo(error),
+            Err(error) => return Outcome::Unavailable(error),
         };
         let mut backoff = conflict_backoff();
         loop {
@@ -100,7 +105,7 @@ impl Transaction<'_> {
     ) -> Attempt {
         let majority = WriteConcern::builder().w(Acknowledgment::Majority).build();
         if let Err(error) = session.start_transaction().write_concern(majority).await {
-            return Attempt::from_error(error);
+            return Attempt::Done(Outcome::Unavailable(error));
         }
         if let Some(entry) = entry {
             let recorded =
@@ -168,7 +173,9 @@ async fn run_handler(
     session: &mut ClientSession,
     delivery: &Delivery,
 ) -> Result<(), HandlerError> {
-    let handled = AssertUnwindSafe(handler.handle(session, delivery))
+    // Inside the async block, so that a panic in the handler's own body,
+    // before the future it returns, is caught as well.
+    let handled = AssertUnwindSafe(async { handler.handle(session, delivery).await })
         .catch_unwind()
         .await;
     handled.unwrap_or_else(|panic| {

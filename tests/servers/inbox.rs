@@ -502,6 +502,21 @@ async fn bad_settings_and_a_missing_stream_are_explained() {
         .await
         .unwrap_err();
     assert!(error.to_string().contains("at least 1 minute"), "{error}");
+    let short = Inbox::builder(&env.db, "billing")
+        .retention(Duration::from_secs(60))
+        .build()
+        .await
+        .unwrap();
+    let error = short
+        .consumer(env.jetstream.clone(), &env.stream)
+        .bind()
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        error.to_string().contains("must exceed the ack wait"),
+        "{error}"
+    );
     let inbox = inbox(&env, &InboxMetrics::new()).await;
     let error = inbox
         .consumer(env.jetstream.clone(), &env.stream)
@@ -640,11 +655,8 @@ async fn fails_alone(
 
 #[tokio::test]
 async fn a_panicking_handler_costs_attempts_and_its_keys_next_message_goes_on() {
-    let failed = fails_alone(
-        |_| async { panic!("a bug in the handler") }.boxed(),
-        Some("k"),
-    )
-    .await;
+    // In the handler's own body, before the future it returns.
+    let failed = fails_alone(|_| panic!("a bug in the handler"), Some("k")).await;
     let error = failed.last_error.unwrap_or_default();
     assert!(error.contains("panicked: a bug in the handler"), "{error}");
 }
