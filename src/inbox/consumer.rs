@@ -38,6 +38,7 @@
 //!   sooner may handle a key's later message first.
 
 use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -175,6 +176,8 @@ impl ConsumerBuilder {
     /// if it does not exist (an existing one keeps its own settings).
     pub async fn bind(self) -> Result<Consumer> {
         self.check()?;
+        // Before a consumer is created with this ack wait.
+        self.check_retention(self.ack_wait)?;
         let durable = self
             .durable
             .clone()
@@ -360,6 +363,12 @@ impl Consumer {
             self.ack_wait,
             keeper_stop.clone(),
         ));
+        // However `run` ends (its future dropped included), nothing is kept
+        // alive after it: what it held goes back to JetStream by ack wait.
+        let _release = Release {
+            shared: shared.clone(),
+            keeper_stop: keeper_stop.clone(),
+        };
         let mut tasks = JoinSet::new();
         let pulling = Pulling {
             pull: &self.pull,
@@ -372,12 +381,45 @@ impl Consumer {
         shared.hand_back().await;
         // Acknowledgements are buffered publishes: sent before returning,
         // so a process that exits next does not lose them.
-        if let Err(error) = shared.nats.flush().await {
-            tracing::warn!(error = %error, "sending the last acknowledgements failed; JetStream will redeliver those messages");
+        // Bounded: a client reconnecting to a NATS that is down answers
+        // no flush.
+        match tokio::time::timeout(FLUSH_WAIT, shared.nats.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => tracing::warn!(
+                "sending the last acknowledgements failed; JetStream will redeliver those \
+                 messages after their ack wait"
+            ),
         }
         keeper_stop.cancel();
         let _ = keeper.await;
         outcome
+    }
+}
+
+/// How long a stopping consumer waits for its last acknowledgements to be
+/// sent.
+const FLUSH_WAIT: Duration = Duration::from_secs(5);
+
+/// Ends the keeping alive of a consumer's messages when it is dropped, and
+/// lets go of what it still held (breaking the held messages' references
+/// back to the consumer's shared state).
+struct Release {
+    shared: Arc<Shared>,
+    keeper_stop: CancellationToken,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.keeper_stop.cancel();
+        self.shared.shutdown.cancel();
+        drop(std::mem::take(
+            &mut *self
+                .shared
+                .handed_back
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        ));
+        self.shared.lock_lanes().clear();
     }
 }
 
@@ -592,11 +634,10 @@ impl Lane {
 }
 
 impl Drop for Lane {
-    /// Only if its task ended unexpectedly (a panic): what waited is handed
-    /// back as the consumer stops, rather than left to its ack wait.
+    /// Only if its task ended unexpectedly (a panic, or the consumer's
+    /// future dropped): what waited goes back to JetStream by its ack wait.
     fn drop(&mut self) {
-        let waiting = self.close();
-        self.shared.keep_for_handing_back(waiting);
+        drop(self.close());
     }
 }
 
@@ -730,7 +771,9 @@ impl Shared {
                     outage.recovered();
                     metrics.handled(&consumer, handler_time);
                     if let Some(hook) = &self.settings.after_commit {
-                        if hook(&held.delivery) == AfterCommit::Abandon {
+                        let hook =
+                            std::panic::catch_unwind(AssertUnwindSafe(|| hook(&held.delivery)));
+                        if hook.unwrap_or(AfterCommit::Acknowledge) == AfterCommit::Abandon {
                             return Settled::Acknowledged;
                         }
                     }

@@ -199,18 +199,37 @@ impl InboxBuilder {
 /// Runs a read in a transaction, so that a deployment that takes none (a
 /// standalone server) is refused here, once, rather than by every message.
 async fn check_transactions(inbox: &Collection<Document>) -> Result<()> {
-    let refused = |e| {
-        Error::mongo(
-            "the inbox needs transactions, which MongoDB runs only on a replica set or a \
-             sharded cluster (a standalone server can be made a one-member replica set)",
-            e,
-        )
-    };
-    let mut session = inbox.client().start_session().await.map_err(refused)?;
-    session.start_transaction().await.map_err(refused)?;
+    let mut session = inbox
+        .client()
+        .start_session()
+        .await
+        .map_err(transaction_check_failed)?;
+    session
+        .start_transaction()
+        .await
+        .map_err(transaction_check_failed)?;
     let read = inbox.find_one(bson::doc! {}).session(&mut session).await;
     let _ = session.abort_transaction().await;
-    read.map(drop).map_err(refused)
+    read.map(drop).map_err(transaction_check_failed)
+}
+
+fn transaction_check_failed(error: mongodb::error::Error) -> Error {
+    use mongodb::error::ErrorKind;
+    /// IllegalOperation: "Transaction numbers are only allowed on a
+    /// replica set member or mongos".
+    const ILLEGAL_OPERATION: i32 = 20;
+    let unsupported = match &*error.kind {
+        ErrorKind::Transaction { .. } => true,
+        ErrorKind::Command(command) => command.code == ILLEGAL_OPERATION,
+        _ => false,
+    };
+    let context = if unsupported {
+        "the inbox needs transactions, which MongoDB runs only on a replica set or a sharded \
+         cluster (a standalone server can be made a one-member replica set)"
+    } else {
+        "checking that the inbox can run transactions failed"
+    };
+    Error::mongo(context, error)
 }
 
 /// A message as its handler sees it.
