@@ -148,6 +148,23 @@ pub struct Drain {
     /// Drain rate as a share of the read-and-mark rate.
     pub share_of_read_and_mark: f64,
     pub relay: Usage,
+    /// The same backlog written while the relay was stopped after it had
+    /// stored a stream position: drained by the change stream's replay.
+    pub resumed_seconds: f64,
+    pub resumed_rate: f64,
+    /// Resumed drain rate as a share of the batched-update rate.
+    pub resumed_share_of_batched: f64,
+    pub resumed_relay: Usage,
+}
+
+/// How a drained relay starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// With no stored position: the catch-up pass reads the backlog.
+    First,
+    /// From a position stored before the backlog was written: the change
+    /// stream replays it.
+    Resumed,
 }
 
 /// The same backlog drained with its messages keyed.
@@ -262,7 +279,7 @@ impl Bench<'_> {
         if self.config.backlog > 0 {
             let drain = self.drain().await?;
             for &keys in self.keys_for(true).iter().filter(|k| **k != Keys::None) {
-                let (seconds, relay) = self.drain_keyed(keys).await?;
+                let (seconds, relay) = self.drain_keyed(keys, Start::First).await?;
                 let rate = self.config.backlog as f64 / seconds;
                 report.keyed_drains.push(KeyedDrain {
                     keys: keys.label().trim_start_matches(", ").to_owned(),
@@ -457,7 +474,8 @@ impl Bench<'_> {
     /// server's own rate for updating the same documents in bulk.
     async fn drain(&self) -> Result<Drain> {
         let n = self.config.backlog;
-        let (seconds, usage) = self.drain_keyed(Keys::None).await?;
+        let (seconds, usage) = self.drain_keyed(Keys::None, Start::First).await?;
+        let (resumed_seconds, resumed_relay) = self.drain_keyed(Keys::None, Start::Resumed).await?;
         let bulk = self.database.collection::<Document>("outbox_bulk");
         self.insert_backlog(&bulk, n, Keys::None).await?;
         let began = Instant::now();
@@ -484,6 +502,10 @@ impl Bench<'_> {
             read_and_mark_rate,
             share_of_read_and_mark: rate / read_and_mark_rate,
             relay: usage,
+            resumed_seconds,
+            resumed_rate: n as f64 / resumed_seconds,
+            resumed_share_of_batched: n as f64 / resumed_seconds / batched_update_rate,
+            resumed_relay,
         })
     }
 
@@ -535,20 +557,33 @@ impl Bench<'_> {
     }
 
     /// A backlog of `n` messages keyed by `keys`, written with the relay
-    /// stopped, then drained by a relay in push mode. Returns how long the
-    /// drain took, and what the relay used.
-    async fn drain_keyed(&self, keys: Keys) -> Result<(f64, Usage)> {
-        let n = self.config.backlog;
-        let (prefix, collection) = self.names(&format!("drain{}", keys.slug()));
+    /// stopped, then drained by a relay in push mode, started as `start`
+    /// says. Returns how long the drain took, and what the relay used.
+    async fn drain_keyed(&self, keys: Keys, start: Start) -> Result<(f64, Usage)> {
+        let resumed = if start == Start::Resumed {
+            "_resumed"
+        } else {
+            ""
+        };
+        let tag = format!("drain{}{resumed}", keys.slug());
+        let (prefix, collection) = self.names(&tag);
         self.stream_for(&prefix).await?;
         let outbox = self.database.collection::<Document>(&collection);
-        self.insert_backlog(&outbox, n, keys).await?;
         // Receipts on NATS are counted for free; the collection is only
         // counted once they are all in, so measuring does not load the server.
         let (arrived, stop) = (Clock::default(), CancellationToken::new());
         let _stop_receiver = stop.clone().drop_guard();
         load::subscribe(&self.nats, &prefix, arrived.clone(), stop).await?;
-        let tag = format!("drain{}", keys.slug());
+        let before = match start {
+            Start::First => 0,
+            Start::Resumed => {
+                self.store_a_position(&tag, &outbox, &prefix, &arrived)
+                    .await?
+            }
+        };
+        let n = self.config.backlog;
+        self.insert_backlog(&outbox, n, keys).await?;
+        let n = n + before;
         let relay =
             self.start_relay(&tag, &collection, &prefix, Mode::Push(NatsMode::Jetstream))?;
         let began = Instant::now();
@@ -582,7 +617,81 @@ impl Bench<'_> {
         progress.finish_and_clear();
         let usage = relay.usage();
         relay.stop(Duration::from_secs(15)).await;
+        if start == Start::Resumed {
+            self.check_resumed(&tag)?;
+        }
         Ok((seconds, usage))
+    }
+
+    /// A resumed drain that lost its place (the server's oplog too short to
+    /// hold the backlog) measured a catch-up pass instead: refused.
+    fn check_resumed(&self, tag: &str) -> Result<()> {
+        let log = self.config.output.join(format!("relay-{tag}.log"));
+        let text = std::fs::read_to_string(&log)
+            .map_err(|e| Error::io(format!("cannot read {}", log.display()), e))?;
+        if text.contains("cannot resume from the stored token") {
+            return Err(Error::Bench(format!(
+                "the resumed drain could not resume (see {}): the server's oplog does not hold \
+                 the backlog; give it room for {} more entries",
+                log.display(),
+                self.config.backlog
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs a relay on the empty collection, writing a message every 200 ms
+    /// until it has stored a stream position, then stops it once all are
+    /// delivered and marked. Returns how many messages it wrote.
+    async fn store_a_position(
+        &self,
+        tag: &str,
+        outbox: &mongodb::Collection<Document>,
+        prefix: &str,
+        arrived: &Clock,
+    ) -> Result<usize> {
+        crate::setup::ensure_indexes(outbox, None).await?;
+        let first = format!("{tag}_first");
+        let relay = self.start_relay(
+            &first,
+            outbox.name(),
+            prefix,
+            Mode::Push(NatsMode::Jetstream),
+        )?;
+        let checkpoints = self.database.collection::<Document>("outbox_checkpoints");
+        let stored = doc! {
+            "_id": format!("{}.{}", self.database.name(), outbox.name()),
+            "token": { "$exists": true },
+        };
+        let failed = |e| Error::mongo("waiting for the first relay failed", e);
+        let within = Duration::from_secs(60);
+        let began = Instant::now();
+        let mut written = 0;
+        loop {
+            if began.elapsed() > within {
+                return Err(Error::Bench(format!(
+                    "the first relay of the resumed drain stored no position within {within:?}"
+                )));
+            }
+            let has_position = checkpoints
+                .count_documents(stored.clone())
+                .await
+                .map_err(failed)?;
+            let marked = outbox
+                .count_documents(doc! { "status": "processed" })
+                .await
+                .map_err(failed)?;
+            if has_position > 0 && marked as usize == written && arrived.len() == written {
+                break;
+            }
+            if has_position == 0 {
+                self.insert_backlog(outbox, 1, Keys::None).await?;
+                written += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        relay.stop(Duration::from_secs(15)).await;
+        Ok(written)
     }
 
     async fn insert_backlog(

@@ -94,6 +94,17 @@ pub fn print_table(report: &Report) {
             drain.relay.cpu_seconds,
             drain.relay.peak_rss_mib,
         );
+        println!(
+            "backlog drain resumed from a stored position (change-stream replay): {} messages in \
+             {:.2} s = {:.0}/s ({:.0}% of the server's rate named 500 an update); relay cpu {:.2} \
+             s, peak rss {:.1} MiB",
+            drain.messages,
+            drain.resumed_seconds,
+            drain.resumed_rate,
+            drain.resumed_share_of_batched * 100.0,
+            drain.resumed_relay.cpu_seconds,
+            drain.resumed_relay.peak_rss_mib,
+        );
     }
     for keyed in &report.keyed_drains {
         println!(
