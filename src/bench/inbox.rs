@@ -314,15 +314,12 @@ fn handled(metrics: &InboxMetrics, name: &str) -> u64 {
 
 /// Waits until `count()` reaches `n`, or gives up after `limit`.
 async fn wait_for(n: usize, limit: Duration, mut count: impl FnMut() -> u64) -> Result<()> {
-    let began = Instant::now();
-    while count() < n as u64 {
-        if began.elapsed() > limit {
-            return Err(Error::Bench(format!(
-                "the inbox consumer did not handle {n} messages within {}",
-                humantime::format_duration(limit)
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    let counted = |count: u64| usize::try_from(count).unwrap_or(usize::MAX);
+    if load::wait_for_count(n, limit, || counted(count())).await {
+        return Ok(());
     }
-    Ok(())
+    Err(Error::Bench(format!(
+        "the inbox consumer did not handle {n} messages within {}",
+        humantime::format_duration(limit)
+    )))
 }

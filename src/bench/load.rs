@@ -279,12 +279,21 @@ pub async fn watch_inserts(
 
 /// Waits until `arrived` holds `expected` ids, or `limit` passes.
 pub async fn wait_for(arrived: &Clock, expected: usize, limit: Duration) -> bool {
+    wait_for_count(expected, limit, || arrived.len()).await
+}
+
+/// Waits until `count()` reaches `expected`; false if `limit` passes first.
+pub(crate) async fn wait_for_count(
+    expected: usize,
+    limit: Duration,
+    mut count: impl FnMut() -> usize,
+) -> bool {
     let deadline = Instant::now() + limit;
-    while arrived.len() < expected {
+    while count() < expected {
         if Instant::now() >= deadline {
             return false;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     true
 }

@@ -57,7 +57,7 @@ use super::transaction::{Outcome, Transaction};
 use super::{Delivery, Handler, HandlerError, Inbox};
 use crate::contract::header;
 use crate::error::{brief, is_unreachable, Error, Result};
-use crate::retry::{reconnect_backoff, Outage};
+use crate::retry::{self, reconnect_backoff, Outage};
 
 /// Settings of a [`Consumer`]; [`ConsumerBuilder::bind`] creates or binds
 /// the durable JetStream consumer.
@@ -316,9 +316,14 @@ impl ConsumerBuilder {
     }
 
     fn held_limit(&self) -> usize {
-        self.settings
-            .concurrency
-            .saturating_mul(HELD_PER_TRANSACTION)
+        self.settings.held_limit()
+    }
+}
+
+impl Settings {
+    /// How many messages may be held (read and not yet settled) at once.
+    fn held_limit(&self) -> usize {
+        self.concurrency.saturating_mul(HELD_PER_TRANSACTION)
     }
 }
 
@@ -339,10 +344,7 @@ impl Consumer {
     /// Handles messages until `shutdown` fires, then finishes what is in
     /// flight. Returns an error if JetStream ends the consumer (deleted).
     pub async fn run<H: Handler>(self, handler: H, shutdown: CancellationToken) -> Result<()> {
-        let held_limit = self
-            .settings
-            .concurrency
-            .saturating_mul(HELD_PER_TRANSACTION);
+        let held_limit = self.settings.held_limit();
         let shared = Arc::new(Shared {
             client: self.inbox.collection().client().clone(),
             inbox: self.inbox,
@@ -821,8 +823,7 @@ impl Shared {
                 // alive, until MongoDB answers.
                 Outcome::Mongo(error) | Outcome::Unavailable(error) => {
                     outage.failed(&brief(&error));
-                    let delay = backoff.next_backoff_or_max();
-                    if !self.pause(delay).await {
+                    if !retry::pause(&mut backoff, &self.shutdown).await {
                         return Settled::Left;
                     }
                 }
@@ -897,7 +898,7 @@ impl Shared {
                     Ok(()) => break,
                     Err(error) if is_unreachable(&error) => {
                         outage.failed(&brief(&error));
-                        if !self.pause(backoff.next_backoff_or_max()).await {
+                        if !retry::pause(&mut backoff, &self.shutdown).await {
                             return false;
                         }
                     }
@@ -1001,18 +1002,6 @@ fn read_delivery(message: &jetstream::Message) -> Delivery {
         headers,
         stream_sequence,
         attempt: delivered.max(1),
-    }
-}
-
-/// The backoff's next pause, or its longest once it has no more.
-trait NextOrMax {
-    fn next_backoff_or_max(&mut self) -> Duration;
-}
-
-impl NextOrMax for backoff::ExponentialBackoff {
-    fn next_backoff_or_max(&mut self) -> Duration {
-        use backoff::backoff::Backoff;
-        self.next_backoff().unwrap_or(self.max_interval)
     }
 }
 
