@@ -244,6 +244,17 @@ pub(crate) fn is_document_error(error: &mongodb::error::Error) -> bool {
     DOCUMENT_CODES.contains(&code)
 }
 
+/// Whether a write failed on a unique index (DuplicateKey, 11000).
+pub(crate) fn is_duplicate_key(error: &mongodb::error::Error) -> bool {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    const DUPLICATE_KEY: i32 = 11000;
+    match &*error.kind {
+        ErrorKind::Write(WriteFailure::WriteError(write)) => write.code == DUPLICATE_KEY,
+        ErrorKind::Command(command) => command.code == DUPLICATE_KEY,
+        _ => false,
+    }
+}
+
 /// Whether a MongoDB operation failed because the deployment could not be
 /// reached or could not serve anyone (down, electing, shutting down, or
 /// refusing this user), rather than because of what the operation was: a

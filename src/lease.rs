@@ -23,16 +23,14 @@
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, DateTime, Document};
-use mongodb::error::{ErrorKind, WriteFailure};
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{Error, Result};
+use crate::error::{is_duplicate_key, Error, Result};
 use crate::retry::Outage;
-
-const DUPLICATE_KEY: i32 = 11000;
+use crate::time::later;
 
 /// The database server's clock (`hello.localTime`), which judges leases.
 pub(crate) async fn server_time(client: &mongodb::Client) -> Result<DateTime> {
@@ -275,19 +273,6 @@ pub struct Held {
     pub term: Term,
     /// When this relay must stop acting as leader unless it renews.
     pub deadline: Instant,
-}
-
-fn later(time: DateTime, by: Duration) -> DateTime {
-    let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
-    DateTime::from_millis(time.timestamp_millis().saturating_add(by))
-}
-
-fn is_duplicate_key(error: &mongodb::error::Error) -> bool {
-    match &*error.kind {
-        ErrorKind::Command(command) => command.code == DUPLICATE_KEY,
-        ErrorKind::Write(WriteFailure::WriteError(write)) => write.code == DUPLICATE_KEY,
-        _ => false,
-    }
 }
 
 /// A name for this process that is unique among relays: host, pid and a

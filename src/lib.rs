@@ -62,6 +62,7 @@ pub mod relay;
 mod retry;
 pub mod setup;
 pub mod source;
+mod time;
 mod work;
 pub mod writer;
 

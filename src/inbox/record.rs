@@ -34,7 +34,8 @@ use mongodb::options::{IndexOptions, ReturnDocument};
 use mongodb::{ClientSession, Collection, IndexModel};
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::error::{is_duplicate_key, Error, Result};
+use crate::time::later;
 
 /// The inbox collection, unless the consumer names another.
 pub const DEFAULT_COLLECTION: &str = "inbox";
@@ -64,9 +65,6 @@ pub const UNIQUE_INDEX: &str = "inbox_message";
 /// The TTL index on `expireAt`.
 pub const TTL_INDEX: &str = "inbox_ttl";
 
-/// MongoDB's DuplicateKey.
-const DUPLICATE_KEY: i32 = 11000;
-
 /// What the inbox records of one message.
 #[derive(Debug, Clone)]
 pub(crate) struct Entry<'a> {
@@ -90,9 +88,7 @@ impl Entry<'_> {
             field::ATTEMPTS: i64::try_from(self.attempts).unwrap_or(i64::MAX),
         };
         if let Some(retention) = retention {
-            let millis = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
-            let expire_at = DateTime::from_millis(now.timestamp_millis().saturating_add(millis));
-            fields.insert(field::EXPIRE_AT, expire_at);
+            fields.insert(field::EXPIRE_AT, later(now, retention));
         }
         fields
     }
@@ -201,16 +197,6 @@ pub(crate) async fn record_failed(
 
 fn is_handled(record: &Document) -> bool {
     record.get_str(field::STATUS) == Ok(status::HANDLED)
-}
-
-/// Whether a write failed on a unique index.
-fn is_duplicate_key(error: &mongodb::error::Error) -> bool {
-    use mongodb::error::{ErrorKind, WriteFailure};
-    match &*error.kind {
-        ErrorKind::Write(WriteFailure::WriteError(write)) => write.code == DUPLICATE_KEY,
-        ErrorKind::Command(command) => command.code == DUPLICATE_KEY,
-        _ => false,
-    }
 }
 
 /// One message a consumer gave up on, as `outbox-relay inbox list` shows it.

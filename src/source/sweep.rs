@@ -34,6 +34,7 @@ use crate::error::{brief, is_document_error, Error, Result};
 use crate::order::{held_keys, stored::parked_messages, KeyOrder, Parks, PARKED};
 use crate::pipeline::Pipeline;
 use crate::retry::Outage;
+use crate::time::{earlier, later};
 use crate::work::{id_key, Tally, Work};
 
 /// Runs sweep passes over one outbox collection.
@@ -507,8 +508,8 @@ impl Sweeper {
         let free = doc! { "$or": [
             { field::LOCKED_AT: { "$exists": false } },
             { field::LOCKED_AT: { "$not": { "$type": "date" } } },
-            { field::LOCKED_AT: { "$lt": before(now, self.lock_timeout) } },
-            { field::LOCKED_AT: { "$gt": after(now, self.lock_timeout) } },
+            { field::LOCKED_AT: { "$lt": earlier(now, self.lock_timeout) } },
+            { field::LOCKED_AT: { "$gt": later(now, self.lock_timeout) } },
         ] };
         filter.insert("$and", vec![free]);
         let take = doc! { "$set": { field::LOCK_ID: claim, field::LOCKED_AT: now } };
@@ -681,7 +682,7 @@ pub fn candidate_queries(now: DateTime, grace_period: Duration) -> [(Document, D
     if !grace_period.is_zero() {
         never_tried.insert(
             field::ID,
-            doc! { "$lt": object_id_at(before(now, grace_period)) },
+            doc! { "$lt": object_id_at(earlier(now, grace_period)) },
         );
     }
     let retry_due = doc! {
@@ -724,16 +725,6 @@ fn due(last: &Mutex<Option<Instant>>, interval: Duration) -> bool {
 fn raw_id(document: &RawDocumentBuf) -> Option<Bson> {
     let id = document.get(field::ID).ok().flatten()?;
     Bson::try_from(id.to_raw_bson()).ok()
-}
-
-fn before(now: DateTime, age: Duration) -> DateTime {
-    let millis = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
-    DateTime::from_millis(now.timestamp_millis().saturating_sub(millis))
-}
-
-fn after(now: DateTime, span: Duration) -> DateTime {
-    let millis = i64::try_from(span.as_millis()).unwrap_or(i64::MAX);
-    DateTime::from_millis(now.timestamp_millis().saturating_add(millis))
 }
 
 /// The smallest ObjectId of the second `time` falls in: every id generated
