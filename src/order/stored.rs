@@ -144,12 +144,15 @@ fn holders_filter(dead_letters: DeadLetters) -> Document {
 }
 
 /// Parked keyed messages, by key, each group with its earliest `_id` and
-/// how many.
+/// how many. The index's fields are matched first and alone, so that the
+/// read is the sweep index's range of parked messages on any planner.
 fn parked_groups() -> Vec<Document> {
     vec![
         doc! { "$match": {
             field::STATUS: status::PENDING,
             field::NEXT_ATTEMPT_AT: PARKED,
+        } },
+        doc! { "$match": {
             field::KEY: { "$type": "string" },
             field::ID: { "$type": "objectId" },
         } },
