@@ -29,7 +29,8 @@ async fn main() {
         },
         count: if full { 2000 } else { 20 },
         poll_intervals: vec![Duration::from_millis(100)],
-        backlog: if full { 10_000 } else { 50 },
+        backlog: vec![if full { 10_000 } else { 50 }],
+        payload_bytes: 0,
         inbox: if full { 10_000 } else { 50 },
         keys: if full {
             vec![Keys::None, Keys::Spread(10_000), Keys::One]

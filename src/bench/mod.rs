@@ -56,8 +56,12 @@ pub struct BenchConfig {
     pub count: usize,
     /// Poll intervals to compare push against.
     pub poll_intervals: Vec<Duration>,
-    /// Messages in the backlog drain (0: skip it).
-    pub backlog: usize,
+    /// Sizes of the backlog drain, each drained on a first start and
+    /// resumed (empty: skip it).
+    pub backlog: Vec<usize>,
+    /// Bytes of padding in each backlog message's payload (0: a payload of
+    /// a few bytes), for the memory budget under large messages.
+    pub payload_bytes: usize,
     /// Messages the inbox handles, timed (0: skip the inbox's runs).
     pub inbox: usize,
     /// How messages are keyed: push over JetStream and the drain run once
@@ -130,6 +134,8 @@ pub struct RunResult {
 #[derive(Debug, Clone, Serialize)]
 pub struct Drain {
     pub messages: usize,
+    /// Padding in each message's payload, in bytes.
+    pub payload_bytes: usize,
     pub seconds: f64,
     pub rate: f64,
     pub bulk_update_seconds: f64,
@@ -137,10 +143,16 @@ pub struct Drain {
     /// Drain rate as a share of the bulk-update rate.
     pub share_of_limit: f64,
     /// The same documents updated by naming them, 500 ids an update (as
-    /// marking delivered messages must), one update after another.
+    /// marking delivered messages must), one update after another, in a
+    /// collection laid out as the relay's (with the sweep index, which
+    /// any outbox needs to find its pending messages).
     pub batched_update_rate: f64,
     /// Drain rate as a share of the batched-update rate.
     pub share_of_batched: f64,
+    /// The same, in a collection with no index but `_id`.
+    pub bare_batched_update_rate: f64,
+    /// Drain rate as a share of the bare batched-update rate.
+    pub share_of_bare_batched: f64,
     /// The database work of a drain with no broker: the pending documents
     /// read in the sweep index's order, 500 at a time, and each batch
     /// marked by naming its ids, one batch after another.
@@ -148,13 +160,18 @@ pub struct Drain {
     /// Drain rate as a share of the read-and-mark rate.
     pub share_of_read_and_mark: f64,
     pub relay: Usage,
+    /// Relay CPU time a message, in microseconds.
+    pub cpu_us_per_message: f64,
     /// The same backlog written while the relay was stopped after it had
     /// stored a stream position: drained by the change stream's replay.
     pub resumed_seconds: f64,
     pub resumed_rate: f64,
     /// Resumed drain rate as a share of the batched-update rate.
     pub resumed_share_of_batched: f64,
+    /// Resumed drain rate as a share of the bare batched-update rate.
+    pub resumed_share_of_bare_batched: f64,
     pub resumed_relay: Usage,
+    pub resumed_cpu_us_per_message: f64,
 }
 
 /// How a drained relay starts.
@@ -190,7 +207,7 @@ pub struct Report {
     pub rates: Vec<Option<u32>>,
     pub started_at: String,
     pub runs: Vec<RunResult>,
-    pub drain: Option<Drain>,
+    pub drains: Vec<Drain>,
     pub keyed_drains: Vec<KeyedDrain>,
     pub inbox: Option<InboxBench>,
 }
@@ -234,7 +251,7 @@ pub async fn run(config: &BenchConfig) -> Result<Report> {
         rates: config.rates.clone(),
         started_at: DateTime::now().try_to_rfc3339_string().unwrap_or_default(),
         runs: Vec::new(),
-        drain: None,
+        drains: Vec::new(),
         keyed_drains: Vec::new(),
         inbox: None,
     };
@@ -276,21 +293,25 @@ impl Bench<'_> {
                 }
             }
         }
-        if self.config.backlog > 0 {
-            let drain = self.drain().await?;
+        for &n in &self.config.backlog {
+            report.drains.push(self.drain(n).await?);
+        }
+        // Keys are drained at the first size alone: their cost is the
+        // order kept, not the size.
+        if let Some(drain) = report.drains.first() {
+            let n = drain.messages;
             for &keys in self.keys_for(true).iter().filter(|k| **k != Keys::None) {
-                let (seconds, relay) = self.drain_keyed(keys, Start::First).await?;
-                let rate = self.config.backlog as f64 / seconds;
+                let (seconds, relay) = self.drain_keyed(keys, Start::First, n).await?;
+                let rate = n as f64 / seconds;
                 report.keyed_drains.push(KeyedDrain {
                     keys: keys.label().trim_start_matches(", ").to_owned(),
-                    messages: self.config.backlog,
+                    messages: n,
                     seconds,
                     rate,
                     share_of_unkeyed: rate / drain.rate,
                     relay,
                 });
             }
-            report.drain = Some(drain);
         }
         if self.config.inbox > 0 {
             report.inbox = Some(self.inbox(self.config.inbox).await?);
@@ -417,6 +438,8 @@ impl Bench<'_> {
                 self.config.output.display()
             )));
         }
+        // The relay's CPU under the load alone, its start-up left out.
+        let ready = relay.usage();
         let progress = report::progress(
             self.config.count,
             &format!("{}{} at {rate_tag}/s", mode.label(), keys.label()),
@@ -437,7 +460,10 @@ impl Bench<'_> {
         progress.finish_and_clear();
         let limit = Duration::from_secs(60) + mode_wait(mode);
         load::wait_for(&arrived, self.config.count + 1, limit).await;
-        let usage = relay.usage();
+        let usage = Usage {
+            cpu_seconds: relay.usage().cpu_seconds - ready.cpu_seconds,
+            ..relay.usage()
+        };
         let view = match mode {
             Mode::Push(_) => relay.view().await,
             _ => None,
@@ -470,13 +496,16 @@ impl Bench<'_> {
         Ok(results)
     }
 
-    /// A backlog written with the relay stopped, then drained; and the
-    /// server's own rate for updating the same documents in bulk.
-    async fn drain(&self) -> Result<Drain> {
-        let n = self.config.backlog;
-        let (seconds, usage) = self.drain_keyed(Keys::None, Start::First).await?;
-        let (resumed_seconds, resumed_relay) = self.drain_keyed(Keys::None, Start::Resumed).await?;
-        let bulk = self.database.collection::<Document>("outbox_bulk");
+    /// A backlog of `n` written with the relay stopped, then drained (on a
+    /// first start, then resumed); and the server's own rates for updating
+    /// the same documents.
+    async fn drain(&self, n: usize) -> Result<Drain> {
+        let (seconds, relay) = self.drain_keyed(Keys::None, Start::First, n).await?;
+        let (resumed_seconds, resumed_relay) =
+            self.drain_keyed(Keys::None, Start::Resumed, n).await?;
+        let bulk = self
+            .database
+            .collection::<Document>(&format!("outbox_bulk_{n}"));
         self.insert_backlog(&bulk, n, Keys::None).await?;
         let began = Instant::now();
         bulk.update_many(
@@ -486,12 +515,16 @@ impl Bench<'_> {
         .await
         .map_err(|e| Error::mongo("bulk update failed", e))?;
         let bulk_update_seconds = began.elapsed().as_secs_f64();
-        let batched_update_rate = self.batched_update_rate(n).await?;
+        let batched_update_rate = self.batched_update_rate(n, true).await?;
+        let bare_batched_update_rate = self.batched_update_rate(n, false).await?;
         let read_and_mark_rate = self.read_and_mark_rate(n).await?;
         let rate = n as f64 / seconds;
+        let resumed_rate = n as f64 / resumed_seconds;
         let bulk_update_rate = n as f64 / bulk_update_seconds;
+        let per_message = |usage: &Usage| usage.cpu_seconds / n as f64 * 1e6;
         Ok(Drain {
             messages: n,
+            payload_bytes: self.config.payload_bytes,
             seconds,
             rate,
             bulk_update_seconds,
@@ -499,19 +532,32 @@ impl Bench<'_> {
             share_of_limit: rate / bulk_update_rate,
             batched_update_rate,
             share_of_batched: rate / batched_update_rate,
+            bare_batched_update_rate,
+            share_of_bare_batched: rate / bare_batched_update_rate,
             read_and_mark_rate,
             share_of_read_and_mark: rate / read_and_mark_rate,
-            relay: usage,
+            cpu_us_per_message: per_message(&relay),
+            relay,
             resumed_seconds,
-            resumed_rate: n as f64 / resumed_seconds,
-            resumed_share_of_batched: n as f64 / resumed_seconds / batched_update_rate,
+            resumed_rate,
+            resumed_share_of_batched: resumed_rate / batched_update_rate,
+            resumed_share_of_bare_batched: resumed_rate / bare_batched_update_rate,
+            resumed_cpu_us_per_message: per_message(&resumed_relay),
             resumed_relay,
         })
     }
 
-    /// How fast the server marks `n` documents named 500 at a time.
-    async fn batched_update_rate(&self, n: usize) -> Result<f64> {
-        let batched = self.database.collection::<Document>("outbox_batched");
+    /// How fast the server marks `n` documents named 500 at a time, in a
+    /// collection with the relay's indexes (`indexed`) or with none.
+    async fn batched_update_rate(&self, n: usize, indexed: bool) -> Result<f64> {
+        let name = format!(
+            "outbox_batched_{}{n}",
+            if indexed { "indexed_" } else { "" }
+        );
+        let batched = self.database.collection::<Document>(&name);
+        if indexed {
+            crate::setup::ensure_indexes(&batched, None).await?;
+        }
         self.insert_backlog(&batched, n, Keys::None).await?;
         let ids: Vec<ObjectId> = batched
             .find(doc! {})
@@ -534,7 +580,9 @@ impl Bench<'_> {
     /// How fast the server gives up `n` pending documents in full, with the
     /// catch-up pass's query, while each 500 read are marked by their ids.
     async fn read_and_mark_rate(&self, n: usize) -> Result<f64> {
-        let outbox = self.database.collection::<Document>("outbox_read_and_mark");
+        let outbox = self
+            .database
+            .collection::<Document>(&format!("outbox_read_and_mark_{n}"));
         crate::setup::ensure_indexes(&outbox, None).await?;
         self.insert_backlog(&outbox, n, Keys::None).await?;
         let failed = |e| Error::mongo("reading pending documents failed", e);
@@ -559,13 +607,13 @@ impl Bench<'_> {
     /// A backlog of `n` messages keyed by `keys`, written with the relay
     /// stopped, then drained by a relay in push mode, started as `start`
     /// says. Returns how long the drain took, and what the relay used.
-    async fn drain_keyed(&self, keys: Keys, start: Start) -> Result<(f64, Usage)> {
+    async fn drain_keyed(&self, keys: Keys, start: Start, n: usize) -> Result<(f64, Usage)> {
         let resumed = if start == Start::Resumed {
             "_resumed"
         } else {
             ""
         };
-        let tag = format!("drain{}{resumed}", keys.slug());
+        let tag = format!("drain{}{resumed}_{n}", keys.slug());
         let (prefix, collection) = self.names(&tag);
         self.stream_for(&prefix).await?;
         let outbox = self.database.collection::<Document>(&collection);
@@ -581,31 +629,46 @@ impl Bench<'_> {
                     .await?
             }
         };
-        let n = self.config.backlog;
+        // The collection is laid out as a relay that ran before left it:
+        // an index built over a large backlog could outlast the relay's
+        // set-up limit.
+        crate::setup::ensure_indexes(&outbox, None).await?;
         self.insert_backlog(&outbox, n, keys).await?;
-        let n = n + before;
-        let relay =
+        let total = n + before;
+        let mut relay =
             self.start_relay(&tag, &collection, &prefix, Mode::Push(NatsMode::Jetstream))?;
         let began = Instant::now();
-        let progress = report::progress(n, &format!("backlog drain{}", keys.label()));
+        let progress = report::progress(total, &format!("backlog drain{}", keys.label()));
         let limit = Duration::from_secs(3600);
-        while arrived.len() < n {
+        while arrived.len() < total {
             if began.elapsed() > limit {
                 return Err(Error::Bench(
                     "the backlog did not drain within an hour".into(),
                 ));
             }
+            if relay.exited() {
+                return Err(Error::Bench(format!(
+                    "the relay of the drain exited; see {}",
+                    self.config
+                        .output
+                        .join(format!("relay-{tag}.log"))
+                        .display()
+                )));
+            }
             progress.set_position(arrived.len() as u64);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        loop {
-            let done = outbox
-                .count_documents(doc! { "status": "processed" })
-                .await
-                .map_err(|e| Error::mongo("counting drained messages failed", e))?;
-            if done as usize >= n {
-                break;
-            }
+        // Whether any message is still pending is one step into the sweep
+        // index, where counting the processed ones would read them all,
+        // and load the server while the last marks are made.
+        let failed = |e| Error::mongo("waiting for the last marks failed", e);
+        while outbox
+            .find_one(doc! { "status": "pending" })
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(failed)?
+            .is_some()
+        {
             if began.elapsed() > limit {
                 return Err(Error::Bench(
                     "the backlog was not all marked within an hour".into(),
@@ -617,15 +680,24 @@ impl Bench<'_> {
         progress.finish_and_clear();
         let usage = relay.usage();
         relay.stop(Duration::from_secs(15)).await;
+        let marked = outbox
+            .count_documents(doc! { "status": "processed" })
+            .await
+            .map_err(failed)?;
+        if (marked as usize) < total {
+            return Err(Error::Bench(format!(
+                "the drain marked {marked} of {total} messages processed (see relay-{tag}.log)"
+            )));
+        }
         if start == Start::Resumed {
-            self.check_resumed(&tag)?;
+            self.check_resumed(&tag, n)?;
         }
         Ok((seconds, usage))
     }
 
     /// A resumed drain that lost its place (the server's oplog too short to
     /// hold the backlog) measured a catch-up pass instead: refused.
-    fn check_resumed(&self, tag: &str) -> Result<()> {
+    fn check_resumed(&self, tag: &str, n: usize) -> Result<()> {
         let log = self.config.output.join(format!("relay-{tag}.log"));
         let text = std::fs::read_to_string(&log)
             .map_err(|e| Error::io(format!("cannot read {}", log.display()), e))?;
@@ -634,7 +706,7 @@ impl Bench<'_> {
                 "the resumed drain could not resume (see {}): the server's oplog does not hold \
                  the backlog; give it room for {} more entries",
                 log.display(),
-                self.config.backlog
+                n
             )));
         }
         Ok(())
@@ -701,9 +773,14 @@ impl Bench<'_> {
         keys: Keys,
     ) -> Result<()> {
         let progress = report::progress(n, "writing the backlog");
+        let padding = "x".repeat(self.config.payload_bytes);
         for start in (0..n).step_by(1000) {
             let batch = (start..n.min(start + 1000)).map(|i| {
-                let mut message = doc! { "_id": ObjectId::new(), "type": "order.placed", "payload": { "n": i as i64 }, "status": "pending" };
+                let mut payload = doc! { "n": i as i64 };
+                if !padding.is_empty() {
+                    payload.insert("padding", padding.as_str());
+                }
+                let mut message = doc! { "_id": ObjectId::new(), "type": "order.placed", "payload": payload, "status": "pending" };
                 if let Some(key) = keys.of(i) {
                     message.insert("key", key);
                 }

@@ -59,6 +59,12 @@ impl RelayProcess {
         })
     }
 
+    /// Whether the process has exited (it gave up, say, on a server it
+    /// could not use).
+    pub fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// CPU time and peak memory so far (Linux `/proc`; zero elsewhere).
     pub fn usage(&self) -> Usage {
         let pid = self.child.id();

@@ -27,7 +27,7 @@ pub(crate) fn progress(total: usize, label: &str) -> indicatif::ProgressBar {
 /// Prints the results as a table.
 pub fn print_table(report: &Report) {
     println!(
-        "{:<25} {:>7} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "{:<25} {:>7} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>8}",
         "mode",
         "offered",
         "received",
@@ -38,6 +38,7 @@ pub fn print_table(report: &Report) {
         "max ms",
         "achieved",
         "cpu s",
+        "cpu µs/msg",
         "rss MiB"
     );
     for run in &report.runs {
@@ -49,8 +50,9 @@ pub fn print_table(report: &Report) {
                 "-".into()
             }
         };
+        let per_message = usage.cpu_seconds / run.received.max(1) as f64 * 1e6;
         println!(
-            "{:<25} {:>7} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.0} {:>8} {:>8}",
+            "{:<25} {:>7} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.0} {:>8} {:>10} {:>8}",
             run.mode,
             run.offered_rate.map_or("max".into(), |r| r.to_string()),
             format!("{}/{}", run.received, run.messages),
@@ -61,6 +63,7 @@ pub fn print_table(report: &Report) {
             run.max_ms,
             run.achieved_rate,
             shown(usage.cpu_seconds),
+            shown(per_message),
             shown(usage.peak_rss_mib),
         );
     }
@@ -76,12 +79,17 @@ pub fn print_table(report: &Report) {
             );
         }
     }
-    if let Some(drain) = &report.drain {
+    for drain in &report.drains {
+        let padded = match drain.payload_bytes {
+            0 => String::new(),
+            bytes => format!(" of {bytes}-byte payloads"),
+        };
         println!(
-            "backlog drain: {} messages in {:.2} s = {:.0}/s; the server updates the same documents \
-             at {:.0}/s in one update ({:.0}% of that), at {:.0}/s named 500 an update ({:.0}% \
-             of that), and reads and marks them 500 at a time at {:.0}/s ({:.0}% of that); relay \
-             cpu {:.2} s, peak rss {:.1} MiB",
+            "backlog drain: {} messages{padded} in {:.2} s = {:.0}/s; the server updates the same \
+             documents at {:.0}/s in one update ({:.0}% of that), at {:.0}/s named 500 an update \
+             ({:.0}% of that; {:.0}/s and {:.0}% without the sweep index), and reads and marks \
+             them 500 at a time at {:.0}/s ({:.0}% of that); relay cpu {:.2} s ({:.1} µs a \
+             message), peak rss {:.1} MiB",
             drain.messages,
             drain.seconds,
             drain.rate,
@@ -89,20 +97,26 @@ pub fn print_table(report: &Report) {
             drain.share_of_limit * 100.0,
             drain.batched_update_rate,
             drain.share_of_batched * 100.0,
+            drain.bare_batched_update_rate,
+            drain.share_of_bare_batched * 100.0,
             drain.read_and_mark_rate,
             drain.share_of_read_and_mark * 100.0,
             drain.relay.cpu_seconds,
+            drain.cpu_us_per_message,
             drain.relay.peak_rss_mib,
         );
         println!(
-            "backlog drain resumed from a stored position (change-stream replay): {} messages in \
-             {:.2} s = {:.0}/s ({:.0}% of the server's rate named 500 an update); relay cpu {:.2} \
-             s, peak rss {:.1} MiB",
+            "backlog drain resumed from a stored position (change-stream replay): {} \
+             messages{padded} in {:.2} s = {:.0}/s ({:.0}% of the server's rate named 500 an \
+             update; {:.0}% without the sweep index); relay cpu {:.2} s ({:.1} µs a message), \
+             peak rss {:.1} MiB",
             drain.messages,
             drain.resumed_seconds,
             drain.resumed_rate,
             drain.resumed_share_of_batched * 100.0,
+            drain.resumed_share_of_bare_batched * 100.0,
             drain.resumed_relay.cpu_seconds,
+            drain.resumed_cpu_us_per_message,
             drain.resumed_relay.peak_rss_mib,
         );
     }

@@ -37,9 +37,14 @@ pub struct BenchArgs {
     /// Poll intervals to compare against, comma-separated.
     #[arg(long, default_value = "1s,100ms", value_delimiter = ',', value_parser = duration)]
     pub poll_intervals: Vec<Duration>,
-    /// Messages in the backlog drain; 0 skips it.
-    #[arg(long, default_value_t = 100_000)]
-    pub backlog: usize,
+    /// Messages in the backlog drain, comma-separated for several sizes
+    /// (each drained on a first start and resumed); 0 skips it.
+    #[arg(long, default_value = "100000", value_delimiter = ',')]
+    pub backlog: Vec<usize>,
+    /// Bytes of padding in each backlog message's payload, to measure the
+    /// memory budget with large messages [default: a payload of a few bytes].
+    #[arg(long, default_value_t = 0)]
+    pub payload_bytes: usize,
     /// Messages the inbox handles, timed against the same updates without
     /// it, then the latency from outbox commit to consumer commit; 0 skips.
     #[arg(long, default_value_t = 10_000)]
@@ -56,6 +61,10 @@ pub struct BenchArgs {
     #[arg(long)]
     pub server: Option<String>,
 }
+
+/// The largest padding `--payload-bytes` takes: NATS's default
+/// `max_payload` (1 MB), less room for the rest of the message.
+const MAX_PAYLOAD_BYTES: usize = 1_000_000 - 4_096;
 
 impl BenchArgs {
     /// The checked benchmark settings.
@@ -98,6 +107,19 @@ impl BenchArgs {
         if self.count == 0 {
             return Err(Error::Config("--count must be at least 1".into()));
         }
+        if self.payload_bytes > MAX_PAYLOAD_BYTES {
+            return Err(Error::Config(format!(
+                "--payload-bytes {} is more than {MAX_PAYLOAD_BYTES}, the most NATS takes in a \
+                 message by default (max_payload)",
+                self.payload_bytes
+            )));
+        }
+        // Each size drains in a collection of its own: one named twice
+        // would be drained resumed where a first start was meant.
+        let mut backlog = self.backlog.clone();
+        backlog.retain(|&n| n > 0);
+        let mut seen = std::collections::HashSet::new();
+        backlog.retain(|&n| seen.insert(n));
         let relay_binary = std::env::current_exe()
             .map_err(|e| Error::io("cannot find this program's path to start the relay", e))?;
         Ok(BenchConfig {
@@ -107,7 +129,8 @@ impl BenchArgs {
             rates,
             count: self.count,
             poll_intervals: self.poll_intervals,
-            backlog: self.backlog,
+            backlog,
+            payload_bytes: self.payload_bytes,
             inbox: self.inbox,
             keys,
             output: self.output,
