@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::Document;
+use bson::{oid::ObjectId, Document};
 use mongodb::Collection;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -40,6 +40,9 @@ pub(crate) struct Pipeline {
     /// The term's per-key order, shared by its pipelines; `None` outside a
     /// term (no order by key is kept).
     pub order: Option<KeyOrder>,
+    /// Claims made before the term began (below this id) are a former
+    /// leader's, and no verdict waits for them; `None` outside a term.
+    pub claims_before: Option<ObjectId>,
     /// The graceful stop: sources read nothing new, what was read is
     /// published and recorded, and waits for the broker end.
     pub shutdown: CancellationToken,
@@ -80,6 +83,7 @@ impl Pipeline {
             unmarkable: self.unmarkable.clone(),
             deliveries: self.deliveries.clone(),
             order: self.order.clone(),
+            claims_before: self.claims_before,
         };
         let publishing = tokio::spawn(publish.run(work, finished_tx));
         let done = tokio::spawn(async move {

@@ -37,7 +37,9 @@ use crate::publish::{NatsPublisher, Publisher, StreamSetup};
 use crate::retry::{until_ok, until_settled};
 use crate::setup;
 use crate::source::change_stream::{ChangeStreamSource, Prepare};
+use crate::source::progress::StreamProgress;
 use crate::source::sweep::Sweeper;
+use crate::time::object_id_at;
 use crate::work::{Budget, LastDelivery, Tally, Underway, Unmarkable};
 
 /// A connected relay, ready to run.
@@ -208,6 +210,8 @@ impl Relay {
         term_over: &CancellationToken,
         lost: &CancellationToken,
     ) {
+        // Every claim made before now is a former leader's: the lease is ours.
+        let claims_before = Some(object_id_at(bson::DateTime::now()));
         let Some(order) = self.read_order(term_over).await else {
             return;
         };
@@ -215,24 +219,34 @@ impl Relay {
             shutdown: term_over.clone(),
             abandon: lost.clone(),
             order: Some(order),
+            claims_before,
             ..pipeline.clone()
         };
         let interval = match self.config.mode {
             RelayMode::Push => self.config.sweep_interval,
             RelayMode::Poll => self.config.poll_interval,
         };
-        let sweeper = self.sweeper(term_pipeline.clone());
-        if until_ok("MongoDB clearing claims", term_over, || {
-            sweeper.clear_claims()
-        })
-        .await
-        .is_none()
-        {
-            return;
-        }
-        let sweeping = tokio::spawn(sweeper.run(interval, term_over.clone()));
+        let progress = StreamProgress::new(self.stall_window());
+        let sweeper = self.sweeper(term_pipeline.clone(), progress.clone());
+        // The former leader's claims are cleared before this term's sweep
+        // claims anything, but not before the stream starts: clearing reads
+        // every pending message, and a drain should not wait for that.
+        let sweeping = tokio::spawn({
+            let term_over = term_over.clone();
+            async move {
+                if until_ok("MongoDB clearing claims", &term_over, || {
+                    sweeper.clear_claims()
+                })
+                .await
+                .is_some()
+                {
+                    sweeper.run(interval, term_over).await;
+                }
+            }
+        });
         if self.config.mode == RelayMode::Push {
-            self.tail(&term_pipeline, owner, term, term_over).await;
+            self.tail(&term_pipeline, owner, term, progress, term_over)
+                .await;
         }
         if let Err(error) = sweeping.await {
             tracing::error!(%error, "the sweep stopped unexpectedly");
@@ -264,6 +278,7 @@ impl Relay {
         term_pipeline: &Pipeline,
         owner: &str,
         term: Term,
+        progress: StreamProgress,
         term_over: &CancellationToken,
     ) {
         let config = &self.config;
@@ -295,6 +310,7 @@ impl Relay {
             grace_period: config.grace_period,
             metrics: self.metrics.clone(),
             prepare: self.preparation(),
+            progress,
         };
         source.run(token, stream.input, term_over.clone()).await;
         if let Err(error) = stream.done.await {
@@ -335,7 +351,7 @@ impl Relay {
                     order: Some(order),
                     ..self.pipeline(deadline.clone(), lost.clone())
                 };
-                let sweeper = self.sweeper(pipeline);
+                let sweeper = self.sweeper(pipeline, StreamProgress::new(Duration::ZERO));
                 match sweeper.clear_claims().await {
                     Ok(()) => Some(sweeper.drain().await),
                     Err(error) => Some(Err(error)),
@@ -397,6 +413,17 @@ impl Relay {
         }
     }
 
+    /// How long the stream source may pass nothing on and still hold the
+    /// sweep back: the grace period, and more than two idle waits (an idle
+    /// stream reports its position after each).
+    fn stall_window(&self) -> Duration {
+        let config = &self.config;
+        config
+            .grace_period
+            .max(config.max_await_time.saturating_mul(2))
+            .max(Duration::from_secs(1))
+    }
+
     fn rules(&self) -> DecodeRules {
         DecodeRules::new(self.subject_rules.clone(), self.publisher.max_payload())
     }
@@ -416,15 +443,17 @@ impl Relay {
             underway: self.underway.clone(),
             deliveries: self.deliveries.clone(),
             order: None,
+            claims_before: None,
             shutdown,
             abandon,
         }
     }
 
     /// A sweeper over `pipeline`. In push mode it leaves never-tried
-    /// messages younger than the grace period to the change stream; in poll
-    /// mode there is no stream to leave them to.
-    fn sweeper(&self, pipeline: Pipeline) -> Sweeper {
+    /// messages to the change stream until a grace period after the stream
+    /// has read up to them (`progress`); in poll mode there is no stream to
+    /// leave them to.
+    fn sweeper(&self, pipeline: Pipeline, progress: StreamProgress) -> Sweeper {
         let grace_period = match self.config.mode {
             RelayMode::Push => self.config.grace_period,
             RelayMode::Poll => Duration::ZERO,
@@ -434,6 +463,7 @@ impl Relay {
             batch_size: self.config.batch_size,
             lock_timeout: self.config.lock_timeout,
             grace_period,
+            progress,
             max_pass_bytes: usize::try_from(self.config.max_buffered_bytes.0).unwrap_or(usize::MAX),
             misfits_read: Arc::default(),
             // A sweeper serves one term, which starts by reading the holds.

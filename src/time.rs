@@ -1,10 +1,11 @@
 //! Moments as MongoDB stores them (`DateTime`, milliseconds), moved by a
 //! `Duration`: one saturating conversion for every deadline the relay and
-//! the inbox write or compare (lease expiries, lock ages, record expiries).
+//! the inbox write or compare (lease expiries, lock ages, record expiries);
+//! and the ObjectId that a moment bounds.
 
 use std::time::Duration;
 
-use bson::DateTime;
+use bson::{oid::ObjectId, DateTime};
 
 /// `time` plus `by`, at the latest representable moment if it overflows.
 pub(crate) fn later(time: DateTime, by: Duration) -> DateTime {
@@ -18,4 +19,13 @@ pub(crate) fn earlier(time: DateTime, by: Duration) -> DateTime {
 
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The smallest ObjectId of the second `time` falls in: every id generated
+/// before that second sorts below it.
+pub(crate) fn object_id_at(time: DateTime) -> ObjectId {
+    let seconds = u32::try_from(time.timestamp_millis().div_euclid(1000)).unwrap_or(0);
+    let mut bytes = [0u8; 12];
+    bytes[..4].copy_from_slice(&seconds.to_be_bytes());
+    ObjectId::from_bytes(bytes)
 }

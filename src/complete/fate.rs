@@ -145,6 +145,19 @@ impl CompletionStage {
             .await
     }
 
+    /// What a verdict that holds no claim requires of `lockId`: no claim,
+    /// or in a term a claim older than the term, a former leader's. The
+    /// term clears those at its start, but its stream does not wait for
+    /// that: a verdict must not miss its message for a claim about to go
+    /// (a refusal that missed would leave its key held in the term's order
+    /// and nothing in the collection saying so).
+    fn unclaimed(&self) -> Bson {
+        match self.claims_before {
+            Some(term_began) => doc! { "$not": { "$gte": term_began } }.into(),
+            None => Bson::Null,
+        }
+    }
+
     /// Whether a dead letter of this message holds its key.
     fn holds_key(&self, message: &Decoded) -> bool {
         key(message).is_some()
@@ -191,7 +204,7 @@ impl CompletionStage {
                 filter.insert(field::NEXT_ATTEMPT_AT, doc! { "$ne": PARKED });
             }
             _ if claim.is_none() => {
-                filter.insert(field::LOCK_ID, Bson::Null);
+                filter.insert(field::LOCK_ID, self.unclaimed());
             }
             _ => {}
         }

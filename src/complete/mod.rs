@@ -10,7 +10,7 @@
 //! skips any. Every update matches `status: "pending"` (and the sweep's
 //! `lockId` where it claimed the message), so a late or repeated completion
 //! cannot overwrite a newer state; a refusal or a failure also matches the
-//! attempts it was read with, and no claim where it holds none.
+//! attempts it was read with, and no claim of the term where it holds none.
 //!
 //! No document can wedge the stage. Writes are retried only while the
 //! failure may pass (the network, an election, a conflict); a failure of
@@ -64,6 +64,9 @@ pub(crate) struct CompletionStage {
     pub deliveries: LastDelivery,
     /// The term's per-key order, told of dead letters and written parks.
     pub order: Option<KeyOrder>,
+    /// Claims below this id were made before the term began (see
+    /// `CompletionStage::unclaimed`); `None` outside a term.
+    pub claims_before: Option<ObjectId>,
 }
 
 /// A stream position waiting to be written, with the time it was reached.

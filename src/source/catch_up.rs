@@ -33,6 +33,8 @@ use crate::contract::{field, status, DecodeRules};
 use crate::error::{Error, Result};
 use crate::work::{Feed, Work};
 
+use super::progress::StreamProgress;
+
 /// How long before the snapshot a message the stream may still show can
 /// have been created: an ObjectId is made when the writer inserts, and its
 /// transaction may commit up to a minute later (MongoDB's default
@@ -104,6 +106,12 @@ impl Snapshot {
         })
     }
 
+    /// When the snapshot was taken, by the relay's clock: everything
+    /// committed before it is in the snapshot.
+    pub fn taken(&self) -> DateTime {
+        self.taken
+    }
+
     /// The cluster time the snapshot reads at, as the server reports it.
     pub fn cluster_time(&self) -> Option<Timestamp> {
         self.session.snapshot_time()
@@ -128,6 +136,7 @@ impl Snapshot {
         mut self,
         rules: &DecodeRules,
         output: &Feed,
+        progress: &StreamProgress,
         shutdown: &CancellationToken,
     ) -> Result<Option<HashSet<ObjectId>>> {
         let window = i64::try_from(REPEAT_WINDOW.as_millis()).unwrap_or(i64::MAX);
@@ -161,6 +170,7 @@ impl Snapshot {
             {
                 return Ok(None);
             }
+            progress.read(None);
         }
     }
 }

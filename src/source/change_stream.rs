@@ -32,6 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::catch_up;
+use super::progress::StreamProgress;
 use crate::contract::{field, status, DecodeRules};
 use crate::observe::{Metrics, Role};
 use crate::retry::{pause, reconnect_backoff, until_ok, Outage};
@@ -58,6 +59,8 @@ pub(crate) struct ChangeStreamSource {
     pub metrics: Metrics,
     /// Prepares the collection again after it was dropped and recreated.
     pub prepare: Prepare,
+    /// How far the source has read, for the sweep.
+    pub progress: StreamProgress,
 }
 
 /// Prepares the outbox collection (indexes, retention, validator).
@@ -149,6 +152,7 @@ impl ChangeStreamSource {
         shutdown: &CancellationToken,
     ) -> Option<(Events, CaughtUp)> {
         if let Some(events) = self.open_resuming(token, shutdown).await? {
+            self.progress.resumed();
             self.metrics.set_role_unless_stopping(Role::Tailing);
             return Some((events, carried.unwrap_or_else(CaughtUp::none)));
         }
@@ -179,8 +183,9 @@ impl ChangeStreamSource {
         output: &Feed,
         shutdown: &CancellationToken,
     ) -> crate::Result<Option<(Events, Option<bson::Timestamp>, HashSet<ObjectId>)>> {
+        self.progress.pass_started();
         let snapshot = catch_up::Snapshot::read(&self.outbox).await?;
-        let (start, upto) = (snapshot.start(), snapshot.cluster_time());
+        let (start, upto, taken) = (snapshot.start(), snapshot.cluster_time(), snapshot.taken());
         if start.is_none() {
             tracing::warn!(
                 "the server did not say when the catch-up pass's snapshot was taken; opening \
@@ -192,7 +197,10 @@ impl ChangeStreamSource {
             .await
             .map_err(|e| crate::Error::mongo("opening the change stream failed", e))?;
         self.metrics.set_role_unless_stopping(Role::Tailing);
-        let queued = snapshot.feed(&self.rules, output, shutdown).await?;
+        let queued = snapshot
+            .feed(&self.rules, output, &self.progress, shutdown)
+            .await?;
+        self.progress.pass_ended(taken);
         Ok(queued.map(|queued| (events, upto, queued)))
     }
 
@@ -286,6 +294,7 @@ impl ChangeStreamSource {
                     let token = event.id;
                     last = Some(token.clone());
                     let at = commit_time(event.wall_time, event.cluster_time);
+                    self.progress.read(at);
                     self.metrics.stream_event(at);
                     match event.full_document {
                         // Left to the sweep, which reads the document itself.
@@ -299,6 +308,8 @@ impl ChangeStreamSource {
                     }
                 }
                 Ok(None) => {
+                    // Nothing more committed: read up to now.
+                    self.progress.read(Some(DateTime::now()));
                     self.metrics.stream_idle();
                     match events.resume_token() {
                         Some(token)

@@ -12,9 +12,11 @@
 //!
 //! A pass looks in two places, each an index range on
 //! `{status, nextAttemptAt, _id}` read in the index's order: messages never
-//! tried (`nextAttemptAt` missing) that are older than the grace period,
-//! which leaves the change stream time to deliver them first; and messages
-//! whose retry is due. A pass with room left also looks for misfits, pending
+//! tried (`nextAttemptAt` missing) created a grace period before what the
+//! change stream has read (see `progress`), which leaves the stream time to
+//! deliver them first, however far behind it runs in a drain; and messages
+//! whose retry is due. While a catch-up pass is delivering, a pass reads
+//! nothing: the catch-up pass has every due message. A pass with room left also looks for misfits, pending
 //! documents whose fields put them in neither range, at most once a minute. The read names only indexed fields, so any planner
 //! serves it from the index; whether a candidate is free (unclaimed, or
 //! claimed longer ago than the lock timeout) is decided by the claim's
@@ -34,8 +36,10 @@ use crate::error::{brief, is_document_error, Error, Result};
 use crate::order::{held_keys, stored::parked_messages, KeyOrder, Parks, PARKED};
 use crate::pipeline::Pipeline;
 use crate::retry::Outage;
-use crate::time::{earlier, later};
+use crate::time::{earlier, later, object_id_at};
 use crate::work::{id_key, Tally, Work};
+
+use super::progress::{StreamProgress, SweepScope};
 
 /// Runs sweep passes over one outbox collection.
 #[derive(Clone)]
@@ -46,6 +50,8 @@ pub struct Sweeper {
     pub(crate) lock_timeout: Duration,
     /// Never-tried messages younger than this are left to the change stream.
     pub(crate) grace_period: Duration,
+    /// How far the change stream has read: the grace runs from there.
+    pub(crate) progress: StreamProgress,
     /// The most bytes of documents one pass reads.
     pub(crate) max_pass_bytes: usize,
     /// When the sweep last looked for misfits.
@@ -181,8 +187,19 @@ impl Sweeper {
     /// One pass: claim, publish, complete, release what was not completed.
     pub async fn pass(&self) -> Result<Pass> {
         let now = DateTime::now();
-        let [never_tried, retry_due, misfits] = candidate_queries(now, self.grace_period);
-        let reads = [(never_tried, true), (retry_due, true), (misfits, false)];
+        let never_tried_before = match self.progress.scope(now, self.grace_period) {
+            SweepScope::Nothing => return Ok(Pass::default()),
+            SweepScope::RetriesOnly => None,
+            SweepScope::Before(before) => Some(before),
+        };
+        // ObjectIds count whole seconds, so a bound at now would hold back
+        // the current second's messages even with no grace at all.
+        let bound = never_tried_before.filter(|before| *before < now);
+        let [never_tried, retry_due, misfits] = candidate_queries(now, bound);
+        let mut reads = vec![(retry_due, true), (misfits, false)];
+        if never_tried_before.is_some() {
+            reads.insert(0, (never_tried, true));
+        }
         Ok(self.pass_over(reads, false).await?.0)
     }
 
@@ -667,23 +684,22 @@ impl Sweeper {
 }
 
 /// The sweep's candidate reads, as `(filter, sort)`, in the order a pass
-/// takes them: never-tried messages older than `grace_period`, then retries
+/// takes them: never-tried messages created before `never_tried_before`
+/// (all of them without it), then retries
 /// due at `now`, each a range of the sweep index sorted in its order; then,
 /// with room left, misfits that neither range can find (an `_id` that is not
 /// an ObjectId, a `nextAttemptAt` that is not a date), so that whatever a
 /// writer put in a pending document, it is delivered or failed.
-pub fn candidate_queries(now: DateTime, grace_period: Duration) -> [(Document, Document); 3] {
+pub fn candidate_queries(
+    now: DateTime,
+    never_tried_before: Option<DateTime>,
+) -> [(Document, Document); 3] {
     let mut never_tried = doc! {
         field::STATUS: status::PENDING,
         field::NEXT_ATTEMPT_AT: Bson::Null,
     };
-    // ObjectIds count whole seconds, so a bound would hold back the current
-    // second's messages even with no grace period at all.
-    if !grace_period.is_zero() {
-        never_tried.insert(
-            field::ID,
-            doc! { "$lt": object_id_at(earlier(now, grace_period)) },
-        );
+    if let Some(before) = never_tried_before {
+        never_tried.insert(field::ID, doc! { "$lt": object_id_at(before) });
     }
     let retry_due = doc! {
         field::STATUS: status::PENDING,
@@ -725,13 +741,4 @@ fn due(last: &Mutex<Option<Instant>>, interval: Duration) -> bool {
 fn raw_id(document: &RawDocumentBuf) -> Option<Bson> {
     let id = document.get(field::ID).ok().flatten()?;
     Bson::try_from(id.to_raw_bson()).ok()
-}
-
-/// The smallest ObjectId of the second `time` falls in: every id generated
-/// before that second sorts below it.
-fn object_id_at(time: DateTime) -> ObjectId {
-    let seconds = u32::try_from(time.timestamp_millis().div_euclid(1000)).unwrap_or(0);
-    let mut bytes = [0u8; 12];
-    bytes[..4].copy_from_slice(&seconds.to_be_bytes());
-    ObjectId::from_bytes(bytes)
 }

@@ -396,8 +396,12 @@ async fn the_sweep_reads_are_served_by_the_sweep_index() {
     // The misfit read (the third) scans every pending entry by design and
     // runs at most once a minute; the two a pass always makes must be
     // index ranges.
-    let [never_tried, retry_due, _misfits] =
-        outbox_relay::source::sweep::candidate_queries(DateTime::now(), Duration::from_secs(5));
+    let [never_tried, retry_due, _misfits] = outbox_relay::source::sweep::candidate_queries(
+        DateTime::now(),
+        Some(DateTime::from_millis(
+            DateTime::now().timestamp_millis() - 5_000,
+        )),
+    );
     for (filter, sort) in [never_tried, retry_due] {
         let explained = env
             .db
@@ -461,5 +465,70 @@ async fn the_validator_rejects_a_malformed_insert_inside_the_writers_transaction
     env.wait_count(doc! { "_id": id, "status": "processed" }, 1)
         .await;
     relay.stop().await.unwrap();
+    env.drop().await;
+}
+
+/// Writes `n` pending messages at once, as a backlog piles up.
+async fn backlog(env: &TestEnv, n: usize) -> Vec<ObjectId> {
+    let ids: Vec<ObjectId> = (0..n).map(|_| ObjectId::new()).collect();
+    let messages = ids.iter().enumerate().map(|(i, id)| {
+        doc! { "_id": id, "type": "order.placed", "payload": { "n": i as i64 }, "status": "pending" }
+    });
+    env.outbox().insert_many(messages).await.unwrap();
+    ids
+}
+
+#[tokio::test]
+async fn a_drain_publishes_each_message_once_though_the_sweep_finds_it_due() {
+    let env = TestEnv::new().await;
+    let mut config = env.quick_config(3);
+    // The backlog is older than the grace period, and the sweep looks
+    // often and takes little at a time: on the wall clock alone it finds
+    // the whole backlog due while the catch-up pass, then the stream's
+    // replay, deliver it.
+    config.grace_period = Duration::from_millis(200);
+    config.sweep_interval = Duration::from_millis(10);
+    config.batch_size = 20;
+    // A source counts as moving for two idle waits: a slow machine's
+    // pauses must not pass for a stalled stream.
+    config.max_await_time = Duration::from_secs(2);
+    let mut receiver = env.subscribe().await;
+    let mut written = backlog(&env, 300).await;
+    tokio::time::sleep(config.grace_period * 2).await;
+    let relay = RunningRelay::start(config.clone()).await;
+    env.wait_count(doc! { "status": "processed" }, 300).await;
+    relay.stop().await.unwrap();
+    assert!(
+        env.checkpoint_token().await.is_some(),
+        "a position is stored"
+    );
+
+    written.extend(backlog(&env, 300).await);
+    tokio::time::sleep(config.grace_period * 2).await;
+    let relay = RunningRelay::start(config).await;
+    env.wait_count(doc! { "status": "processed" }, 600).await;
+    relay.stop().await.unwrap();
+
+    // The relay has stopped, so all it published has been routed: a
+    // message sent now arrives after every one of them.
+    let end = format!("{}.end", env.prefix);
+    env.nats.publish(end.clone(), "".into()).await.unwrap();
+    env.nats.flush().await.unwrap();
+    let mut published = Vec::new();
+    loop {
+        let message = receiver.next().await;
+        if message.subject.as_str() == end {
+            break;
+        }
+        published.push(message);
+    }
+    let counts = crate::common::count_by_id(&published);
+    let repeated: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "published more than once: {repeated:?}"
+    );
+    let ids: HashSet<String> = written.iter().map(|id| id.to_hex()).collect();
+    assert_eq!(counts.keys().cloned().collect::<HashSet<_>>(), ids);
     env.drop().await;
 }

@@ -1,0 +1,252 @@
+//! How far the change-stream source has read, for the sweep to keep out of
+//! its way.
+//!
+//! The sweep is the fallback: it takes a never-tried message only once the
+//! stream has had the grace period to deliver it. Measured on the wall
+//! clock alone, that grace runs out in the middle of every drain: a backlog
+//! older than the grace period would be claimed, read and published by the
+//! sweep while the catch-up pass or the stream's replay is delivering the
+//! same messages, so the server would do the drain's work twice. So the
+//! grace runs from what the stream has read, not from now:
+//!
+//! - while a catch-up pass feeds the pipeline, the pass has every due
+//!   message before it, and the sweep reads none;
+//! - after it, the sweep's never-tried range ends a grace period before
+//!   the commit time the stream has read up to, so a stream replaying an
+//!   hour of backlog is left to replay it.
+//!
+//! Only a source that moves counts: one that has passed nothing on for the
+//! stall window (broken and reopening, or gone) is no reason to wait, and
+//! the sweep falls back to the wall clock, so nothing committed waits on a
+//! stream that does not deliver. A source that starts (a pass, a resumed
+//! stream) has one stall window to pass its first message on; starting
+//! again and again without reading earns it no more.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::DateTime;
+
+use crate::time::earlier;
+
+/// What the sweep may read now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SweepScope {
+    /// A catch-up pass is delivering every due message: read nothing.
+    Nothing,
+    /// Never-tried messages created before this time, and due retries.
+    Before(DateTime),
+    /// Due retries only: the stream has not yet said how far it read.
+    RetriesOnly,
+}
+
+/// The stream source's progress, shared with the sweep of the same relay.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamProgress(Arc<Progress>);
+
+#[derive(Debug)]
+struct Progress {
+    /// Whence `moved` counts.
+    epoch: Instant,
+    /// When the source last passed something on, in milliseconds since
+    /// `epoch`; negative if it never did.
+    moved: AtomicI64,
+    /// When the source started without passing anything on since, in
+    /// milliseconds since `epoch`; negative if it has read since.
+    started: AtomicI64,
+    /// A catch-up pass is feeding the pipeline.
+    passing: AtomicBool,
+    /// Every message committed before this (milliseconds since the Unix
+    /// epoch) has been passed on; `i64::MIN` if that is not known yet.
+    read_up_to: AtomicI64,
+    /// How long a source may pass nothing on and still count as moving.
+    stall: Duration,
+}
+
+impl StreamProgress {
+    /// Progress that counts as moving for `stall` after each step.
+    pub fn new(stall: Duration) -> Self {
+        StreamProgress(Arc::new(Progress {
+            epoch: Instant::now(),
+            moved: AtomicI64::new(-1),
+            started: AtomicI64::new(-1),
+            passing: AtomicBool::new(false),
+            read_up_to: AtomicI64::new(i64::MIN),
+            stall,
+        }))
+    }
+
+    /// A catch-up pass starts: it covers every due message, and nothing
+    /// is known read until it ends.
+    pub fn pass_started(&self) {
+        self.0.read_up_to.store(i64::MIN, Ordering::Relaxed);
+        self.0.passing.store(true, Ordering::Relaxed);
+        self.started();
+    }
+
+    /// A catch-up pass queued everything committed before `snapshot`.
+    pub fn pass_ended(&self, snapshot: DateTime) {
+        self.0
+            .read_up_to
+            .store(snapshot.timestamp_millis(), Ordering::Relaxed);
+        self.0.passing.store(false, Ordering::Relaxed);
+        self.moved();
+    }
+
+    /// The stream opened from a stored position (the relay's, or where it
+    /// broke): how far it reads is known from its first event on, if it was
+    /// not known before.
+    pub fn resumed(&self) {
+        self.0.passing.store(false, Ordering::Relaxed);
+        self.started();
+    }
+
+    /// The source passed something on; `up_to`, if known, is the commit
+    /// time before which it has passed everything on.
+    pub fn read(&self, up_to: Option<DateTime>) {
+        if let Some(up_to) = up_to {
+            self.0
+                .read_up_to
+                .fetch_max(up_to.timestamp_millis(), Ordering::Relaxed);
+        }
+        self.moved();
+    }
+
+    fn moved(&self) {
+        self.0.moved.store(self.elapsed(), Ordering::Relaxed);
+        self.0.started.store(-1, Ordering::Relaxed);
+    }
+
+    /// A start counts from the first since the source last read.
+    fn started(&self) {
+        let now = self.elapsed();
+        let _ = self
+            .0
+            .started
+            .compare_exchange(-1, now, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    fn elapsed(&self) -> i64 {
+        i64::try_from(self.0.epoch.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Whether the source read, or started, within the stall window.
+    fn live(&self) -> bool {
+        let now = self.elapsed();
+        let stall = i64::try_from(self.0.stall.as_millis()).unwrap_or(i64::MAX);
+        let within = |at: i64| at >= 0 && now.saturating_sub(at) <= stall;
+        within(self.0.moved.load(Ordering::Relaxed))
+            || within(self.0.started.load(Ordering::Relaxed))
+    }
+
+    /// What a sweep pass at `now` may read, leaving never-tried messages
+    /// to the stream for `grace` after it has read up to them.
+    pub fn scope(&self, now: DateTime, grace: Duration) -> SweepScope {
+        if !self.live() {
+            return SweepScope::Before(earlier(now, grace));
+        }
+        if self.0.passing.load(Ordering::Relaxed) {
+            return SweepScope::Nothing;
+        }
+        match self.0.read_up_to.load(Ordering::Relaxed) {
+            i64::MIN => SweepScope::RetriesOnly,
+            read => {
+                let read = DateTime::from_millis(read.min(now.timestamp_millis()));
+                SweepScope::Before(earlier(read, grace))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GRACE: Duration = Duration::from_secs(5);
+
+    fn at(ms: i64) -> DateTime {
+        DateTime::from_millis(ms)
+    }
+
+    #[test]
+    fn a_source_that_never_moved_leaves_the_sweep_to_the_wall_clock() {
+        let progress = StreamProgress::new(Duration::from_secs(60));
+        let now = at(1_000_000);
+        assert_eq!(progress.scope(now, GRACE), SweepScope::Before(at(995_000)));
+    }
+
+    #[test]
+    fn a_catch_up_pass_under_way_keeps_the_sweep_out() {
+        let progress = StreamProgress::new(Duration::from_secs(60));
+        progress.pass_started();
+        assert_eq!(progress.scope(at(1_000_000), GRACE), SweepScope::Nothing);
+        progress.read(None);
+        assert_eq!(progress.scope(at(1_000_000), GRACE), SweepScope::Nothing);
+    }
+
+    #[test]
+    fn after_the_pass_the_grace_runs_from_what_the_stream_read() {
+        let progress = StreamProgress::new(Duration::from_secs(60));
+        progress.pass_started();
+        progress.pass_ended(at(400_000));
+        let now = at(1_000_000);
+        assert_eq!(progress.scope(now, GRACE), SweepScope::Before(at(395_000)));
+        progress.read(Some(at(700_000)));
+        assert_eq!(progress.scope(now, GRACE), SweepScope::Before(at(695_000)));
+        // An event out of order never moves the bound back.
+        progress.read(Some(at(600_000)));
+        assert_eq!(progress.scope(now, GRACE), SweepScope::Before(at(695_000)));
+        // Nor can a clock ahead of the relay's push it past now.
+        progress.read(Some(at(2_000_000)));
+        assert_eq!(progress.scope(now, GRACE), SweepScope::Before(at(995_000)));
+    }
+
+    #[test]
+    fn a_resumed_stream_leaves_never_tried_messages_until_its_first_event() {
+        let progress = StreamProgress::new(Duration::from_secs(60));
+        progress.pass_started();
+        progress.resumed();
+        assert_eq!(
+            progress.scope(at(1_000_000), GRACE),
+            SweepScope::RetriesOnly
+        );
+        progress.read(Some(at(900_000)));
+        assert_eq!(
+            progress.scope(at(1_000_000), GRACE),
+            SweepScope::Before(at(895_000))
+        );
+    }
+
+    #[test]
+    fn a_stalled_source_is_no_reason_to_wait() {
+        let progress = StreamProgress::new(Duration::from_millis(20));
+        progress.pass_started();
+        progress.read(None);
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(
+            progress.scope(at(1_000_000), GRACE),
+            SweepScope::Before(at(995_000))
+        );
+    }
+
+    #[test]
+    fn starting_again_and_again_without_reading_earns_no_more_time() {
+        let progress = StreamProgress::new(Duration::from_millis(20));
+        progress.pass_started();
+        assert_eq!(progress.scope(at(1_000_000), GRACE), SweepScope::Nothing);
+        std::thread::sleep(Duration::from_millis(30));
+        progress.pass_started();
+        progress.resumed();
+        assert_eq!(
+            progress.scope(at(1_000_000), GRACE),
+            SweepScope::Before(at(995_000))
+        );
+        // A read is movement again.
+        progress.read(Some(at(900_000)));
+        assert_eq!(
+            progress.scope(at(1_000_000), GRACE),
+            SweepScope::Before(at(895_000))
+        );
+    }
+}
