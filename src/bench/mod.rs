@@ -136,42 +136,45 @@ pub struct Drain {
     pub messages: usize,
     /// Padding in each message's payload, in bytes.
     pub payload_bytes: usize,
-    pub seconds: f64,
-    pub rate: f64,
+    /// On a first start: the catch-up pass reads the backlog.
+    pub first: DrainRun,
+    /// From a position stored before the backlog was written, as the
+    /// relay chooses (more pending than `--max-replay`: a catch-up pass).
+    pub resumed: DrainRun,
+    /// The same, the change stream made to replay it all.
+    pub replayed: DrainRun,
     pub bulk_update_seconds: f64,
     pub bulk_update_rate: f64,
-    /// Drain rate as a share of the bulk-update rate.
-    pub share_of_limit: f64,
     /// The same documents updated by naming them, 500 ids an update (as
     /// marking delivered messages must), one update after another, in a
     /// collection laid out as the relay's (with the sweep index, which
     /// any outbox needs to find its pending messages).
     pub batched_update_rate: f64,
-    /// Drain rate as a share of the batched-update rate.
-    pub share_of_batched: f64,
     /// The same, in a collection with no index but `_id`.
     pub bare_batched_update_rate: f64,
-    /// Drain rate as a share of the bare batched-update rate.
-    pub share_of_bare_batched: f64,
     /// The database work of a drain with no broker: the pending documents
     /// read in the sweep index's order, 500 at a time, and each batch
     /// marked by naming its ids, one batch after another.
     pub read_and_mark_rate: f64,
-    /// Drain rate as a share of the read-and-mark rate.
+}
+
+/// One drain of a backlog, against the server's rates for the same work.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrainRun {
+    pub seconds: f64,
+    pub rate: f64,
+    /// Rate as a share of the bulk-update rate.
+    pub share_of_bulk: f64,
+    /// Rate as a share of the batched-update rate (the sweep index kept).
+    pub share_of_batched: f64,
+    /// Rate as a share of the bare batched-update rate.
+    pub share_of_bare_batched: f64,
+    /// Rate as a share of the read-and-mark rate.
     pub share_of_read_and_mark: f64,
+    /// What the relay used over its whole life, start-up included.
     pub relay: Usage,
     /// Relay CPU time a message, in microseconds.
     pub cpu_us_per_message: f64,
-    /// The same backlog written while the relay was stopped after it had
-    /// stored a stream position: drained by the change stream's replay.
-    pub resumed_seconds: f64,
-    pub resumed_rate: f64,
-    /// Resumed drain rate as a share of the batched-update rate.
-    pub resumed_share_of_batched: f64,
-    /// Resumed drain rate as a share of the bare batched-update rate.
-    pub resumed_share_of_bare_batched: f64,
-    pub resumed_relay: Usage,
-    pub resumed_cpu_us_per_message: f64,
 }
 
 /// How a drained relay starts.
@@ -179,9 +182,21 @@ pub struct Drain {
 enum Start {
     /// With no stored position: the catch-up pass reads the backlog.
     First,
-    /// From a position stored before the backlog was written: the change
-    /// stream replays it.
+    /// From a position stored before the backlog was written, as the
+    /// relay decides.
     Resumed,
+    /// The same, with the change stream made to replay the backlog.
+    Replayed,
+}
+
+impl Start {
+    fn slug(self) -> &'static str {
+        match self {
+            Start::First => "",
+            Start::Resumed => "_resumed",
+            Start::Replayed => "_replayed",
+        }
+    }
 }
 
 /// The same backlog drained with its messages keyed.
@@ -308,7 +323,7 @@ impl Bench<'_> {
                     messages: n,
                     seconds,
                     rate,
-                    share_of_unkeyed: rate / drain.rate,
+                    share_of_unkeyed: rate / drain.first.rate,
                     relay,
                 });
             }
@@ -351,6 +366,18 @@ impl Bench<'_> {
         prefix: &str,
         mode: Mode,
     ) -> Result<RelayProcess> {
+        self.start_relay_with(tag, collection, prefix, mode, &[])
+    }
+
+    /// [`Bench::start_relay`] with more flags.
+    fn start_relay_with(
+        &self,
+        tag: &str,
+        collection: &str,
+        prefix: &str,
+        mode: Mode,
+        extra: &[&str],
+    ) -> Result<RelayProcess> {
         let mut args: Vec<String> = [
             "--mongodb-uri",
             &self.config.mongodb_uri,
@@ -376,6 +403,7 @@ impl Bench<'_> {
             Mode::Push(NatsMode::Core) => args.extend(["--nats-mode".into(), "core".into()]),
             _ => {}
         }
+        args.extend(extra.iter().map(|s| s.to_string()));
         RelayProcess::start(
             &self.config.relay_binary,
             &args,
@@ -500,9 +528,9 @@ impl Bench<'_> {
     /// first start, then resumed); and the server's own rates for updating
     /// the same documents.
     async fn drain(&self, n: usize) -> Result<Drain> {
-        let (seconds, relay) = self.drain_keyed(Keys::None, Start::First, n).await?;
-        let (resumed_seconds, resumed_relay) =
-            self.drain_keyed(Keys::None, Start::Resumed, n).await?;
+        let first = self.drain_keyed(Keys::None, Start::First, n).await?;
+        let resumed = self.drain_keyed(Keys::None, Start::Resumed, n).await?;
+        let replayed = self.drain_keyed(Keys::None, Start::Replayed, n).await?;
         let bulk = self
             .database
             .collection::<Document>(&format!("outbox_bulk_{n}"));
@@ -515,35 +543,34 @@ impl Bench<'_> {
         .await
         .map_err(|e| Error::mongo("bulk update failed", e))?;
         let bulk_update_seconds = began.elapsed().as_secs_f64();
+        let bulk_update_rate = n as f64 / bulk_update_seconds;
         let batched_update_rate = self.batched_update_rate(n, true).await?;
         let bare_batched_update_rate = self.batched_update_rate(n, false).await?;
         let read_and_mark_rate = self.read_and_mark_rate(n).await?;
-        let rate = n as f64 / seconds;
-        let resumed_rate = n as f64 / resumed_seconds;
-        let bulk_update_rate = n as f64 / bulk_update_seconds;
-        let per_message = |usage: &Usage| usage.cpu_seconds / n as f64 * 1e6;
+        let run = |(seconds, relay): (f64, Usage)| {
+            let rate = n as f64 / seconds;
+            DrainRun {
+                seconds,
+                rate,
+                share_of_bulk: rate / bulk_update_rate,
+                share_of_batched: rate / batched_update_rate,
+                share_of_bare_batched: rate / bare_batched_update_rate,
+                share_of_read_and_mark: rate / read_and_mark_rate,
+                cpu_us_per_message: relay.cpu_seconds / n as f64 * 1e6,
+                relay,
+            }
+        };
         Ok(Drain {
             messages: n,
             payload_bytes: self.config.payload_bytes,
-            seconds,
-            rate,
+            first: run(first),
+            resumed: run(resumed),
+            replayed: run(replayed),
             bulk_update_seconds,
             bulk_update_rate,
-            share_of_limit: rate / bulk_update_rate,
             batched_update_rate,
-            share_of_batched: rate / batched_update_rate,
             bare_batched_update_rate,
-            share_of_bare_batched: rate / bare_batched_update_rate,
             read_and_mark_rate,
-            share_of_read_and_mark: rate / read_and_mark_rate,
-            cpu_us_per_message: per_message(&relay),
-            relay,
-            resumed_seconds,
-            resumed_rate,
-            resumed_share_of_batched: resumed_rate / batched_update_rate,
-            resumed_share_of_bare_batched: resumed_rate / bare_batched_update_rate,
-            resumed_cpu_us_per_message: per_message(&resumed_relay),
-            resumed_relay,
         })
     }
 
@@ -608,12 +635,7 @@ impl Bench<'_> {
     /// stopped, then drained by a relay in push mode, started as `start`
     /// says. Returns how long the drain took, and what the relay used.
     async fn drain_keyed(&self, keys: Keys, start: Start, n: usize) -> Result<(f64, Usage)> {
-        let resumed = if start == Start::Resumed {
-            "_resumed"
-        } else {
-            ""
-        };
-        let tag = format!("drain{}{resumed}_{n}", keys.slug());
+        let tag = format!("drain{}{}_{n}", keys.slug(), start.slug());
         let (prefix, collection) = self.names(&tag);
         self.stream_for(&prefix).await?;
         let outbox = self.database.collection::<Document>(&collection);
@@ -624,7 +646,7 @@ impl Bench<'_> {
         load::subscribe(&self.nats, &prefix, arrived.clone(), stop).await?;
         let before = match start {
             Start::First => 0,
-            Start::Resumed => {
+            Start::Resumed | Start::Replayed => {
                 self.store_a_position(&tag, &outbox, &prefix, &arrived)
                     .await?
             }
@@ -635,8 +657,14 @@ impl Bench<'_> {
         crate::setup::ensure_indexes(&outbox, None).await?;
         self.insert_backlog(&outbox, n, keys).await?;
         let total = n + before;
-        let mut relay =
-            self.start_relay(&tag, &collection, &prefix, Mode::Push(NatsMode::Jetstream))?;
+        let push = Mode::Push(NatsMode::Jetstream);
+        let mut relay = match start {
+            Start::Replayed => {
+                let always = u32::MAX.to_string();
+                self.start_relay_with(&tag, &collection, &prefix, push, &["--max-replay", &always])?
+            }
+            _ => self.start_relay(&tag, &collection, &prefix, push)?,
+        };
         let began = Instant::now();
         let progress = report::progress(total, &format!("backlog drain{}", keys.label()));
         let limit = Duration::from_secs(3600);
@@ -689,18 +717,25 @@ impl Bench<'_> {
                 "the drain marked {marked} of {total} messages processed (see relay-{tag}.log)"
             )));
         }
-        if start == Start::Resumed {
-            self.check_resumed(&tag, n)?;
+        if start != Start::First {
+            self.check_resumed(&tag, n, start)?;
         }
         Ok((seconds, usage))
     }
 
     /// A resumed drain that lost its place (the server's oplog too short to
-    /// hold the backlog) measured a catch-up pass instead: refused.
-    fn check_resumed(&self, tag: &str, n: usize) -> Result<()> {
+    /// hold the backlog) measured a catch-up pass it did not choose, and a
+    /// replay that caught up measured no replay: refused.
+    fn check_resumed(&self, tag: &str, n: usize, start: Start) -> Result<()> {
         let log = self.config.output.join(format!("relay-{tag}.log"));
         let text = std::fs::read_to_string(&log)
             .map_err(|e| Error::io(format!("cannot read {}", log.display()), e))?;
+        if start == Start::Replayed && text.contains("catch-up pass queued") {
+            return Err(Error::Bench(format!(
+                "the replayed drain caught up from the collection instead (see {})",
+                log.display()
+            )));
+        }
         if text.contains("cannot resume from the stored token") {
             return Err(Error::Bench(format!(
                 "the resumed drain could not resume (see {}): the server's oplog does not hold \

@@ -85,40 +85,34 @@ pub fn print_table(report: &Report) {
             bytes => format!(" of {bytes}-byte payloads"),
         };
         println!(
-            "backlog drain: {} messages{padded} in {:.2} s = {:.0}/s; the server updates the same \
-             documents at {:.0}/s in one update ({:.0}% of that), at {:.0}/s named 500 an update \
-             ({:.0}% of that; {:.0}/s and {:.0}% without the sweep index), and reads and marks \
-             them 500 at a time at {:.0}/s ({:.0}% of that); relay cpu {:.2} s ({:.1} µs a \
-             message), peak rss {:.1} MiB",
+            "backlog of {} messages{padded}: the server updates them at {:.0}/s in one update, \
+             at {:.0}/s named 500 an update ({:.0}/s without the sweep index), and reads and \
+             marks them 500 at a time at {:.0}/s",
             drain.messages,
-            drain.seconds,
-            drain.rate,
             drain.bulk_update_rate,
-            drain.share_of_limit * 100.0,
             drain.batched_update_rate,
-            drain.share_of_batched * 100.0,
             drain.bare_batched_update_rate,
-            drain.share_of_bare_batched * 100.0,
             drain.read_and_mark_rate,
-            drain.share_of_read_and_mark * 100.0,
-            drain.relay.cpu_seconds,
-            drain.cpu_us_per_message,
-            drain.relay.peak_rss_mib,
         );
-        println!(
-            "backlog drain resumed from a stored position (change-stream replay): {} \
-             messages{padded} in {:.2} s = {:.0}/s ({:.0}% of the server's rate named 500 an \
-             update; {:.0}% without the sweep index); relay cpu {:.2} s ({:.1} µs a message), \
-             peak rss {:.1} MiB",
-            drain.messages,
-            drain.resumed_seconds,
-            drain.resumed_rate,
-            drain.resumed_share_of_batched * 100.0,
-            drain.resumed_share_of_bare_batched * 100.0,
-            drain.resumed_relay.cpu_seconds,
-            drain.resumed_cpu_us_per_message,
-            drain.resumed_relay.peak_rss_mib,
-        );
+        for (how, run) in [
+            ("on a first start (catch-up pass)", &drain.first),
+            ("resumed from a stored position", &drain.resumed),
+            ("resumed, the change stream replaying it", &drain.replayed),
+        ] {
+            println!(
+                "  drained {how}: {:.2} s = {:.0}/s, {:.0}% of the server's rate named 500 an \
+                 update ({:.0}% without the sweep index, {:.0}% of reading and marking); relay \
+                 cpu {:.2} s ({:.1} µs a message), peak rss {:.1} MiB",
+                run.seconds,
+                run.rate,
+                run.share_of_batched * 100.0,
+                run.share_of_bare_batched * 100.0,
+                run.share_of_read_and_mark * 100.0,
+                run.relay.cpu_seconds,
+                run.cpu_us_per_message,
+                run.relay.peak_rss_mib,
+            );
+        }
     }
     for keyed in &report.keyed_drains {
         println!(
