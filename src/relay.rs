@@ -308,6 +308,7 @@ impl Relay {
             max_await_time: config.max_await_time,
             idle_checkpoint_interval: config.idle_checkpoint_interval,
             grace_period: config.grace_period,
+            max_replay: config.max_replay,
             metrics: self.metrics.clone(),
             prepare: self.preparation(),
             progress,

@@ -4,7 +4,8 @@
 //! document taken from the insert event itself, so a message reaches the
 //! publisher with no further database round trip. It resumes from the
 //! stored token; when there is none, or the server can no longer resume
-//! from it (the history is gone, or the token is not one it accepts), it
+//! from it (the history is gone, or the token is not one it accepts), or
+//! more is pending than a replay should read (`--max-replay`), it
 //! says so and runs the catch-up pass over a snapshot of the collection,
 //! then tails from the snapshot's moment, so nothing committed in the gap
 //! is lost and no key's messages are read out of order. On idle streams it
@@ -56,6 +57,8 @@ pub(crate) struct ChangeStreamSource {
     pub idle_checkpoint_interval: Duration,
     /// How long after a catch-up pass the stream may still repeat its messages.
     pub grace_period: Duration,
+    /// Most due messages a first resume replays rather than catches up.
+    pub max_replay: u32,
     pub metrics: Metrics,
     /// Prepares the collection again after it was dropped and recreated.
     pub prepare: Prepare,
@@ -140,8 +143,9 @@ impl ChangeStreamSource {
     }
 
     /// Opens the stream after `token` or, where the stream cannot replay
-    /// what came before (no token, or its history is gone), runs the
-    /// catch-up pass and opens the stream where the pass's snapshot ends.
+    /// what came before (no token, or its history is gone) or should not
+    /// (more is pending than `max_replay`), runs the catch-up pass and
+    /// opens the stream where the pass's snapshot ends.
     /// Returns the stream and what the pass read (or, resumed, `carried`:
     /// what an earlier pass read); `None` if the relay stopped.
     async fn resume(
@@ -151,17 +155,21 @@ impl ChangeStreamSource {
         output: &Feed,
         shutdown: &CancellationToken,
     ) -> Option<(Events, CaughtUp)> {
-        if let Some(events) = self.open_resuming(token, shutdown).await? {
-            self.progress.resumed();
-            self.metrics.set_role_unless_stopping(Role::Tailing);
-            return Some((events, carried.unwrap_or_else(CaughtUp::none)));
+        // A stream reopened after a break has only its gap to replay.
+        let behind = token.is_some() && carried.is_none() && self.too_far_behind().await;
+        if !behind {
+            if let Some(events) = self.open_resuming(token, shutdown).await? {
+                self.progress.resumed();
+                self.metrics.set_role_unless_stopping(Role::Tailing);
+                return Some((events, carried.unwrap_or_else(CaughtUp::none)));
+            }
         }
-        let (events, upto, queued) = until_ok("MongoDB catch-up pass", shutdown, || {
+        let (events, upto, fed) = until_ok("MongoDB catch-up pass", shutdown, || {
             self.catch_up(output, shutdown)
         })
         .await??;
         tracing::info!(
-            found = queued.len(),
+            found = fed.count,
             "catch-up pass queued the pending messages"
         );
         // Once the pass's messages are done, the stream's starting position
@@ -172,7 +180,39 @@ impl ChangeStreamSource {
                 .await
                 .ok()?;
         }
-        Some((events, CaughtUp::new(queued, upto, self.grace_period)))
+        Some((events, CaughtUp::new(fed.recent, upto, self.grace_period)))
+    }
+
+    /// Whether more due messages are pending than a resumed stream should
+    /// replay. A replay reads every write to the oplog since the stored
+    /// position, the outbox's own marks among them, one event at a time,
+    /// where the catch-up pass reads the pending messages alone, by index:
+    /// a large backlog is delivered faster and at less cost to the server
+    /// by the pass, in `_id` order (see README, per-key order). Counting
+    /// stops past the limit, so the question costs at most that many index
+    /// entries.
+    async fn too_far_behind(&self) -> bool {
+        let limit = u64::from(self.max_replay).saturating_add(1);
+        let counted = self
+            .outbox
+            .count_documents(catch_up::due_filter(DateTime::now()))
+            .limit(limit)
+            .await;
+        match counted {
+            Ok(pending) if pending >= limit => {
+                tracing::info!(
+                    max_replay = self.max_replay,
+                    "more messages are pending than the stream replays (--max-replay): \
+                     delivering them with a catch-up pass from the collection instead"
+                );
+                true
+            }
+            Ok(_) => false,
+            Err(error) => {
+                tracing::debug!(%error, "could not count the pending messages; replaying the stream");
+                false
+            }
+        }
     }
 
     /// The catch-up pass: a snapshot of what is pending, fed to the
@@ -182,7 +222,7 @@ impl ChangeStreamSource {
         &self,
         output: &Feed,
         shutdown: &CancellationToken,
-    ) -> crate::Result<Option<(Events, Option<bson::Timestamp>, HashSet<ObjectId>)>> {
+    ) -> crate::Result<Option<(Events, Option<bson::Timestamp>, catch_up::Fed)>> {
         self.progress.pass_started();
         let snapshot = catch_up::Snapshot::read(&self.outbox).await?;
         let (start, upto, taken) = (snapshot.start(), snapshot.cluster_time(), snapshot.taken());
@@ -197,11 +237,11 @@ impl ChangeStreamSource {
             .await
             .map_err(|e| crate::Error::mongo("opening the change stream failed", e))?;
         self.metrics.set_role_unless_stopping(Role::Tailing);
-        let queued = snapshot
+        let fed = snapshot
             .feed(&self.rules, output, &self.progress, shutdown)
             .await?;
         self.progress.pass_ended(taken);
-        Ok(queued.map(|queued| (events, upto, queued)))
+        Ok(fed.map(|fed| (events, upto, fed)))
     }
 
     async fn open(&self, position: Position) -> mongodb::error::Result<Events> {

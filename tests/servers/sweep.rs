@@ -532,3 +532,44 @@ async fn a_drain_publishes_each_message_once_though_the_sweep_finds_it_due() {
     assert_eq!(counts.keys().cloned().collect::<HashSet<_>>(), ids);
     env.drop().await;
 }
+
+#[tokio::test]
+async fn a_relay_far_behind_its_stored_position_catches_up_from_the_collection() {
+    let env = TestEnv::new().await;
+    let mut config = env.config();
+    // The sweep takes no never-tried message: whatever the stream does
+    // not bring, only a catch-up pass delivers.
+    config.grace_period = Duration::from_secs(3600);
+    config.max_replay = 10;
+    let relay = RunningRelay::start(config.clone()).await;
+    write_orders(&env, 1).await;
+    env.wait_count(doc! { "status": "processed" }, 1).await;
+    relay.stop().await.unwrap();
+    assert!(
+        env.checkpoint_token().await.is_some(),
+        "a position is stored"
+    );
+
+    // Made pending by an update, which the stream does not bring.
+    let outbox = env.outbox();
+    let revived = ObjectId::new();
+    outbox
+        .insert_one(
+            doc! { "_id": revived, "type": "order.placed", "payload": {}, "status": "draft" },
+        )
+        .await
+        .unwrap();
+    outbox
+        .update_one(
+            doc! { "_id": revived },
+            doc! { "$set": { "status": "pending" } },
+        )
+        .await
+        .unwrap();
+    // More pending than the relay replays.
+    backlog(&env, 20).await;
+    let relay = RunningRelay::start(config).await;
+    env.wait_count(doc! { "status": "processed" }, 22).await;
+    relay.stop().await.unwrap();
+    env.drop().await;
+}
