@@ -148,9 +148,10 @@ settings! {
         /// How long the change stream may lag a commit: passes over the
         /// collection leave younger messages to it.
         grace_period: Duration = 5 * SECOND, within(Duration::ZERO..=DAY);
-        /// Most due messages a relay starting from a stored position
-        /// replays from the change stream; with more pending, a catch-up
-        /// pass reads them from the collection instead.
+        /// Most due messages a relay starting a term from a stored
+        /// position replays from the change stream; with more pending, a
+        /// catch-up pass reads them from the collection instead (4294967295:
+        /// always replay).
         max_replay: u32 = 10_000, within(1..=u32::MAX);
         /// How long a publish waits for its acknowledgement.
         ack_timeout: Duration = 5 * SECOND, within(MS..=10 * MINUTE);

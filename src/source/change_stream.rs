@@ -45,6 +45,9 @@ type Events = ChangeStream<ChangeStreamEvent<RawDocumentBuf>>;
 
 /// The change-stream label servers put on errors a stream can resume after.
 const RESUMABLE_LABEL: &str = "ResumableChangeStreamError";
+/// The longest the server may count pending messages before a resume.
+const COUNT_LIMIT: Duration = Duration::from_secs(30);
+
 /// CursorNotFound: resumable by the change streams specification.
 const CURSOR_NOT_FOUND: i32 = 43;
 
@@ -156,7 +159,14 @@ impl ChangeStreamSource {
         shutdown: &CancellationToken,
     ) -> Option<(Events, CaughtUp)> {
         // A stream reopened after a break has only its gap to replay.
-        let behind = token.is_some() && carried.is_none() && self.too_far_behind().await;
+        let behind = if token.is_some() && carried.is_none() {
+            // Until the source knows how it starts, the sweep leaves the
+            // never-tried messages alone.
+            self.progress.resumed();
+            self.too_far_behind(shutdown).await?
+        } else {
+            false
+        };
         if !behind {
             if let Some(events) = self.open_resuming(token, shutdown).await? {
                 self.progress.resumed();
@@ -190,15 +200,22 @@ impl ChangeStreamSource {
     /// a large backlog is delivered faster and at less cost to the server
     /// by the pass, in `_id` order (see README, per-key order). Counting
     /// stops past the limit, so the question costs at most that many index
-    /// entries.
-    async fn too_far_behind(&self) -> bool {
+    /// entries; `u32::MAX` replays always, without asking.
+    /// `None` if the relay stopped first.
+    async fn too_far_behind(&self, shutdown: &CancellationToken) -> Option<bool> {
+        if self.max_replay == u32::MAX {
+            return Some(false);
+        }
         let limit = u64::from(self.max_replay).saturating_add(1);
-        let counted = self
-            .outbox
-            .count_documents(catch_up::due_filter(DateTime::now()))
-            .limit(limit)
-            .await;
-        match counted {
+        let counted = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            counted = self
+                .outbox
+                .count_documents(catch_up::due_filter(DateTime::now()))
+                .limit(limit)
+                .max_time(COUNT_LIMIT) => counted,
+        };
+        Some(match counted {
             Ok(pending) if pending >= limit => {
                 tracing::info!(
                     max_replay = self.max_replay,
@@ -209,10 +226,14 @@ impl ChangeStreamSource {
             }
             Ok(_) => false,
             Err(error) => {
-                tracing::debug!(%error, "could not count the pending messages; replaying the stream");
+                tracing::warn!(
+                    %error,
+                    "could not count the pending messages; replaying the change stream from the \
+                     stored position"
+                );
                 false
             }
-        }
+        })
     }
 
     /// The catch-up pass: a snapshot of what is pending, fed to the

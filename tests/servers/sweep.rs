@@ -571,5 +571,6 @@ async fn a_relay_far_behind_its_stored_position_catches_up_from_the_collection()
     let relay = RunningRelay::start(config).await;
     env.wait_count(doc! { "status": "processed" }, 22).await;
     relay.stop().await.unwrap();
+    assert_eq!(env.stream_count().await, 22, "each message stored once");
     env.drop().await;
 }
