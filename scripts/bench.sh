@@ -28,7 +28,7 @@ if [ -z "${BENCH_MONGODB_URI:-}" ]; then
   fi
   mkdir -p "$STATE/mongo-rs-data"
   secantusd-rs --host 127.0.0.1 --port "$RS_PORT" --storage-path "$STATE/mongo-rs-data" \
-    --cache-size 256M --oplog-max-entries 10000000 >"$STATE/mongo-rs.log" 2>&1 &
+    --cache-size 256M --oplog-max-entries 3000000 >"$STATE/mongo-rs.log" 2>&1 &
   server=$!
   trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
   BENCH_MONGODB_URI="mongodb://127.0.0.1:$RS_PORT"
