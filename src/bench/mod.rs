@@ -488,9 +488,10 @@ impl Bench<'_> {
         progress.finish_and_clear();
         let limit = Duration::from_secs(60) + mode_wait(mode);
         load::wait_for(&arrived, self.config.count + 1, limit).await;
+        let done = relay.usage();
         let usage = Usage {
-            cpu_seconds: relay.usage().cpu_seconds - ready.cpu_seconds,
-            ..relay.usage()
+            cpu_seconds: done.cpu_seconds - ready.cpu_seconds,
+            ..done
         };
         let view = match mode {
             Mode::Push(_) => relay.view().await,

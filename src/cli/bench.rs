@@ -116,10 +116,13 @@ impl BenchArgs {
         }
         // Each size drains in a collection of its own: one named twice
         // would be drained resumed where a first start was meant.
-        let mut backlog = self.backlog.clone();
-        backlog.retain(|&n| n > 0);
         let mut seen = std::collections::HashSet::new();
-        backlog.retain(|&n| seen.insert(n));
+        let backlog: Vec<usize> = self
+            .backlog
+            .iter()
+            .copied()
+            .filter(|&n| n > 0 && seen.insert(n))
+            .collect();
         let relay_binary = std::env::current_exe()
             .map_err(|e| Error::io("cannot find this program's path to start the relay", e))?;
         Ok(BenchConfig {
