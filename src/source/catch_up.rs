@@ -25,8 +25,10 @@ use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocumentBuf, Timestamp};
+use futures::TryStreamExt;
 use mongodb::options::{CollectionOptions, ReadConcern};
-use mongodb::{ClientSession, Collection, SessionCursor};
+use mongodb::raw_batch_cursor::SessionRawBatchCursor;
+use mongodb::{ClientSession, Collection};
 use tokio_util::sync::CancellationToken;
 
 use crate::contract::{field, status, DecodeRules};
@@ -45,12 +47,59 @@ pub(crate) const REPEAT_WINDOW: Duration = Duration::from_secs(300);
 /// by JetStream.
 pub(crate) const MAX_REMEMBERED: usize = 100_000;
 
-/// Documents a pass asks the server for at a time. Left to the server, a
-/// batch is 16 MiB, which the driver holds twice over while it splits it
-/// into documents: tens of MiB for a pass that only ever has the budget's
-/// worth under way. A thousand is a round trip per thousand messages,
-/// against one mark per 500.
+/// The most documents a read asks the server for at a time. Left to the
+/// server, a batch is 16 MiB; a thousand is a round trip per thousand
+/// messages, against one mark per 500.
 const READ_BATCH: u32 = 1000;
+
+/// About how many bytes a read asks the server for at a time. A batch is
+/// held whole while its documents wait for room in the pipeline, beside the
+/// budget's worth under way; a 16 MiB batch of large messages would be
+/// memory no budget counts.
+const READ_BYTES: f64 = (4 << 20) as f64;
+
+/// Pending messages sampled to judge a read's batch.
+const SAMPLE: i64 = 100;
+
+/// How many documents to ask the server for at a time in reading the
+/// pending messages: [`READ_BYTES`] over the average size of the oldest of
+/// them, at most [`READ_BATCH`]. A server that cannot say (the sample
+/// fails) gets the most.
+pub(crate) async fn read_batch(outbox: &Collection<Document>) -> u32 {
+    let sizes = async {
+        outbox
+            .find(due_filter(DateTime::now()))
+            .sort(doc! { field::ID: 1 })
+            .limit(SAMPLE)
+            .projection(doc! { field::ID: 0, "bytes": { "$bsonSize": "$$ROOT" } })
+            .await?
+            .try_collect::<Vec<Document>>()
+            .await
+    };
+    match sizes.await {
+        Ok(sizes) => {
+            let sizes: Vec<f64> = sizes
+                .iter()
+                .filter_map(|s| s.get_i32("bytes").ok())
+                .map(f64::from)
+                .collect();
+            batch_for((!sizes.is_empty()).then(|| sizes.iter().sum::<f64>() / sizes.len() as f64))
+        }
+        Err(error) => {
+            tracing::debug!(%error, "could not sample the pending messages' size");
+            READ_BATCH
+        }
+    }
+}
+
+/// A read's batch for documents of `average` bytes.
+fn batch_for(average: Option<f64>) -> u32 {
+    match average {
+        // Saturating: a NaN or infinite quotient is 0 or the most.
+        Some(average) if average >= 1.0 => ((READ_BYTES / average) as u32).clamp(1, READ_BATCH),
+        _ => READ_BATCH,
+    }
+}
 
 /// The filter for pending messages whose next attempt is due. Anything
 /// but a future date counts as due: a `nextAttemptAt` the relay did not
@@ -65,7 +114,7 @@ pub(crate) fn due_filter(now: DateTime) -> Document {
 /// The due pending messages as of one moment, oldest first.
 pub(crate) struct Snapshot {
     session: ClientSession,
-    cursor: SessionCursor<RawDocumentBuf>,
+    cursor: SessionRawBatchCursor,
     /// When the snapshot was taken, by the relay's clock.
     taken: DateTime,
     /// The server's time just before the snapshot was asked for.
@@ -98,12 +147,16 @@ impl Snapshot {
             .read_concern(ReadConcern::snapshot())
             .selection_criteria(outbox.selection_criteria().cloned())
             .build();
+        let batch = read_batch(outbox).await;
+        // Read a batch at a time, each document straight from the server's
+        // reply: the driver's own cursor copies every document out of it.
         let cursor = database
             .collection_with_options::<RawDocumentBuf>(&namespace.coll, options)
             .find(due_filter(taken))
             .sort(doc! { field::ID: 1 })
-            .batch_size(READ_BATCH)
+            .batch_size(batch)
             .session(&mut session)
+            .batch()
             .await
             .map_err(failed)?;
         Ok(Snapshot {
@@ -150,39 +203,43 @@ impl Snapshot {
         let recent = self.taken.timestamp_millis().saturating_sub(window);
         let mut queued = VecDeque::new();
         let mut count = 0;
+        let failed = |e| Error::mongo("reading pending messages failed", e);
+        let mut batches = self.cursor.stream(&mut self.session);
         loop {
             let next = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(None),
-                next = self.cursor.next(&mut self.session) => next,
+                next = batches.try_next() => next.map_err(failed)?,
             };
-            let Some(document) = next
-                .transpose()
-                .map_err(|e| Error::mongo("reading pending messages failed", e))?
-            else {
+            let Some(batch) = next else {
                 return Ok(Some(Fed {
                     count,
                     recent: queued.into_iter().collect(),
                 }));
             };
-            let decoded = rules.decode_raw(&document);
-            if let Bson::ObjectId(id) = decoded.id {
-                let created = id.timestamp().timestamp_millis();
-                if created >= recent {
-                    if queued.len() == MAX_REMEMBERED {
-                        queued.pop_front();
+            for document in batch.doc_slices().map_err(failed)? {
+                let document = document.ok().and_then(|d| d.as_document()).ok_or_else(|| {
+                    Error::Protocol("a batch of pending messages holds a non-document".into())
+                })?;
+                let decoded = rules.decode_raw(document);
+                if let Bson::ObjectId(id) = decoded.id {
+                    let created = id.timestamp().timestamp_millis();
+                    if created >= recent {
+                        if queued.len() == MAX_REMEMBERED {
+                            queued.pop_front();
+                        }
+                        queued.push_back(id);
                     }
-                    queued.push_back(id);
                 }
+                if output
+                    .send(Work::from_collection(decoded, None))
+                    .await
+                    .is_err()
+                {
+                    return Ok(None);
+                }
+                count += 1;
+                progress.read(None);
             }
-            if output
-                .send(Work::from_collection(decoded, None))
-                .await
-                .is_err()
-            {
-                return Ok(None);
-            }
-            count += 1;
-            progress.read(None);
         }
     }
 }
@@ -193,4 +250,19 @@ pub(crate) struct Fed {
     pub count: u64,
     /// The ids of those the stream may still show.
     pub recent: HashSet<ObjectId>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_batch_holds_about_four_mebibytes_of_documents() {
+        assert_eq!(batch_for(Some(300.0)), READ_BATCH, "small: the most");
+        assert_eq!(batch_for(Some(100_000.0)), 41);
+        assert_eq!(batch_for(Some(16_000_000.0)), 1, "never none");
+        for unknown in [None, Some(0.0), Some(f64::NAN), Some(-1.0)] {
+            assert_eq!(batch_for(unknown), READ_BATCH);
+        }
+    }
 }

@@ -266,10 +266,13 @@ impl ChangeStreamSource {
     }
 
     async fn open(&self, position: Position) -> mongodb::error::Result<Events> {
+        // A replay's batches are of whole messages, as the pass's are.
+        let batch = catch_up::read_batch(&self.outbox).await;
         let watch = self
             .outbox
             .watch()
             .pipeline(new_messages())
+            .batch_size(batch)
             .max_await_time(self.max_await_time);
         let events = match position {
             Position::After(token) => watch.start_after(token).await,

@@ -406,6 +406,60 @@ async fn the_first_start_delivers_what_was_already_pending() {
     env.drop().await;
 }
 
+/// Large messages are read a few to a batch (about 4 MiB each), so a
+/// backlog of them takes many batches on a first start and on a replay:
+/// every one arrives, once, whole.
+#[tokio::test]
+async fn a_backlog_of_large_messages_is_read_in_small_batches_and_delivered_whole() {
+    const COUNT: usize = 40;
+    let env = TestEnv::new().await;
+    let mut receiver = env.subscribe().await;
+    let large = |n: usize| {
+        let body = vec![n as u8; 300_000];
+        doc! {
+            "_id": ObjectId::new(),
+            "type": "order.scanned",
+            "payload": Binary { subtype: BinarySubtype::Generic, bytes: body },
+            "status": "pending",
+        }
+    };
+    let first: Vec<Document> = (0..COUNT).map(large).collect();
+    env.outbox().insert_many(&first).await.unwrap();
+    let relay = RunningRelay::start(env.config()).await;
+    let mut seen = receiver.take(COUNT).await;
+    env.wait_count(doc! { "status": "processed" }, COUNT as u64)
+        .await;
+    relay.stop().await.unwrap();
+
+    // Written while the relay is down: the restart replays the stream.
+    let second: Vec<Document> = (COUNT..2 * COUNT).map(large).collect();
+    env.outbox().insert_many(&second).await.unwrap();
+    let relay = RunningRelay::start(env.config()).await;
+    seen.extend(receiver.take(COUNT).await);
+    env.wait_count(doc! { "status": "processed" }, 2 * COUNT as u64)
+        .await;
+    relay.stop().await.unwrap();
+
+    let written: HashSet<String> = first
+        .iter()
+        .chain(&second)
+        .map(|d| d.get_object_id("_id").unwrap().to_hex())
+        .collect();
+    let seen_ids: HashSet<String> = seen.iter().filter_map(msg_id).collect();
+    assert_eq!(seen_ids, written);
+    assert!(count_by_id(&seen).values().all(|&n| n == 1));
+    for (n, message) in first.iter().chain(&second).enumerate() {
+        let id = message.get_object_id("_id").unwrap().to_hex();
+        let delivered = seen
+            .iter()
+            .find(|m| msg_id(m).as_deref() == Some(&id))
+            .unwrap();
+        assert_eq!(delivered.payload.len(), 300_000);
+        assert!(delivered.payload.iter().all(|&b| b == n as u8));
+    }
+    env.drop().await;
+}
+
 /// A stored token no server can resume from (written by hand, or by an
 /// older version) must not keep the stream from starting: the relay starts
 /// from what is pending, and its next checkpoint replaces the bad one.
