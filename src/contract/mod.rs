@@ -187,7 +187,12 @@ impl DecodeRules {
     /// not the failure of the read that brought it.
     pub fn decode_raw(&self, raw: &RawDocument) -> Decoded {
         match Document::try_from(raw) {
-            Ok(document) => self.decode(&document),
+            Ok(mut document) => {
+                // The payload is taken out, not copied: it is the bulk of
+                // the document, which is dropped after.
+                let payload = document.remove(field::PAYLOAD);
+                self.decode_with(&document, payload)
+            }
             Err(error) => {
                 let field = |name: &str| {
                     let value = raw.get(name).ok().flatten()?;
@@ -208,8 +213,13 @@ impl DecodeRules {
     /// Decodes one outbox document as inserted (the change event's
     /// `fullDocument`, or a document read by a sweep).
     pub fn decode(&self, document: &Document) -> Decoded {
+        self.decode_with(document, document.get(field::PAYLOAD).cloned())
+    }
+
+    /// Decodes `document`, whose payload is `payload`.
+    fn decode_with(&self, document: &Document, payload: Option<Bson>) -> Decoded {
         let id = document.get(field::ID).cloned().unwrap_or(Bson::Null);
-        let message = self.to_message(&id, document);
+        let message = self.to_message(&id, document, payload);
         Decoded {
             id,
             message,
@@ -218,7 +228,12 @@ impl DecodeRules {
         }
     }
 
-    fn to_message(&self, id: &Bson, doc: &Document) -> Result<OutboxMessage, ContractViolation> {
+    fn to_message(
+        &self,
+        id: &Bson,
+        doc: &Document,
+        payload: Option<Bson>,
+    ) -> Result<OutboxMessage, ContractViolation> {
         let id = match id {
             Bson::ObjectId(oid) => *oid,
             Bson::Null => return Err(ContractViolation::new("the document has no _id")),
@@ -241,7 +256,7 @@ impl DecodeRules {
             None => default_subject,
         };
         self.subjects.check(&subject)?;
-        let (body, content_type) = encode_payload(doc.get(field::PAYLOAD))?;
+        let (body, content_type) = encode_payload(payload)?;
 
         let mut headers = vec![
             (header::MSG_ID.to_owned(), id.to_hex()),
@@ -361,27 +376,27 @@ fn fitted(mut body: Vec<u8>) -> Bytes {
     Bytes::from(body)
 }
 
-fn encode_payload(payload: Option<&Bson>) -> Result<(Bytes, &'static str), ContractViolation> {
+fn encode_payload(payload: Option<Bson>) -> Result<(Bytes, &'static str), ContractViolation> {
     match payload {
         Some(Bson::Document(document)) => {
-            let json = Bson::Document(document.clone()).into_relaxed_extjson();
+            let json = Bson::Document(document).into_relaxed_extjson();
             let body = serde_json::to_vec(&json).map_err(|e| {
                 ContractViolation::new(format!("payload cannot be written as JSON: {e}"))
             })?;
             Ok((fitted(body), JSON))
         }
         Some(Bson::Binary(binary)) if binary.subtype == BinarySubtype::Generic => {
-            Ok((Bytes::from(binary.bytes.clone()), BINARY))
+            Ok((Bytes::from(binary.bytes), BINARY))
         }
         Some(Bson::Binary(binary)) => Err(ContractViolation::new(format!(
             "payload is binData of subtype {:?}; use the generic subtype 0",
             binary.subtype
         ))),
-        Some(Bson::String(text)) => Ok((Bytes::from(text.clone().into_bytes()), TEXT)),
+        Some(Bson::String(text)) => Ok((Bytes::from(text.into_bytes()), TEXT)),
         None => Err(ContractViolation::new("the document has no payload")),
         Some(other) => Err(ContractViolation::new(format!(
             "payload must be a document, binData or string, found {}",
-            type_name(other)
+            type_name(&other)
         ))),
     }
 }
