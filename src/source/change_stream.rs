@@ -25,10 +25,11 @@ use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, DateTime, Document, RawDocumentBuf};
 use futures::future::BoxFuture;
-use mongodb::change_stream::event::{ChangeStreamEvent, OperationType, ResumeToken};
+use mongodb::change_stream::event::{OperationType, ResumeToken};
 use mongodb::change_stream::ChangeStream;
 use mongodb::error::ErrorKind;
 use mongodb::Collection;
+use serde::Deserialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -39,9 +40,25 @@ use crate::observe::{Metrics, Role};
 use crate::retry::{pause, reconnect_backoff, until_ok, Outage};
 use crate::work::{Feed, Work};
 
-/// Events carry the inserted document as the server sent it, so a document
-/// the driver cannot read fails alone instead of breaking the stream.
-type Events = ChangeStream<ChangeStreamEvent<RawDocumentBuf>>;
+type Events = ChangeStream<Event>;
+
+/// The fields of a change event the relay reads. The inserted document is
+/// kept as the server sent it, so a document the driver cannot read fails
+/// alone instead of breaking the stream; the fields the relay has no use
+/// for (namespace, document key) are not read at all.
+#[derive(Debug, Deserialize)]
+struct Event {
+    #[serde(rename = "_id")]
+    id: ResumeToken,
+    #[serde(rename = "operationType")]
+    operation_type: OperationType,
+    #[serde(rename = "clusterTime")]
+    cluster_time: Option<bson::Timestamp>,
+    #[serde(rename = "wallTime")]
+    wall_time: Option<DateTime>,
+    #[serde(rename = "fullDocument")]
+    full_document: Option<RawDocumentBuf>,
+}
 
 /// The change-stream label servers put on errors a stream can resume after.
 const RESUMABLE_LABEL: &str = "ResumableChangeStreamError";
