@@ -15,8 +15,8 @@ use cli::{Cli, Command, DlqCommand, InboxCommand, LogFormat};
 /// Every message costs the relay a few dozen small allocations (its
 /// document, subject, headers, futures); the system allocator took a
 /// quarter of the relay's CPU in a drain's profile. mimalloc's v2 line
-/// gives freed pages back after 10 ms; v3 keeps them a second, and a drain
-/// of 100 KB messages then held twice its budget's worth.
+/// gives freed pages back within about 100 ms; v3 keeps them a second or
+/// more, and a drain of 100 KB messages then held twice its budget's worth.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use outbox_relay::admin::dlq;

@@ -368,12 +368,15 @@ fn document_headers(doc: &Document) -> Result<Vec<(String, String)>, ContractVio
 /// The body in an allocation of its own size. The JSON writer grows its
 /// buffer by doubling, so a body can hold up to twice its length, and
 /// `Bytes` keeps the whole of it while the message waits: memory the byte
-/// budget, which counts the body's length, would not see.
-fn fitted(mut body: Vec<u8>) -> Bytes {
+/// budget, which counts the body's length, would not see. Copied, since
+/// an allocator may shrink a block in place without freeing anything
+/// (mimalloc does, down to half a block).
+fn fitted(body: Vec<u8>) -> Bytes {
     if body.capacity() - body.len() > body.len() / 8 {
-        body.shrink_to_fit();
+        Bytes::copy_from_slice(&body)
+    } else {
+        Bytes::from(body)
     }
-    Bytes::from(body)
 }
 
 fn encode_payload(payload: Option<Bson>) -> Result<(Bytes, &'static str), ContractViolation> {

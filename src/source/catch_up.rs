@@ -61,17 +61,20 @@ const READ_BYTES: f64 = (4 << 20) as f64;
 /// Pending messages sampled to judge a read's batch.
 const SAMPLE: i64 = 100;
 
+/// The longest the server may take over the sample.
+const SAMPLE_TIME: Duration = Duration::from_secs(1);
+
 /// How many documents to ask the server for at a time in reading the
-/// pending messages: [`READ_BYTES`] over the average size of the oldest of
-/// them, at most [`READ_BATCH`]. A server that cannot say (the sample
-/// fails) gets the most.
+/// pending messages: [`READ_BYTES`] over the average size of some of them
+/// (any, by the sweep index: a sort would read them all), at most
+/// [`READ_BATCH`]. A server that cannot say gets the most.
 pub(crate) async fn read_batch(outbox: &Collection<Document>) -> u32 {
     let sizes = async {
         outbox
             .find(due_filter(DateTime::now()))
-            .sort(doc! { field::ID: 1 })
             .limit(SAMPLE)
             .projection(doc! { field::ID: 0, "bytes": { "$bsonSize": "$$ROOT" } })
+            .max_time(SAMPLE_TIME)
             .await?
             .try_collect::<Vec<Document>>()
             .await
@@ -80,15 +83,28 @@ pub(crate) async fn read_batch(outbox: &Collection<Document>) -> u32 {
         Ok(sizes) => {
             let sizes: Vec<f64> = sizes
                 .iter()
-                .filter_map(|s| s.get_i32("bytes").ok())
-                .map(f64::from)
+                .filter_map(|s| number(s.get("bytes")?))
                 .collect();
             batch_for((!sizes.is_empty()).then(|| sizes.iter().sum::<f64>() / sizes.len() as f64))
         }
         Err(error) => {
-            tracing::debug!(%error, "could not sample the pending messages' size");
+            tracing::warn!(
+                %error,
+                "could not sample the pending messages' size; reading {READ_BATCH} at a time, \
+                 which for large messages holds up to 16 MiB a batch beside the byte budget"
+            );
             READ_BATCH
         }
+    }
+}
+
+/// A number as the server may write it.
+fn number(value: &Bson) -> Option<f64> {
+    match value {
+        Bson::Int32(n) => Some(f64::from(*n)),
+        Bson::Int64(n) => Some(*n as f64),
+        Bson::Double(n) => Some(*n),
+        _ => None,
     }
 }
 
@@ -119,12 +135,17 @@ pub(crate) struct Snapshot {
     taken: DateTime,
     /// The server's time just before the snapshot was asked for.
     before: Option<Timestamp>,
+    /// Documents a read asks for (see [`read_batch`]).
+    batch: u32,
 }
 
 impl Snapshot {
     /// Starts reading a snapshot of the due pending messages.
     pub async fn read(outbox: &Collection<Document>) -> Result<Self> {
         let failed = |e| Error::mongo("reading pending messages failed", e);
+        // Sampled first: the time between the probe and the snapshot is
+        // the stream's overlap with the pass.
+        let batch = read_batch(outbox).await;
         let taken = DateTime::now();
         let namespace = outbox.namespace();
         let database = outbox.client().database(&namespace.db);
@@ -147,7 +168,6 @@ impl Snapshot {
             .read_concern(ReadConcern::snapshot())
             .selection_criteria(outbox.selection_criteria().cloned())
             .build();
-        let batch = read_batch(outbox).await;
         // Read a batch at a time, each document straight from the server's
         // reply: the driver's own cursor copies every document out of it.
         let cursor = database
@@ -164,6 +184,7 @@ impl Snapshot {
             cursor,
             taken,
             before: probe.operation_time(),
+            batch,
         })
     }
 
@@ -171,6 +192,12 @@ impl Snapshot {
     /// committed before it is in the snapshot.
     pub fn taken(&self) -> DateTime {
         self.taken
+    }
+
+    /// Documents the pass's reads ask for, judged from the pending
+    /// messages' size.
+    pub fn batch(&self) -> u32 {
+        self.batch
     }
 
     /// The cluster time the snapshot reads at, as the server reports it.
@@ -217,9 +244,16 @@ impl Snapshot {
                 }));
             };
             for document in batch.doc_slices().map_err(failed)? {
-                let document = document.ok().and_then(|d| d.as_document()).ok_or_else(|| {
-                    Error::Protocol("a batch of pending messages holds a non-document".into())
-                })?;
+                // A stop is heeded between documents, not only batches.
+                if shutdown.is_cancelled() {
+                    return Ok(None);
+                }
+                let document = document
+                    .map_err(|e| e.to_string())
+                    .and_then(|d| d.as_document().ok_or_else(|| "not a document".to_owned()))
+                    .map_err(|why| {
+                        Error::Protocol(format!("the server's batch of pending messages: {why}"))
+                    })?;
                 let decoded = rules.decode_raw(document);
                 if let Bson::ObjectId(id) = decoded.id {
                     let created = id.timestamp().timestamp_millis();
@@ -264,5 +298,13 @@ mod tests {
         for unknown in [None, Some(0.0), Some(f64::NAN), Some(-1.0)] {
             assert_eq!(batch_for(unknown), READ_BATCH);
         }
+    }
+
+    #[test]
+    fn a_size_is_read_in_any_number_type_the_server_writes() {
+        assert_eq!(number(&Bson::Int32(300)), Some(300.0));
+        assert_eq!(number(&Bson::Int64(300)), Some(300.0));
+        assert_eq!(number(&Bson::Double(300.5)), Some(300.5));
+        assert_eq!(number(&Bson::String("300".into())), None);
     }
 }

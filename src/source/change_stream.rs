@@ -42,10 +42,11 @@ use crate::work::{Feed, Work};
 
 type Events = ChangeStream<Event>;
 
-/// The fields of a change event the relay reads. The inserted document is
+/// The fields of a change event the relay keeps. The inserted document is
 /// kept as the server sent it, so a document the driver cannot read fails
 /// alone instead of breaking the stream; the fields the relay has no use
-/// for (namespace, document key) are not read at all.
+/// for (namespace, document key) are skipped rather than built into
+/// documents (the driver still walks them).
 #[derive(Debug, Deserialize)]
 struct Event {
     #[serde(rename = "_id")]
@@ -59,6 +60,9 @@ struct Event {
     #[serde(rename = "fullDocument")]
     full_document: Option<RawDocumentBuf>,
 }
+
+/// The fewest events a stream asks for at a time: MongoDB's first batch.
+const LEAST_STREAM_BATCH: u32 = 101;
 
 /// The change-stream label servers put on errors a stream can resume after.
 const RESUMABLE_LABEL: &str = "ResumableChangeStreamError";
@@ -271,7 +275,7 @@ impl ChangeStreamSource {
             );
         }
         let events = self
-            .open(Position::At(start))
+            .open(Position::At(start), snapshot.batch())
             .await
             .map_err(|e| crate::Error::mongo("opening the change stream failed", e))?;
         self.metrics.set_role_unless_stopping(Role::Tailing);
@@ -282,14 +286,17 @@ impl ChangeStreamSource {
         Ok(fed.map(|fed| (events, upto, fed)))
     }
 
-    async fn open(&self, position: Position) -> mongodb::error::Result<Events> {
-        // A replay's batches are of whole messages, as the pass's are.
-        let batch = catch_up::read_batch(&self.outbox).await;
+    /// Opens the stream at `position`, asking for `batch` events at a time
+    /// (see [`catch_up::read_batch`]): a replay's events carry whole
+    /// messages, as the pass's documents are. No fewer than
+    /// [`LEAST_STREAM_BATCH`], since the stream keeps its batch for as
+    /// long as it stays open, after the backlog that sized it is gone.
+    async fn open(&self, position: Position, batch: u32) -> mongodb::error::Result<Events> {
         let watch = self
             .outbox
             .watch()
             .pipeline(new_messages())
-            .batch_size(batch)
+            .batch_size(batch.max(LEAST_STREAM_BATCH))
             .max_await_time(self.max_await_time);
         let events = match position {
             Position::After(token) => watch.start_after(token).await,
@@ -311,10 +318,14 @@ impl ChangeStreamSource {
             tracing::info!("no resume token: catching up from the collection");
             return Some(None);
         };
+        let batch = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            batch = catch_up::read_batch(&self.outbox) => batch,
+        };
         let mut outage = Outage::new("MongoDB change stream");
         let mut backoff = reconnect_backoff();
         loop {
-            match self.open(Position::After(token.clone())).await {
+            match self.open(Position::After(token.clone()), batch).await {
                 Ok(events) => {
                     outage.recovered();
                     self.metrics.stream_resumed();
