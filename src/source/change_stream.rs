@@ -42,11 +42,11 @@ use crate::work::{Feed, Work};
 
 type Events = ChangeStream<Event>;
 
-/// The fields of a change event the relay keeps. The inserted document is
-/// kept as the server sent it, so a document the driver cannot read fails
-/// alone instead of breaking the stream; the fields the relay has no use
-/// for (namespace, document key) are skipped rather than built into
-/// documents (the driver still walks them).
+/// The fields of a change event the relay keeps. The inserted document,
+/// and the document key that repeats its `_id`, are kept as the server
+/// sent them, so a document the driver cannot read (a string that is not
+/// UTF-8, say) fails alone instead of breaking the stream at its event for
+/// good. The namespace is skipped rather than built into a document.
 #[derive(Debug, Deserialize)]
 struct Event {
     #[serde(rename = "_id")]
@@ -59,6 +59,9 @@ struct Event {
     wall_time: Option<DateTime>,
     #[serde(rename = "fullDocument")]
     full_document: Option<RawDocumentBuf>,
+    /// Never read: named so that it is not walked.
+    #[serde(rename = "documentKey")]
+    _document_key: Option<RawDocumentBuf>,
 }
 
 /// The fewest events a stream asks for at a time: MongoDB's first batch.
@@ -558,6 +561,42 @@ mod tests {
     use bson::{rawdoc, Timestamp};
 
     use super::*;
+
+    /// A document whose `_id` is a string of bytes that are not UTF-8, as a
+    /// raw writer can make.
+    fn not_utf8() -> RawDocumentBuf {
+        let value = b"bad\xff\xfeid\0";
+        let mut element = vec![0x02];
+        element.extend_from_slice(b"_id\0");
+        element.extend_from_slice(&(value.len() as i32).to_le_bytes());
+        element.extend_from_slice(value);
+        let mut bytes = ((element.len() + 5) as i32).to_le_bytes().to_vec();
+        bytes.extend(element);
+        bytes.push(0);
+        RawDocumentBuf::from_bytes(bytes).expect("a well-framed document")
+    }
+
+    #[test]
+    fn an_event_of_a_document_that_is_not_utf8_is_read_and_left_to_decoding() {
+        let event = rawdoc! {
+            "_id": { "_data": "8263" },
+            "operationType": "insert",
+            "clusterTime": Timestamp { time: 1_800_000_000, increment: 1 },
+            "ns": { "db": "app", "coll": "outbox" },
+            "documentKey": not_utf8(),
+            "fullDocument": not_utf8(),
+        };
+        let read: Event = bson::from_slice(event.as_bytes()).expect("the event is read");
+        assert_eq!(read.operation_type, OperationType::Insert);
+        assert!(read.full_document.is_some());
+        // The driver's own event type builds the document key, and fails.
+        assert!(
+            bson::from_slice::<mongodb::change_stream::event::ChangeStreamEvent<RawDocumentBuf>>(
+                event.as_bytes()
+            )
+            .is_err()
+        );
+    }
 
     fn document(id: ObjectId) -> RawDocumentBuf {
         rawdoc! { "_id": id }
