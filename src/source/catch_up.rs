@@ -58,40 +58,39 @@ const READ_BATCH: u32 = 1000;
 /// memory no budget counts.
 const READ_BYTES: f64 = (4 << 20) as f64;
 
-/// Pending messages sampled to judge a read's batch.
-const SAMPLE: i64 = 100;
-
-/// The longest the server may take over the sample.
-const SAMPLE_TIME: Duration = Duration::from_secs(1);
+/// The longest the server may take to say the collection's sizes.
+const STATS_TIME: Duration = Duration::from_secs(5);
 
 /// How many documents to ask the server for at a time in reading the
-/// pending messages: [`READ_BYTES`] over the average size of some of them
-/// (any, by the sweep index: a sort would read them all), at most
-/// [`READ_BATCH`]. A server that cannot say gets the most.
+/// outbox: [`READ_BYTES`] over its documents' average size, as
+/// `$collStats` keeps it (a figure the server holds, not a read of the
+/// documents; one for each shard), at most [`READ_BATCH`]. A server that
+/// cannot say gets the most, which MongoDB caps at 16 MiB a batch.
 pub(crate) async fn read_batch(outbox: &Collection<Document>) -> u32 {
-    let sizes = async {
+    let stats = async {
         outbox
-            .find(due_filter(DateTime::now()))
-            .limit(SAMPLE)
-            .projection(doc! { field::ID: 0, "bytes": { "$bsonSize": "$$ROOT" } })
-            .max_time(SAMPLE_TIME)
+            .aggregate([doc! { "$collStats": { "storageStats": {} } }])
+            .max_time(STATS_TIME)
             .await?
             .try_collect::<Vec<Document>>()
             .await
     };
-    match sizes.await {
-        Ok(sizes) => {
-            let sizes: Vec<f64> = sizes
+    match stats.await {
+        Ok(shards) => {
+            let sizes: Vec<f64> = shards
                 .iter()
-                .filter_map(|s| number(s.get("bytes")?))
+                .filter_map(|shard| {
+                    number(shard.get_document("storageStats").ok()?.get("avgObjSize")?)
+                })
+                .filter(|size| *size > 0.0)
                 .collect();
             batch_for((!sizes.is_empty()).then(|| sizes.iter().sum::<f64>() / sizes.len() as f64))
         }
         Err(error) => {
             tracing::warn!(
                 %error,
-                "could not sample the pending messages' size; reading {READ_BATCH} at a time, \
-                 which for large messages holds up to 16 MiB a batch beside the byte budget"
+                "could not read the outbox's average document size ($collStats); reading \
+                 {READ_BATCH} documents at a time, up to 16 MiB a batch beside the byte budget"
             );
             READ_BATCH
         }
@@ -143,8 +142,8 @@ impl Snapshot {
     /// Starts reading a snapshot of the due pending messages.
     pub async fn read(outbox: &Collection<Document>) -> Result<Self> {
         let failed = |e| Error::mongo("reading pending messages failed", e);
-        // Sampled first: the time between the probe and the snapshot is
-        // the stream's overlap with the pass.
+        // Asked first: the time between the probe and the snapshot is the
+        // stream's overlap with the pass.
         let batch = read_batch(outbox).await;
         let taken = DateTime::now();
         let namespace = outbox.namespace();
@@ -194,8 +193,8 @@ impl Snapshot {
         self.taken
     }
 
-    /// Documents the pass's reads ask for, judged from the pending
-    /// messages' size.
+    /// Documents the pass's reads ask for, judged from the outbox's
+    /// average document size.
     pub fn batch(&self) -> u32 {
         self.batch
     }

@@ -64,8 +64,11 @@ struct Event {
     _document_key: Option<RawDocumentBuf>,
 }
 
-/// The fewest events a stream asks for at a time: MongoDB's first batch.
-const LEAST_STREAM_BATCH: u32 = 101;
+/// The fewest events a stream asks for at a time. A stream keeps the batch
+/// a backlog of large messages sized for as long as it stays open; sixteen
+/// events a round trip still outpace what a live stream brings, and
+/// sixteen large events are at most the server's 16 MiB.
+const LEAST_STREAM_BATCH: u32 = 16;
 
 /// The change-stream label servers put on errors a stream can resume after.
 const RESUMABLE_LABEL: &str = "ResumableChangeStreamError";
