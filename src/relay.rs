@@ -226,7 +226,10 @@ impl Relay {
             RelayMode::Push => self.config.sweep_interval,
             RelayMode::Poll => self.config.poll_interval,
         };
-        let progress = StreamProgress::new(self.stall_window());
+        let progress = match self.config.mode {
+            RelayMode::Push => StreamProgress::new(self.stall_window()),
+            RelayMode::Poll => StreamProgress::without_stream(),
+        };
         let sweeper = self.sweeper(term_pipeline.clone(), progress.clone());
         // The former leader's claims are cleared before this term's sweep
         // claims anything, but not before the stream starts: clearing reads
@@ -352,7 +355,7 @@ impl Relay {
                     order: Some(order),
                     ..self.pipeline(deadline.clone(), lost.clone())
                 };
-                let sweeper = self.sweeper(pipeline, StreamProgress::new(Duration::ZERO));
+                let sweeper = self.sweeper(pipeline, StreamProgress::without_stream());
                 match sweeper.clear_claims().await {
                     Ok(()) => Some(sweeper.drain().await),
                     Err(error) => Some(Err(error)),

@@ -9,8 +9,9 @@
 //! same messages, so the server would do the drain's work twice. So the
 //! grace runs from what the stream has read, not from now:
 //!
-//! - while a catch-up pass feeds the pipeline, the pass has every due
-//!   message before it, and the sweep reads none;
+//! - when a term starts, until the source says how it starts, and while a
+//!   catch-up pass feeds the pipeline, the pass may have every due message
+//!   before it, and the sweep reads none;
 //! - after it, the sweep's never-tried range ends a grace period before
 //!   the commit time the stream has read up to, so a stream replaying an
 //!   hour of backlog is left to replay it.
@@ -55,6 +56,8 @@ struct Progress {
     /// When the source started without passing anything on since, in
     /// milliseconds since `epoch`; negative if it has read since.
     started: AtomicI64,
+    /// `started` is the relay's guess, before the source's own start.
+    provisional: AtomicBool,
     /// A catch-up pass is feeding the pipeline.
     passing: AtomicBool,
     /// Every message committed before this (milliseconds since the Unix
@@ -65,13 +68,28 @@ struct Progress {
 }
 
 impl StreamProgress {
-    /// Progress that counts as moving for `stall` after each step.
+    /// The progress of a source about to start, which counts as moving
+    /// for `stall` after each step. Until it says how it starts, the sweep
+    /// reads nothing, for one window: a sweep that won the race to the
+    /// first pass would otherwise take a batch the catch-up pass reads
+    /// again. The source's own first start opens a window of its own, so
+    /// a slow start-up (a count, a checkpoint read) does not use it up.
     pub fn new(stall: Duration) -> Self {
+        Self::with(0, true, stall)
+    }
+
+    /// Progress for a relay with no stream: the sweep goes by the clock.
+    pub fn without_stream() -> Self {
+        Self::with(-1, false, Duration::ZERO)
+    }
+
+    fn with(started: i64, provisional: bool, stall: Duration) -> Self {
         StreamProgress(Arc::new(Progress {
             epoch: Instant::now(),
             moved: AtomicI64::new(-1),
-            started: AtomicI64::new(-1),
-            passing: AtomicBool::new(false),
+            started: AtomicI64::new(started),
+            provisional: AtomicBool::new(provisional),
+            passing: AtomicBool::new(provisional),
             read_up_to: AtomicI64::new(i64::MIN),
             stall,
         }))
@@ -116,11 +134,16 @@ impl StreamProgress {
     fn moved(&self) {
         self.0.moved.store(self.elapsed(), Ordering::Relaxed);
         self.0.started.store(-1, Ordering::Relaxed);
+        self.0.provisional.store(false, Ordering::Relaxed);
     }
 
     /// A start counts from the first since the source last read.
     fn started(&self) {
         let now = self.elapsed();
+        if self.0.provisional.swap(false, Ordering::Relaxed) {
+            self.0.started.store(now, Ordering::Relaxed);
+            return;
+        }
         let _ = self
             .0
             .started
@@ -170,10 +193,22 @@ mod tests {
     }
 
     #[test]
-    fn a_source_that_never_moved_leaves_the_sweep_to_the_wall_clock() {
-        let progress = StreamProgress::new(Duration::from_secs(60));
+    fn a_source_about_to_start_has_one_window_before_the_sweep_goes_by_the_clock() {
+        let progress = StreamProgress::new(Duration::from_millis(20));
         let now = at(1_000_000);
+        assert_eq!(progress.scope(now, GRACE), SweepScope::Nothing);
+        std::thread::sleep(Duration::from_millis(30));
         assert_eq!(progress.scope(now, GRACE), SweepScope::Before(at(995_000)));
+        let clock = StreamProgress::without_stream();
+        assert_eq!(clock.scope(now, GRACE), SweepScope::Before(at(995_000)));
+    }
+
+    #[test]
+    fn a_slow_start_up_leaves_the_source_its_own_window() {
+        let progress = StreamProgress::new(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(30));
+        progress.pass_started();
+        assert_eq!(progress.scope(at(1_000_000), GRACE), SweepScope::Nothing);
     }
 
     #[test]
