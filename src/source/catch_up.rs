@@ -22,6 +22,7 @@
 //! pending, with the stream opened at the new snapshot's time.
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocumentBuf, Timestamp};
@@ -61,11 +62,23 @@ const READ_BYTES: f64 = (4 << 20) as f64;
 /// The longest the server may take to say the collection's sizes.
 const STATS_TIME: Duration = Duration::from_secs(5);
 
+/// The fewest documents a read asks for: sixteen of the largest are at
+/// most the server's 16 MiB a batch, and a size the server got wrong (its
+/// figures can be off after an unclean shutdown) cannot make a read of a
+/// backlog one round trip a message.
+const LEAST_READ_BATCH: u32 = 16;
+
+/// Whether the relay has said it cannot read the collection's sizes: said
+/// once, as it is asked at every start of the stream.
+static SIZES_UNKNOWN_SAID: AtomicBool = AtomicBool::new(false);
+
 /// How many documents to ask the server for at a time in reading the
 /// outbox: [`READ_BYTES`] over its documents' average size, as
 /// `$collStats` keeps it (a figure the server holds, not a read of the
-/// documents; one for each shard), at most [`READ_BATCH`]. A server that
-/// cannot say gets the most, which MongoDB caps at 16 MiB a batch.
+/// documents; one for each shard, weighed by its count), from
+/// [`LEAST_READ_BATCH`] to [`READ_BATCH`]. The average is the whole
+/// collection's, kept messages among them. A server that cannot say gets
+/// the most, which MongoDB caps at 16 MiB a batch.
 pub(crate) async fn read_batch(outbox: &Collection<Document>) -> u32 {
     let stats = async {
         outbox
@@ -76,25 +89,36 @@ pub(crate) async fn read_batch(outbox: &Collection<Document>) -> u32 {
             .await
     };
     match stats.await {
-        Ok(shards) => {
-            let sizes: Vec<f64> = shards
-                .iter()
-                .filter_map(|shard| {
-                    number(shard.get_document("storageStats").ok()?.get("avgObjSize")?)
-                })
-                .filter(|size| *size > 0.0)
-                .collect();
-            batch_for((!sizes.is_empty()).then(|| sizes.iter().sum::<f64>() / sizes.len() as f64))
-        }
+        Ok(shards) => batch_for(average_size(&shards)),
         Err(error) => {
-            tracing::warn!(
-                %error,
-                "could not read the outbox's average document size ($collStats); reading \
-                 {READ_BATCH} documents at a time, up to 16 MiB a batch beside the byte budget"
-            );
+            if SIZES_UNKNOWN_SAID.swap(true, Ordering::Relaxed) {
+                tracing::debug!(%error, "could not read the outbox's average document size");
+            } else {
+                tracing::warn!(
+                    %error,
+                    "could not read the outbox's average document size ($collStats; the relay's \
+                     user needs the collStats action on the outbox); reading {READ_BATCH} \
+                     documents at a time, up to 16 MiB a batch beside the byte budget"
+                );
+            }
             READ_BATCH
         }
     }
+}
+
+/// The average document size over every shard's figures, each weighed by
+/// its count; `None` if no shard gave both.
+fn average_size(shards: &[Document]) -> Option<f64> {
+    let (bytes, count) = shards
+        .iter()
+        .filter_map(|shard| {
+            let stats = shard.get_document("storageStats").ok()?;
+            let average = number(stats.get("avgObjSize")?)?;
+            let count = number(stats.get("count")?)?;
+            (average > 0.0 && count > 0.0).then_some((average * count, count))
+        })
+        .fold((0.0, 0.0), |(b, c), (bytes, count)| (b + bytes, c + count));
+    (count > 0.0).then(|| bytes / count)
 }
 
 /// A number as the server may write it.
@@ -111,7 +135,9 @@ fn number(value: &Bson) -> Option<f64> {
 fn batch_for(average: Option<f64>) -> u32 {
     match average {
         // Saturating: a NaN or infinite quotient is 0 or the most.
-        Some(average) if average >= 1.0 => ((READ_BYTES / average) as u32).clamp(1, READ_BATCH),
+        Some(average) if average >= 1.0 => {
+            ((READ_BYTES / average) as u32).clamp(LEAST_READ_BATCH, READ_BATCH)
+        }
         _ => READ_BATCH,
     }
 }
@@ -293,10 +319,25 @@ mod tests {
     fn a_read_batch_holds_about_four_mebibytes_of_documents() {
         assert_eq!(batch_for(Some(300.0)), READ_BATCH, "small: the most");
         assert_eq!(batch_for(Some(100_000.0)), 41);
-        assert_eq!(batch_for(Some(16_000_000.0)), 1, "never none");
+        assert_eq!(batch_for(Some(16_000_000.0)), LEAST_READ_BATCH);
         for unknown in [None, Some(0.0), Some(f64::NAN), Some(-1.0)] {
             assert_eq!(batch_for(unknown), READ_BATCH);
         }
+    }
+
+    #[test]
+    fn shards_are_weighed_by_their_counts() {
+        let shard = |average: f64, count: i64| {
+            doc! { "storageStats": { "avgObjSize": average, "count": count } }
+        };
+        let shards = [
+            shard(100.0, 900),
+            shard(1000.0, 100),
+            doc! { "storageStats": {} },
+        ];
+        assert_eq!(average_size(&shards), Some(190.0));
+        assert_eq!(average_size(&[shard(0.0, 0)]), None, "an empty collection");
+        assert_eq!(average_size(&[]), None);
     }
 
     #[test]

@@ -64,12 +64,6 @@ struct Event {
     _document_key: Option<RawDocumentBuf>,
 }
 
-/// The fewest events a stream asks for at a time. A stream keeps the batch
-/// a backlog of large messages sized for as long as it stays open; sixteen
-/// events a round trip still outpace what a live stream brings, and
-/// sixteen large events are at most the server's 16 MiB.
-const LEAST_STREAM_BATCH: u32 = 16;
-
 /// The change-stream label servers put on errors a stream can resume after.
 const RESUMABLE_LABEL: &str = "ResumableChangeStreamError";
 /// The longest the server may count pending messages before a resume.
@@ -272,7 +266,10 @@ impl ChangeStreamSource {
         shutdown: &CancellationToken,
     ) -> crate::Result<Option<(Events, Option<bson::Timestamp>, catch_up::Fed)>> {
         self.progress.pass_started();
-        let snapshot = catch_up::Snapshot::read(&self.outbox).await?;
+        let snapshot = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            snapshot = catch_up::Snapshot::read(&self.outbox) => snapshot?,
+        };
         let (start, upto, taken) = (snapshot.start(), snapshot.cluster_time(), snapshot.taken());
         if start.is_none() {
             tracing::warn!(
@@ -294,15 +291,16 @@ impl ChangeStreamSource {
 
     /// Opens the stream at `position`, asking for `batch` events at a time
     /// (see [`catch_up::read_batch`]): a replay's events carry whole
-    /// messages, as the pass's documents are. No fewer than
-    /// [`LEAST_STREAM_BATCH`], since the stream keeps its batch for as
-    /// long as it stays open, after the backlog that sized it is gone.
+    /// messages, as the pass's documents are. The stream keeps its batch
+    /// for as long as it stays open, after the backlog that sized it is
+    /// gone; the least batch, sixteen events a round trip, still outpaces
+    /// what a live stream brings.
     async fn open(&self, position: Position, batch: u32) -> mongodb::error::Result<Events> {
         let watch = self
             .outbox
             .watch()
             .pipeline(new_messages())
-            .batch_size(batch.max(LEAST_STREAM_BATCH))
+            .batch_size(batch)
             .max_await_time(self.max_await_time);
         let events = match position {
             Position::After(token) => watch.start_after(token).await,
