@@ -193,8 +193,9 @@ settings! {
         /// the held keys are read.
         collect_interval: Duration = 10 * SECOND, within(MS..=DAY);
         /// Warn when the oplog holds less history than this before the
-        /// stored position.
-        oplog_headroom_warning: Duration = HOUR, within(Duration::ZERO..=365 * DAY);
+        /// stored position; "off" does not read the oplog at all (no
+        /// headroom or window metric).
+        oplog_headroom_warning: Option<Duration> = Some(HOUR), within(Duration::ZERO..=365 * DAY);
     }
 }
 
@@ -540,6 +541,22 @@ mod tests {
         );
         assert!(read("install_validator", "maybe").is_err());
         assert_eq!(Bytes::mib(64).show().as_deref(), Some("64MiB"));
+    }
+
+    #[test]
+    fn a_duration_that_may_be_off_reads_off_and_durations() {
+        let read = |text| {
+            resolve_with("oplog_headroom_warning", flag(text))
+                .map(|c| c.oplog_headroom_warning)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(read("off"), Ok(None));
+        assert_eq!(read("2h"), Ok(Some(2 * HOUR)));
+        let error = read("soon").unwrap_err();
+        assert!(
+            error.contains("--oplog-headroom-warning \"soon\" is not a duration"),
+            "{error}"
+        );
     }
 
     #[test]

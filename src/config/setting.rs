@@ -233,9 +233,15 @@ impl Value for Duration {
     }
 }
 
+/// A duration, or "off" for none.
 impl Value for Option<Duration> {
     fn parse(text: &str) -> Result<Self, String> {
-        Duration::parse(text).map(Some)
+        match text {
+            "off" | "none" => Ok(None),
+            _ => Duration::parse(text)
+                .map(Some)
+                .map_err(|why| format!("{why}, or \"off\"")),
+        }
     }
     fn show(&self) -> Option<String> {
         self.and_then(|d| d.show())

@@ -9,6 +9,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use bson::{DateTime, Document};
 use mongodb::{Client, Collection};
 use tokio_util::sync::CancellationToken;
@@ -25,8 +27,13 @@ pub struct Collector {
     pub(crate) client: Client,
     pub(crate) metrics: Metrics,
     pub(crate) interval: Duration,
-    pub(crate) headroom_warning: Duration,
+    /// `None`: the oplog is not read (`--oplog-headroom-warning off`).
+    pub(crate) headroom_warning: Option<Duration>,
 }
+
+/// How many times as long as a round took the collector waits before the
+/// next, at the least.
+const SPACING: u32 = 20;
 
 /// What the collector has said about the oplog, so it speaks only on change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,18 +49,34 @@ pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
     let mut outage = Outage::new("MongoDB reading the outbox's depths and checkpoint");
     let mut oplog = OplogState::Unknown;
     loop {
+        let began = Instant::now();
         match collector.outbox_state().await {
             Ok(position) => {
                 outage.recovered();
-                oplog = collector.oplog(oplog, position).await;
+                if let Some(warning) = collector.headroom_warning {
+                    oplog = collector.oplog(oplog, position, warning).await;
+                }
             }
             Err(error) => outage.failed(&error),
         }
+        let wait = next_round(began.elapsed(), collector.interval);
+        if wait > collector.interval {
+            tracing::debug!(
+                took = ?began.elapsed(),
+                next_in = ?wait,
+                "the collector's reads were slow: reading less often"
+            );
+        }
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(collector.interval) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
     }
+}
+
+/// The wait before the next round, after one that `took` so long.
+fn next_round(took: Duration, interval: Duration) -> Duration {
+    interval.max(took.saturating_mul(SPACING))
 }
 
 impl Collector {
@@ -73,7 +96,12 @@ impl Collector {
 
     /// Reads the oplog's span and the headroom before `position`, and logs
     /// when the headroom state changes.
-    async fn oplog(&self, said: OplogState, position: Option<DateTime>) -> OplogState {
+    async fn oplog(
+        &self,
+        said: OplogState,
+        position: Option<DateTime>,
+        warning: Duration,
+    ) -> OplogState {
         let oplog = match Oplog::read(&self.client).await {
             Ok(Some(oplog)) => oplog,
             Ok(None) => return said,
@@ -96,7 +124,7 @@ impl Collector {
         let Some(headroom) = headroom else {
             return said;
         };
-        let warning = self.headroom_warning.as_secs_f64();
+        let warning = warning.as_secs_f64();
         match (headroom < warning, said) {
             (true, OplogState::Short) => OplogState::Short,
             (true, _) => {
@@ -118,5 +146,25 @@ impl Collector {
             }
             (false, _) => OplogState::Ample,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_round_spaces_the_next_out() {
+        let interval = Duration::from_secs(10);
+        assert_eq!(next_round(Duration::from_millis(5), interval), interval);
+        assert_eq!(
+            next_round(Duration::from_secs(2), interval),
+            Duration::from_secs(40)
+        );
+        assert_eq!(
+            next_round(Duration::MAX, interval),
+            Duration::MAX,
+            "saturates"
+        );
     }
 }
