@@ -97,14 +97,7 @@ impl RelayProcess {
     /// The relay's own view of its latency, if its metrics answer.
     pub async fn view(&self) -> Option<RelayView> {
         let text = http_get(self.metrics_port, "/metrics").await?;
-        let value = |name: &str| {
-            text.lines().find_map(|line| {
-                line.strip_prefix(name)?
-                    .strip_prefix(' ')?
-                    .parse::<f64>()
-                    .ok()
-            })
-        };
+        let value = |name: &str| metric(&text, name);
         let mean_ms = |histogram: &str| {
             let sum = value(&format!("{histogram}_sum"))?;
             let count = value(&format!("{histogram}_count")).filter(|c| *c > 0.0)?;
@@ -114,6 +107,12 @@ impl RelayProcess {
             commit_to_ack_mean_ms: mean_ms("outbox_commit_to_publish_seconds")?,
             publish_ack_mean_ms: mean_ms("outbox_publish_ack_seconds")?,
         })
+    }
+
+    /// How many messages it has marked processed, if its metrics answer.
+    pub async fn processed(&self) -> Option<u64> {
+        let text = http_get(self.metrics_port, "/metrics").await?;
+        metric(&text, "outbox_processed_total").map(|count| count as u64)
     }
 
     /// Stops it with SIGTERM, waiting up to `limit` before killing it.
@@ -131,6 +130,16 @@ impl RelayProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A sample's value in a metrics exposition: the line `name value`.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .parse::<f64>()
+            .ok()
+    })
 }
 
 /// The body of an HTTP/1.0 GET on the loopback, or `None` on any failure.
