@@ -182,15 +182,17 @@ settings! {
         /// How often a standby checks whether the lease is free.
         standby_poll_interval: Duration = 500 * MS, within(MS..=MINUTE);
         /// Keep processed and failed messages this long, e.g. 7d (TTL
-        /// indexes; a TTL counts seconds in 32 bits); unset keeps them.
+        /// indexes; a TTL counts seconds in 32 bits); unset or "off" keeps
+        /// them.
         retention: Option<Duration> = None, within(SECOND..=3650 * DAY);
         /// Install a $jsonSchema validator enforcing the document contract
         /// on the outbox collection.
         install_validator: bool = false;
         /// Address serving /metrics, /healthz and /readyz, or "off".
         metrics_addr: Option<SocketAddr> = Some(SocketAddr::from(([127, 0, 0, 1], 9464)));
-        /// How often pending and failed depths, the oplog's headroom and
-        /// the held keys are read.
+        /// How often pending and failed depths and the oplog's headroom are
+        /// read (after a slow round, up to 20 times as long as it took, at
+        /// most 5 minutes), and the held keys.
         collect_interval: Duration = 10 * SECOND, within(MS..=DAY);
         /// Warn when the oplog holds less history than this before the
         /// stored position; "off" does not read the oplog at all (no
@@ -551,6 +553,7 @@ mod tests {
                 .map_err(|e| e.to_string())
         };
         assert_eq!(read("off"), Ok(None));
+        assert_eq!(read("Off"), Ok(None));
         assert_eq!(read("2h"), Ok(Some(2 * HOUR)));
         let error = read("soon").unwrap_err();
         assert!(

@@ -236,7 +236,7 @@ impl Value for Duration {
 /// A duration, or "off" for none.
 impl Value for Option<Duration> {
     fn parse(text: &str) -> Result<Self, String> {
-        match text {
+        match text.to_ascii_lowercase().as_str() {
             "off" | "none" => Ok(None),
             _ => Duration::parse(text)
                 .map(Some)

@@ -35,6 +35,10 @@ pub struct Collector {
 /// next, at the least.
 const SPACING: u32 = 20;
 
+/// The longest a slow round puts the next off: the depths and ages go no
+/// staler than this.
+const LONGEST_SPACING: Duration = Duration::from_secs(300);
+
 /// What the collector has said about the oplog, so it speaks only on change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OplogState {
@@ -50,23 +54,25 @@ pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
     let mut oplog = OplogState::Unknown;
     loop {
         let began = Instant::now();
-        match collector.outbox_state().await {
+        let wait = match collector.outbox_state().await {
             Ok(position) => {
                 outage.recovered();
                 if let Some(warning) = collector.headroom_warning {
                     oplog = collector.oplog(oplog, position, warning).await;
                 }
+                let took = began.elapsed();
+                let wait = next_round(took, collector.interval);
+                if wait > collector.interval {
+                    tracing::debug!(?took, next_in = ?wait, "the collector's reads were slow: reading less often");
+                }
+                wait
             }
-            Err(error) => outage.failed(&error),
-        }
-        let wait = next_round(began.elapsed(), collector.interval);
-        if wait > collector.interval {
-            tracing::debug!(
-                took = ?began.elapsed(),
-                next_in = ?wait,
-                "the collector's reads were slow: reading less often"
-            );
-        }
+            // A round that failed waited on the network, not on the server.
+            Err(error) => {
+                outage.failed(&error);
+                collector.interval
+            }
+        };
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
@@ -74,9 +80,10 @@ pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
     }
 }
 
-/// The wait before the next round, after one that `took` so long.
+/// The wait before the next round, after one that `took` so long: the
+/// interval, or [`SPACING`] times the round, at most [`LONGEST_SPACING`].
 fn next_round(took: Duration, interval: Duration) -> Duration {
-    interval.max(took.saturating_mul(SPACING))
+    interval.max(took.saturating_mul(SPACING).min(LONGEST_SPACING))
 }
 
 impl Collector {
@@ -162,9 +169,11 @@ mod tests {
             Duration::from_secs(40)
         );
         assert_eq!(
-            next_round(Duration::MAX, interval),
-            Duration::MAX,
-            "saturates"
+            next_round(Duration::from_secs(30), interval),
+            LONGEST_SPACING
         );
+        assert_eq!(next_round(Duration::MAX, interval), LONGEST_SPACING);
+        let day = Duration::from_secs(86_400);
+        assert_eq!(next_round(Duration::from_secs(30), day), day);
     }
 }
