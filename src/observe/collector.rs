@@ -48,21 +48,36 @@ enum OplogState {
     Short,
 }
 
-/// Collects every interval until `shutdown`.
+/// Collects every interval until `shutdown`. A stop does not wait for a
+/// round under way: a slow server can take longer over it than a stop has.
 pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
     let mut outage = Outage::new("MongoDB reading the outbox's depths and checkpoint");
     let mut oplog = OplogState::Unknown;
     loop {
+        let wait = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            wait = collector.round(&mut oplog, &mut outage) => wait,
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+impl Collector {
+    /// Reads everything once; returns how long to wait before the next.
+    async fn round(&self, oplog: &mut OplogState, outage: &mut Outage) -> Duration {
         let began = Instant::now();
-        let wait = match collector.outbox_state().await {
+        match self.outbox_state().await {
             Ok(position) => {
                 outage.recovered();
-                if let Some(warning) = collector.headroom_warning {
-                    oplog = collector.oplog(oplog, position, warning).await;
+                if let Some(warning) = self.headroom_warning {
+                    *oplog = self.oplog(*oplog, position, warning).await;
                 }
                 let took = began.elapsed();
-                let wait = next_round(took, collector.interval);
-                if wait > collector.interval {
+                let wait = next_round(took, self.interval);
+                if wait > self.interval {
                     tracing::debug!(?took, next_in = ?wait, "the collector's reads were slow: reading less often");
                 }
                 wait
@@ -70,12 +85,8 @@ pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
             // A round that failed waited on the network, not on the server.
             Err(error) => {
                 outage.failed(&error);
-                collector.interval
+                self.interval
             }
-        };
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
         }
     }
 }
@@ -159,6 +170,43 @@ impl Collector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use mongodb::options::ClientOptions;
+
+    /// A round that cannot finish (no server answers, and the driver waits
+    /// a minute to say so) does not hold up a stop.
+    #[tokio::test]
+    async fn a_stop_does_not_wait_for_a_round_under_way() {
+        let options = ClientOptions::builder()
+            .hosts(vec![mongodb::options::ServerAddress::Tcp {
+                host: "127.0.0.1".into(),
+                port: Some(9),
+            }])
+            .server_selection_timeout(Duration::from_secs(60))
+            .build();
+        let client = Client::with_options(options).expect("a client");
+        let database = client.database("outbox_relay_collector_test");
+        let collector = Collector {
+            outbox: database.collection("outbox"),
+            checkpoints: CheckpointStore::new(&database, "outbox_checkpoints", "outbox"),
+            client,
+            metrics: Metrics::new(),
+            interval: Duration::from_secs(10),
+            headroom_warning: Some(Duration::from_secs(3600)),
+        };
+        let shutdown = CancellationToken::new();
+        let collecting = tokio::spawn(collect(collector, shutdown.clone()));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !collecting.is_finished(),
+            "the round is still waiting for a server"
+        );
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(30), collecting)
+            .await
+            .expect("the collector stops before its round could end")
+            .expect("the collector does not panic");
+    }
 
     #[test]
     fn a_slow_round_spaces_the_next_out() {
