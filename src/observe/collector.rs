@@ -6,13 +6,20 @@
 //! the warning threshold the relay says so once, because a relay that stays
 //! down longer than the headroom loses its place in the stream (the sweep
 //! and catch-up pass still deliver everything, only later).
+//!
+//! Monitoring must not become the database's load. Every read here is an
+//! index seek or a short index range on MongoDB, but a count of ten million
+//! pending messages is not, nor is an oplog read on a server that walks its
+//! oplog to find the first entry. So after a round that succeeded the
+//! collector waits [`SLOW_ROUND_MULTIPLE`] times as long as it took before
+//! the next, up to [`LONGEST_WAIT`]: one connection's twentieth, whatever
+//! the server, for rounds of up to fifteen seconds.
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use bson::{DateTime, Document};
 use mongodb::{Client, Collection};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
@@ -31,13 +38,13 @@ pub struct Collector {
     pub(crate) headroom_warning: Option<Duration>,
 }
 
-/// How many times as long as a round took the collector waits before the
-/// next, at the least.
-const SPACING: u32 = 20;
+/// How many times as long as a slow round took the collector waits before
+/// the next.
+const SLOW_ROUND_MULTIPLE: u32 = 20;
 
 /// The longest a slow round puts the next off: the depths and ages go no
 /// staler than this.
-const LONGEST_SPACING: Duration = Duration::from_secs(300);
+const LONGEST_WAIT: Duration = Duration::from_secs(300);
 
 /// What the collector has said about the oplog, so it speaks only on change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,13 +57,18 @@ enum OplogState {
 
 /// Collects every interval until `shutdown`. A stop does not wait for a
 /// round under way: a slow server can take longer over it than a stop has.
+/// The round's reads are dropped unfinished, which leaves nothing of the
+/// collector's half-written (its state is set after each read returns).
 pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
-    let mut outage = Outage::new("MongoDB reading the outbox's depths and checkpoint");
-    let mut oplog = OplogState::Unknown;
+    let mut state = RoundState {
+        outage: Outage::new("MongoDB reading the outbox's depths and checkpoint"),
+        oplog: OplogState::Unknown,
+        slowed: false,
+    };
     loop {
         let wait = tokio::select! {
             _ = shutdown.cancelled() => return,
-            wait = collector.round(&mut oplog, &mut outage) => wait,
+            wait = collector.round(&mut state) => wait,
         };
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -65,39 +77,55 @@ pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
     }
 }
 
+/// What the collector carries from one round to the next, so that it
+/// speaks only when something changes.
+struct RoundState {
+    outage: Outage,
+    oplog: OplogState,
+    /// Whether the last round was slow enough to put the next off.
+    slowed: bool,
+}
+
+/// The wait before the next round, after one that `took` so long: the
+/// interval, or [`SLOW_ROUND_MULTIPLE`] times the round if that is longer,
+/// at most [`LONGEST_WAIT`].
+fn wait_before_next(took: Duration, interval: Duration) -> Duration {
+    interval.max(took.saturating_mul(SLOW_ROUND_MULTIPLE).min(LONGEST_WAIT))
+}
+
 impl Collector {
     /// Reads everything once; returns how long to wait before the next.
-    async fn round(&self, oplog: &mut OplogState, outage: &mut Outage) -> Duration {
+    async fn round(&self, state: &mut RoundState) -> Duration {
         let began = Instant::now();
         match self.outbox_state().await {
             Ok(position) => {
-                outage.recovered();
+                state.outage.recovered();
                 if let Some(warning) = self.headroom_warning {
-                    *oplog = self.oplog(*oplog, position, warning).await;
+                    state.oplog = self.oplog(state.oplog, position, warning).await;
                 }
                 let took = began.elapsed();
-                let wait = next_round(took, self.interval);
-                if wait > self.interval {
-                    tracing::debug!(?took, next_in = ?wait, "the collector's reads were slow: reading less often");
+                let wait = wait_before_next(took, self.interval);
+                let slowed = wait > self.interval;
+                if slowed != state.slowed {
+                    tracing::info!(
+                        took_ms = took.as_millis(),
+                        "the collector's reads {}: depths, ages and oplog figures are read every {} s",
+                        if slowed { "are slow" } else { "are quick again" },
+                        wait.as_secs()
+                    );
                 }
+                state.slowed = slowed;
                 wait
             }
-            // A round that failed waited on the network, not on the server.
+            // A round that failed is reported by the outage; its length
+            // says more of the network than of the server.
             Err(error) => {
-                outage.failed(&error);
+                state.outage.failed(&error);
                 self.interval
             }
         }
     }
-}
 
-/// The wait before the next round, after one that `took` so long: the
-/// interval, or [`SPACING`] times the round, at most [`LONGEST_SPACING`].
-fn next_round(took: Duration, interval: Duration) -> Duration {
-    interval.max(took.saturating_mul(SPACING).min(LONGEST_SPACING))
-}
-
-impl Collector {
     /// Reads the depths and the checkpoint into the metrics (a standby
     /// thereby reports the leader's checkpoint age); returns when the stored
     /// position was reached, if it is known.
@@ -194,13 +222,10 @@ mod tests {
             interval: Duration::from_secs(10),
             headroom_warning: Some(Duration::from_secs(3600)),
         };
+        let read = tokio::time::timeout(Duration::from_secs(1), Depths::read(&collector.outbox));
+        assert!(read.await.is_err(), "a round's read waits for a server");
         let shutdown = CancellationToken::new();
         let collecting = tokio::spawn(collect(collector, shutdown.clone()));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(
-            !collecting.is_finished(),
-            "the round is still waiting for a server"
-        );
         shutdown.cancel();
         tokio::time::timeout(Duration::from_secs(30), collecting)
             .await
@@ -211,17 +236,20 @@ mod tests {
     #[test]
     fn a_slow_round_spaces_the_next_out() {
         let interval = Duration::from_secs(10);
-        assert_eq!(next_round(Duration::from_millis(5), interval), interval);
         assert_eq!(
-            next_round(Duration::from_secs(2), interval),
+            wait_before_next(Duration::from_millis(5), interval),
+            interval
+        );
+        assert_eq!(
+            wait_before_next(Duration::from_secs(2), interval),
             Duration::from_secs(40)
         );
         assert_eq!(
-            next_round(Duration::from_secs(30), interval),
-            LONGEST_SPACING
+            wait_before_next(Duration::from_secs(30), interval),
+            LONGEST_WAIT
         );
-        assert_eq!(next_round(Duration::MAX, interval), LONGEST_SPACING);
+        assert_eq!(wait_before_next(Duration::MAX, interval), LONGEST_WAIT);
         let day = Duration::from_secs(86_400);
-        assert_eq!(next_round(Duration::from_secs(30), day), day);
+        assert_eq!(wait_before_next(Duration::from_secs(30), day), day);
     }
 }
