@@ -678,11 +678,14 @@ impl Bench<'_> {
         // them all: its own count of its marks costs the server nothing
         // while the last marks are made. A count that stops short (a mark
         // applied whose reply was lost, and so not counted) is settled by
-        // asking the collection; it is counted in full after.
-        let mut marks = MarkCount::default();
-        loop {
-            if arrived.len() >= total && marks.all_marked(&relay, &outbox, n).await? {
-                break;
+        // asking the collection, and the drain then ended when the count
+        // last moved; the collection is counted in full after.
+        let mut marks = MarkCount::new();
+        let ended = loop {
+            if arrived.len() >= total {
+                if let Some(ended) = marks.all_marked(&relay, &outbox, n).await? {
+                    break ended;
+                }
             }
             if began.elapsed() > limit {
                 return Err(Error::Bench(
@@ -700,8 +703,8 @@ impl Bench<'_> {
             }
             progress.set_position(arrived.len() as u64);
             tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let seconds = began.elapsed().as_secs_f64();
+        };
+        let seconds = ended.duration_since(began).as_secs_f64();
         progress.finish_and_clear();
         let usage = relay.usage();
         relay.stop(Duration::from_secs(15)).await;
@@ -848,47 +851,64 @@ impl Bench<'_> {
     }
 }
 
-/// A drain relay's count of its marks, and since when it has stood still.
-#[derive(Default)]
+/// A drain relay's count of its marks: when it last moved, and when the
+/// collection was last asked.
 struct MarkCount {
     last: u64,
-    since: Option<Instant>,
+    moved_at: Instant,
+    asked_at: Option<Instant>,
 }
 
 impl MarkCount {
     /// How long a count may stand still short of the backlog before the
-    /// collection is asked.
+    /// collection is asked, and how often it is asked.
     const STILL: Duration = Duration::from_secs(2);
 
-    /// Whether the relay has marked all `n`: by its own count, or, where
-    /// that has stood still short of it, by the collection.
+    fn new() -> Self {
+        MarkCount {
+            last: 0,
+            moved_at: Instant::now(),
+            asked_at: None,
+        }
+    }
+
+    /// When the relay had marked all `n`: now, by its own count; or, where
+    /// that has stood still short of it and the collection holds nothing
+    /// pending, when the count last moved. `None` while marks remain.
     async fn all_marked(
         &mut self,
         relay: &RelayProcess,
         outbox: &mongodb::Collection<Document>,
         n: usize,
-    ) -> Result<bool> {
+    ) -> Result<Option<Instant>> {
         let count = relay.processed().await.unwrap_or(self.last);
         if count >= n as u64 {
-            return Ok(true);
+            return Ok(Some(Instant::now()));
         }
-        if count != self.last || self.since.is_none() {
-            (self.last, self.since) = (count, Some(Instant::now()));
-            return Ok(false);
+        if count != self.last {
+            (self.last, self.moved_at) = (count, Instant::now());
+            return Ok(None);
         }
-        if self
-            .since
-            .is_some_and(|since| since.elapsed() < Self::STILL)
-        {
-            return Ok(false);
+        let recent = |at: Instant| at.elapsed() < Self::STILL;
+        if recent(self.moved_at) || self.asked_at.is_some_and(recent) {
+            return Ok(None);
         }
-        self.since = Some(Instant::now());
+        self.asked_at = Some(Instant::now());
         let pending = outbox
             .find_one(doc! { "status": "pending" })
             .projection(doc! { "_id": 1 })
             .await
             .map_err(|e| Error::mongo("asking for pending messages failed", e))?;
-        Ok(pending.is_none())
+        if pending.is_some() {
+            return Ok(None);
+        }
+        tracing::warn!(
+            counted = count,
+            backlog = n,
+            "the relay counted fewer marks than the backlog, and none is pending: the drain \
+             ended when its count last moved"
+        );
+        Ok(Some(self.moved_at))
     }
 }
 
