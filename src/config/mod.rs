@@ -191,8 +191,8 @@ settings! {
         /// Address serving /metrics, /healthz and /readyz, or "off".
         metrics_addr: Option<SocketAddr> = Some(SocketAddr::from(([127, 0, 0, 1], 9464)));
         /// How often pending and failed depths and the oplog's headroom are
-        /// read (after a slow round, up to 20 times as long as it took, at
-        /// most 5 minutes), and the held keys.
+        /// read (after a slow round, 20 times as long as it took if that is
+        /// longer, at most 5 minutes), and the held keys.
         collect_interval: Duration = 10 * SECOND, within(MS..=DAY);
         /// Warn when the oplog holds less history than this before the
         /// stored position; "off" does not read the oplog at all (no
