@@ -678,9 +678,9 @@ impl Bench<'_> {
         // them all: its own count of its marks costs the server nothing
         // while the last marks are made. A count that stops short (a mark
         // applied whose reply was lost, and so not counted) is settled by
-        // asking the collection, and the drain then ended when the count
-        // last moved; the collection is counted in full after.
-        let mut marks = MarkCount::new();
+        // asking the collection, and timed to its answer; the collection is
+        // counted in full after.
+        let mut marks = MarkCount::default();
         let ended = loop {
             if arrived.len() >= total {
                 if let Some(ended) = marks.all_marked(&relay, &outbox, n).await? {
@@ -853,9 +853,11 @@ impl Bench<'_> {
 
 /// A drain relay's count of its marks: when it last moved, and when the
 /// collection was last asked.
+#[derive(Default)]
 struct MarkCount {
     last: u64,
-    moved_at: Instant,
+    /// `None` until the relay's metrics answer.
+    moved_at: Option<Instant>,
     asked_at: Option<Instant>,
 }
 
@@ -864,36 +866,32 @@ impl MarkCount {
     /// collection is asked, and how often it is asked.
     const STILL: Duration = Duration::from_secs(2);
 
-    fn new() -> Self {
-        MarkCount {
-            last: 0,
-            moved_at: Instant::now(),
-            asked_at: None,
-        }
-    }
-
     /// When the relay had marked all `n`: now, by its own count; or, where
-    /// that has stood still short of it and the collection holds nothing
-    /// pending, when the count last moved. `None` while marks remain.
+    /// that has stood still short of it, when the collection was found to
+    /// hold nothing pending (an end no earlier than the last mark's).
+    /// `None` while marks remain, or while the count cannot be read.
     async fn all_marked(
         &mut self,
         relay: &RelayProcess,
         outbox: &mongodb::Collection<Document>,
         n: usize,
     ) -> Result<Option<Instant>> {
-        let count = relay.processed().await.unwrap_or(self.last);
+        let Some(count) = relay.processed().await else {
+            return Ok(None);
+        };
         if count >= n as u64 {
             return Ok(Some(Instant::now()));
         }
-        if count != self.last {
-            (self.last, self.moved_at) = (count, Instant::now());
+        if count != self.last || self.moved_at.is_none() {
+            (self.last, self.moved_at) = (count, Some(Instant::now()));
             return Ok(None);
         }
         let recent = |at: Instant| at.elapsed() < Self::STILL;
-        if recent(self.moved_at) || self.asked_at.is_some_and(recent) {
+        if self.moved_at.is_some_and(recent) || self.asked_at.is_some_and(recent) {
             return Ok(None);
         }
-        self.asked_at = Some(Instant::now());
+        let asked_at = Instant::now();
+        self.asked_at = Some(asked_at);
         let pending = outbox
             .find_one(doc! { "status": "pending" })
             .projection(doc! { "_id": 1 })
@@ -905,10 +903,10 @@ impl MarkCount {
         tracing::warn!(
             counted = count,
             backlog = n,
-            "the relay counted fewer marks than the backlog, and none is pending: the drain \
-             ended when its count last moved"
+            "the relay counted fewer marks than the backlog, and none is pending: the drain is \
+             timed to when the collection said so"
         );
-        Ok(Some(self.moved_at))
+        Ok(Some(asked_at))
     }
 }
 

@@ -93,6 +93,13 @@ fn wait_before_next(took: Duration, interval: Duration) -> Duration {
     interval.max(took.saturating_mul(SLOW_ROUND_MULTIPLE).min(LONGEST_WAIT))
 }
 
+/// Whether a round that `took` so long is slow: long enough to put the
+/// next off, or, after a slow one (`was_slow`), more than half as long.
+fn is_slow(took: Duration, interval: Duration, was_slow: bool) -> bool {
+    let quick_below = if was_slow { interval / 2 } else { interval };
+    took.saturating_mul(SLOW_ROUND_MULTIPLE) > quick_below
+}
+
 impl Collector {
     /// Reads everything once; returns how long to wait before the next.
     async fn round(&self, state: &mut RoundState) -> Duration {
@@ -105,16 +112,7 @@ impl Collector {
                 }
                 let took = began.elapsed();
                 let wait = wait_before_next(took, self.interval);
-                let slowed = wait > self.interval;
-                if slowed != state.slowed {
-                    tracing::info!(
-                        took_ms = took.as_millis(),
-                        "the collector's reads {}: depths, ages and oplog figures are read every {} s",
-                        if slowed { "are slow" } else { "are quick again" },
-                        wait.as_secs()
-                    );
-                }
-                state.slowed = slowed;
+                self.say_if_slowed(state, took, wait);
                 wait
             }
             // A round that failed is reported by the outage; its length
@@ -124,6 +122,23 @@ impl Collector {
                 self.interval
             }
         }
+    }
+
+    /// Says when rounds become slow enough to put the next off, and when
+    /// they are quick again: once each, as a round that stays slow needs
+    /// half the time to count as quick again.
+    fn say_if_slowed(&self, state: &mut RoundState, took: Duration, wait: Duration) {
+        let slowed = is_slow(took, self.interval, state.slowed);
+        if slowed && !state.slowed {
+            tracing::info!(
+                ?took,
+                next_in = ?wait,
+                "the collector's reads are slow: depths, ages and oplog figures are read less often"
+            );
+        } else if !slowed && state.slowed {
+            tracing::info!(?took, "the collector's reads are quick again");
+        }
+        state.slowed = slowed;
     }
 
     /// Reads the depths and the checkpoint into the metrics (a standby
@@ -226,11 +241,28 @@ mod tests {
         assert!(read.await.is_err(), "a round's read waits for a server");
         let shutdown = CancellationToken::new();
         let collecting = tokio::spawn(collect(collector, shutdown.clone()));
+        // Lets the collector start its round before the stop.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!collecting.is_finished(), "the round waits for a server");
         shutdown.cancel();
         tokio::time::timeout(Duration::from_secs(30), collecting)
             .await
             .expect("the collector stops before its round could end")
             .expect("the collector does not panic");
+    }
+
+    #[test]
+    fn rounds_near_the_threshold_do_not_flip_between_slow_and_quick() {
+        let interval = Duration::from_secs(10);
+        let (quick, near, slow) = (
+            Duration::from_millis(200),
+            Duration::from_millis(400),
+            Duration::from_millis(600),
+        );
+        assert!(!is_slow(near, interval, false));
+        assert!(is_slow(slow, interval, false));
+        assert!(is_slow(near, interval, true), "stays slow");
+        assert!(!is_slow(quick, interval, true), "quick again");
     }
 
     #[test]
