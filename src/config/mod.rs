@@ -190,9 +190,9 @@ settings! {
         install_validator: bool = false;
         /// Address serving /metrics, /healthz and /readyz, or "off".
         metrics_addr: Option<SocketAddr> = Some(SocketAddr::from(([127, 0, 0, 1], 9464)));
-        /// How often pending and failed depths and the oplog's headroom are
-        /// read (after a slow round, 20 times as long as it took if that is
-        /// longer, at most 5 minutes), and the held keys.
+        /// How often pending and failed depths, the oplog's headroom and the
+        /// held keys are read (a slow read of the depths or the oplog waits
+        /// 20 times as long as it took if that is longer, at most 5 minutes).
         collect_interval: Duration = 10 * SECOND, within(MS..=DAY);
         /// Warn when the oplog holds less history than this before the
         /// stored position; "off" does not read the oplog at all (no

@@ -7,13 +7,14 @@
 //! down longer than the headroom loses its place in the stream (the sweep
 //! and catch-up pass still deliver everything, only later).
 //!
-//! Monitoring must not become the database's load. Every read here is an
-//! index seek or a short index range on MongoDB, but a count of ten million
-//! pending messages is not, nor is an oplog read on a server that walks its
-//! oplog to find the first entry. So after a round that succeeded the
-//! collector waits [`SLOW_ROUND_MULTIPLE`] times as long as it took before
-//! the next, up to [`LONGEST_WAIT`]: one connection's twentieth, whatever
-//! the server, for rounds of up to fifteen seconds.
+//! Monitoring must not become the database's load. Its reads are index
+//! ranges and seeks on MongoDB, but counting ten million pending messages
+//! takes seconds, and a compatible server may walk its whole oplog to find
+//! the first entry (SecantusDB's Rust build takes half a minute at three
+//! million entries). So after a slow read (the depths, or the oplog's
+//! span) the collector waits [`SLOW_READ_MULTIPLE`] times as long as it
+//! took before making that read again, up to [`LONGEST_WAIT`]; quick reads
+//! are made every interval.
 
 use std::time::Duration;
 
@@ -38,11 +39,11 @@ pub struct Collector {
     pub(crate) headroom_warning: Option<Duration>,
 }
 
-/// How many times as long as a slow round took the collector waits before
-/// the next.
-const SLOW_ROUND_MULTIPLE: u32 = 20;
+/// How many times as long as a slow read took the collector waits before
+/// making it again.
+const SLOW_READ_MULTIPLE: u32 = 20;
 
-/// The longest a slow round puts the next off: the depths and ages go no
+/// The longest a slow read puts the next off: the figures it gives go no
 /// staler than this.
 const LONGEST_WAIT: Duration = Duration::from_secs(300);
 
@@ -63,16 +64,17 @@ pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
     let mut state = RoundState {
         outage: Outage::new("MongoDB reading the outbox's depths and checkpoint"),
         oplog: OplogState::Unknown,
-        slowed: false,
+        depths_pace: Pace::new("the outbox's depths"),
+        oplog_pace: Pace::new("the oplog's first and last entries"),
     };
     loop {
-        let wait = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            wait = collector.round(&mut state) => wait,
-        };
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
+            () = collector.round(&mut state) => {}
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(collector.interval) => {}
         }
     }
 }
@@ -82,72 +84,95 @@ pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
 struct RoundState {
     outage: Outage,
     oplog: OplogState,
-    /// Whether the last round was slow enough to put the next off.
-    slowed: bool,
+    depths_pace: Pace,
+    oplog_pace: Pace,
 }
 
-/// The wait before the next round, after one that `took` so long: the
-/// interval, or [`SLOW_ROUND_MULTIPLE`] times the round if that is longer,
-/// at most [`LONGEST_WAIT`].
-fn wait_before_next(took: Duration, interval: Duration) -> Duration {
-    interval.max(took.saturating_mul(SLOW_ROUND_MULTIPLE).min(LONGEST_WAIT))
+/// When a read may be made again: after a slow one, later.
+struct Pace {
+    what: &'static str,
+    due: Instant,
+    /// Whether the last read was slow enough to put the next off.
+    slow: bool,
 }
 
-/// Whether a round that `took` so long is slow: long enough to put the
-/// next off, or, after a slow one (`was_slow`), more than half as long.
-fn is_slow(took: Duration, interval: Duration, was_slow: bool) -> bool {
-    let quick_below = if was_slow { interval / 2 } else { interval };
-    took.saturating_mul(SLOW_ROUND_MULTIPLE) > quick_below
-}
-
-impl Collector {
-    /// Reads everything once; returns how long to wait before the next.
-    async fn round(&self, state: &mut RoundState) -> Duration {
-        let began = Instant::now();
-        match self.outbox_state().await {
-            Ok(position) => {
-                state.outage.recovered();
-                if let Some(warning) = self.headroom_warning {
-                    state.oplog = self.oplog(state.oplog, position, warning).await;
-                }
-                let took = began.elapsed();
-                let wait = wait_before_next(took, self.interval);
-                self.say_if_slowed(state, took, wait);
-                wait
-            }
-            // A round that failed is reported by the outage; its length
-            // says more of the network than of the server.
-            Err(error) => {
-                state.outage.failed(&error);
-                self.interval
-            }
+impl Pace {
+    fn new(what: &'static str) -> Self {
+        Pace {
+            what,
+            due: Instant::now(),
+            slow: false,
         }
     }
 
-    /// Says when rounds become slow enough to put the next off, and when
-    /// they are quick again: once each, as a round that stays slow needs
-    /// half the time to count as quick again.
-    fn say_if_slowed(&self, state: &mut RoundState, took: Duration, wait: Duration) {
-        let slowed = is_slow(took, self.interval, state.slowed);
-        if slowed && !state.slowed {
+    fn is_due(&self) -> bool {
+        Instant::now() >= self.due
+    }
+
+    /// Sets when the read is due again, after one that began at `began`
+    /// and has just ended; says when reads turn slow, or quick again.
+    fn read_ended(&mut self, began: Instant, interval: Duration) {
+        let took = began.elapsed();
+        let wait = wait_before_next(took, interval);
+        self.due = began + wait;
+        let slow = is_slow(took, interval, self.slow);
+        if slow && !self.slow {
             tracing::info!(
                 ?took,
                 next_in = ?wait,
-                "the collector's reads are slow: depths, ages and oplog figures are read less often"
+                "reading {} is slow on this server: it is read less often",
+                self.what
             );
-        } else if !slowed && state.slowed {
-            tracing::info!(?took, "the collector's reads are quick again");
+        } else if !slow && self.slow {
+            tracing::info!(?took, "reading {} is quick again", self.what);
         }
-        state.slowed = slowed;
+        self.slow = slow;
+    }
+}
+
+/// The wait before a read is made again, after one that `took` so long:
+/// the interval, or [`SLOW_READ_MULTIPLE`] times the read if that is
+/// longer, at most [`LONGEST_WAIT`].
+fn wait_before_next(took: Duration, interval: Duration) -> Duration {
+    interval.max(took.saturating_mul(SLOW_READ_MULTIPLE).min(LONGEST_WAIT))
+}
+
+/// Whether a read that `took` so long is slow: long enough to put the next
+/// off, or, after a slow one (`was_slow`), more than half as long.
+fn is_slow(took: Duration, interval: Duration, was_slow: bool) -> bool {
+    let quick_below = if was_slow { interval / 2 } else { interval };
+    took.saturating_mul(SLOW_READ_MULTIPLE) > quick_below
+}
+
+impl Collector {
+    /// Reads the depths and the oplog's span when due, and the checkpoint.
+    async fn round(&self, state: &mut RoundState) {
+        match self.outbox_state(&mut state.depths_pace).await {
+            Ok(position) => {
+                state.outage.recovered();
+                if let Some(warning) = self.headroom_warning {
+                    if state.oplog_pace.is_due() {
+                        let began = Instant::now();
+                        state.oplog = self.oplog(state.oplog, position, warning).await;
+                        state.oplog_pace.read_ended(began, self.interval);
+                    }
+                }
+            }
+            Err(error) => state.outage.failed(&error),
+        }
     }
 
-    /// Reads the depths and the checkpoint into the metrics (a standby
-    /// thereby reports the leader's checkpoint age); returns when the stored
-    /// position was reached, if it is known.
-    async fn outbox_state(&self) -> crate::Result<Option<DateTime>> {
-        let depths = Depths::read(&self.outbox).await?;
-        self.metrics
-            .depths(depths.pending, depths.failed, depths.oldest_pending);
+    /// Reads the depths when due and the checkpoint into the metrics (a
+    /// standby thereby reports the leader's checkpoint age); returns when
+    /// the stored position was reached, if it is known.
+    async fn outbox_state(&self, depths_pace: &mut Pace) -> crate::Result<Option<DateTime>> {
+        if depths_pace.is_due() {
+            let began = Instant::now();
+            let depths = Depths::read(&self.outbox).await?;
+            depths_pace.read_ended(began, self.interval);
+            self.metrics
+                .depths(depths.pending, depths.failed, depths.oldest_pending);
+        }
         let checkpoint = Checkpoint::read(&self.checkpoints).await?;
         if let Some(written) = checkpoint.updated_at {
             self.metrics.checkpoint_saved(written);
@@ -252,7 +277,7 @@ mod tests {
     }
 
     #[test]
-    fn rounds_near_the_threshold_do_not_flip_between_slow_and_quick() {
+    fn reads_near_the_threshold_do_not_flip_between_slow_and_quick() {
         let interval = Duration::from_secs(10);
         let (quick, near, slow) = (
             Duration::from_millis(200),
@@ -266,7 +291,7 @@ mod tests {
     }
 
     #[test]
-    fn a_slow_round_spaces_the_next_out() {
+    fn a_slow_read_spaces_the_next_out() {
         let interval = Duration::from_secs(10);
         assert_eq!(
             wait_before_next(Duration::from_millis(5), interval),
