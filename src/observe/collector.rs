@@ -141,7 +141,7 @@ fn wait_before_next(took: Duration, interval: Duration) -> Duration {
 /// off, or, after a slow one (`was_slow`), more than half as long.
 fn is_slow(took: Duration, interval: Duration, was_slow: bool) -> bool {
     let quick_below = if was_slow { interval / 2 } else { interval };
-    took.saturating_mul(SLOW_READ_MULTIPLE) > quick_below
+    took.saturating_mul(SLOW_READ_MULTIPLE).min(LONGEST_WAIT) > quick_below
 }
 
 impl Collector {
@@ -168,6 +168,8 @@ impl Collector {
     async fn outbox_state(&self, depths_pace: &mut Pace) -> crate::Result<Option<DateTime>> {
         if depths_pace.is_due() {
             let began = Instant::now();
+            // A read that fails is not paced: how long it took says more
+            // of the network than of the server; the outage reports it.
             let depths = Depths::read(&self.outbox).await?;
             depths_pace.read_ended(began, self.interval);
             self.metrics
@@ -288,6 +290,32 @@ mod tests {
         assert!(is_slow(slow, interval, false));
         assert!(is_slow(near, interval, true), "stays slow");
         assert!(!is_slow(quick, interval, true), "quick again");
+        let hour = Duration::from_secs(3600);
+        assert!(
+            !is_slow(Duration::from_secs(60), hour, false),
+            "no read is put off past an interval longer than the longest wait"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pace_is_due_at_once_and_again_after_twenty_times_a_slow_read() {
+        let interval = Duration::from_secs(10);
+        let mut pace = Pace::new("a test read");
+        assert!(pace.is_due());
+        let began = Instant::now();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        pace.read_ended(began, interval);
+        tokio::time::advance(Duration::from_secs(37)).await;
+        assert!(!pace.is_due(), "40 s after the read began, not 39");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(pace.is_due());
+        let began = Instant::now();
+        pace.read_ended(began, interval);
+        tokio::time::advance(interval).await;
+        assert!(
+            pace.is_due(),
+            "a quick read is due again after the interval"
+        );
     }
 
     #[test]
