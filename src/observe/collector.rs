@@ -130,18 +130,23 @@ impl Pace {
     }
 }
 
+/// How long a read that `took` so long puts the next off, whatever the
+/// interval: [`SLOW_READ_MULTIPLE`] times the read, at most [`LONGEST_WAIT`].
+fn pause_after(took: Duration) -> Duration {
+    took.saturating_mul(SLOW_READ_MULTIPLE).min(LONGEST_WAIT)
+}
+
 /// The wait before a read is made again, after one that `took` so long:
-/// the interval, or [`SLOW_READ_MULTIPLE`] times the read if that is
-/// longer, at most [`LONGEST_WAIT`].
+/// the interval, or [`pause_after`] the read if that is longer.
 fn wait_before_next(took: Duration, interval: Duration) -> Duration {
-    interval.max(took.saturating_mul(SLOW_READ_MULTIPLE).min(LONGEST_WAIT))
+    interval.max(pause_after(took))
 }
 
 /// Whether a read that `took` so long is slow: long enough to put the next
 /// off, or, after a slow one (`was_slow`), more than half as long.
 fn is_slow(took: Duration, interval: Duration, was_slow: bool) -> bool {
     let quick_below = if was_slow { interval / 2 } else { interval };
-    took.saturating_mul(SLOW_READ_MULTIPLE).min(LONGEST_WAIT) > quick_below
+    pause_after(took) > quick_below
 }
 
 impl Collector {
