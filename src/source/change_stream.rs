@@ -277,14 +277,25 @@ impl ChangeStreamSource {
                  the change stream from now"
             );
         }
-        let events = self
-            .open(Position::At(start), snapshot.batch())
-            .await
-            .map_err(|e| crate::Error::mongo("opening the change stream failed", e))?;
-        self.metrics.set_role_unless_stopping(Role::Tailing);
-        let fed = snapshot
-            .feed(&self.rules, output, &self.progress, shutdown)
-            .await?;
+        // The stream is opened while the pass is fed: its events are read
+        // only once the pass is done, and where it starts is fixed by the
+        // snapshot, not by when it opens. A server that must search its
+        // oplog for that time (SecantusDB walks all of it) holds up no
+        // delivery; a stream that fails to open stops the pass, which is
+        // run again. A stop ends the feed but not the opening: a pass that
+        // had fed everything still hands its stream's start to the
+        // checkpoint.
+        let batch = snapshot.batch();
+        let opening = async {
+            let events = self
+                .open(Position::At(start), batch)
+                .await
+                .map_err(|e| crate::Error::mongo("opening the change stream failed", e))?;
+            self.metrics.set_role_unless_stopping(Role::Tailing);
+            Ok(events)
+        };
+        let feeding = snapshot.feed(&self.rules, output, &self.progress, shutdown);
+        let (events, fed) = tokio::try_join!(opening, feeding)?;
         self.progress.pass_ended(taken);
         Ok(fed.map(|fed| (events, upto, fed)))
     }
