@@ -28,6 +28,7 @@ use futures::future::BoxFuture;
 use mongodb::change_stream::event::{OperationType, ResumeToken};
 use mongodb::change_stream::ChangeStream;
 use mongodb::error::ErrorKind;
+use mongodb::options::Hint;
 use mongodb::Collection;
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -38,6 +39,7 @@ use super::progress::StreamProgress;
 use crate::contract::{field, status, DecodeRules};
 use crate::observe::{Metrics, Role};
 use crate::retry::{pause, reconnect_backoff, until_ok, Outage};
+use crate::setup::SWEEP_INDEX;
 use crate::work::{Feed, Work};
 
 type Events = ChangeStream<Event>;
@@ -221,7 +223,9 @@ impl ChangeStreamSource {
     /// a large backlog is delivered faster and at less cost to the server
     /// by the pass, in `_id` order (see README, per-key order). Counting
     /// stops past the limit, so the question costs at most that many index
-    /// entries; `u32::MAX` replays always, without asking.
+    /// entries; `u32::MAX` replays always, without asking. The count names
+    /// the sweep index: a planner left to choose (SecantusDB's) may read
+    /// every pending message for it.
     /// `None` if the relay stopped first.
     async fn too_far_behind(&self, shutdown: &CancellationToken) -> Option<bool> {
         if self.max_replay == u32::MAX {
@@ -233,6 +237,7 @@ impl ChangeStreamSource {
             counted = self
                 .outbox
                 .count_documents(catch_up::due_filter(DateTime::now()))
+                .hint(Hint::Name(SWEEP_INDEX.to_owned()))
                 .limit(limit)
                 .max_time(COUNT_LIMIT) => counted,
         };
