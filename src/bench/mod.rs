@@ -352,11 +352,25 @@ impl Bench<'_> {
         )
     }
 
-    async fn stream_for(&self, prefix: &str) -> Result<()> {
+    /// The JetStream stream capturing `prefix`'s subjects, made if missing;
+    /// returns its name.
+    async fn stream_for(&self, prefix: &str) -> Result<String> {
         StreamSetup::for_prefix(prefix.to_uppercase(), prefix)
             .ensure(&self.nats)
             .await
-            .map(drop)
+    }
+
+    /// How many messages the JetStream stream `name` holds: what a drain
+    /// delivered, read from the broker's own count rather than by
+    /// receiving each message, which would load the machine it measures.
+    async fn stored_messages(&self, name: &str) -> Result<u64> {
+        let what = || format!("reading JetStream stream {name:?} failed");
+        let mut stream = async_nats::jetstream::new(self.nats.clone())
+            .get_stream(name)
+            .await
+            .map_err(|e| Error::nats(what(), e))?;
+        let info = stream.info().await.map_err(|e| Error::nats(what(), e))?;
+        Ok(info.state.messages)
     }
 
     fn start_relay(
@@ -643,17 +657,12 @@ impl Bench<'_> {
     async fn drain_keyed(&self, keys: Keys, start: Start, n: usize) -> Result<(f64, Usage)> {
         let tag = format!("drain{}{}_{n}", keys.slug(), start.slug());
         let (prefix, collection) = self.names(&tag);
-        self.stream_for(&prefix).await?;
+        let stream = self.stream_for(&prefix).await?;
         let outbox = self.database.collection::<Document>(&collection);
-        // Receipts on NATS are counted for free; the collection is only
-        // counted once they are all in, so measuring does not load the server.
-        let (arrived, stop) = (Clock::default(), CancellationToken::new());
-        let _stop_receiver = stop.clone().drop_guard();
-        load::subscribe(&self.nats, &prefix, arrived.clone(), stop).await?;
         let before = match start {
             Start::First => 0,
             Start::Resumed | Start::Replayed => {
-                self.store_a_position(&tag, &outbox, &prefix, &arrived)
+                self.store_a_position(&tag, &outbox, &prefix, &stream)
                     .await?
             }
         };
@@ -672,20 +681,19 @@ impl Bench<'_> {
             _ => self.start_relay(&tag, &collection, &prefix, push)?,
         };
         let began = Instant::now();
-        let progress = report::progress(total, &format!("backlog drain{}", keys.label()));
+        let progress = report::progress(n, &format!("backlog drain{}", keys.label()));
         let limit = Duration::from_secs(3600);
-        // Drained once every message has arrived and the relay has marked
-        // them all: its own count of its marks costs the server nothing
-        // while the last marks are made. A count that stops short (a mark
-        // applied whose reply was lost, and so not counted) is settled by
-        // asking the collection, and timed to its answer; the collection is
-        // counted in full after.
+        // Drained once the relay has marked every message, which it does
+        // only once JetStream has stored it: its own count of its marks
+        // costs the server nothing while the last marks are made. A count
+        // that stops short (a mark applied whose reply was lost, and so not
+        // counted) is settled by asking the collection, and timed to its
+        // answer. The collection and the JetStream stream are counted in
+        // full after.
         let mut marks = MarkCount::default();
         let ended = loop {
-            if arrived.len() >= total {
-                if let Some(ended) = marks.all_marked(&relay, &outbox, n).await? {
-                    break ended;
-                }
+            if let Some(ended) = marks.all_marked(&relay, &outbox, n).await? {
+                break ended;
             }
             if began.elapsed() > limit {
                 return Err(Error::Bench(
@@ -701,7 +709,7 @@ impl Bench<'_> {
                         .display()
                 )));
             }
-            progress.set_position(arrived.len() as u64);
+            progress.set_position(marks.counted());
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let seconds = ended.duration_since(began).as_secs_f64();
@@ -716,6 +724,13 @@ impl Bench<'_> {
         if (marked as usize) < total {
             return Err(Error::Bench(format!(
                 "the drain marked {marked} of {total} messages processed (see relay-{tag}.log)"
+            )));
+        }
+        let stored = self.stored_messages(&stream).await?;
+        if (stored as usize) < total {
+            return Err(Error::Bench(format!(
+                "the drain marked every message, but JetStream stream {stream:?} holds {stored} \
+                 of {total} (see relay-{tag}.log)"
             )));
         }
         if start != Start::First {
@@ -756,7 +771,7 @@ impl Bench<'_> {
         tag: &str,
         outbox: &mongodb::Collection<Document>,
         prefix: &str,
-        arrived: &Clock,
+        stream: &str,
     ) -> Result<usize> {
         crate::setup::ensure_indexes(outbox, None).await?;
         let first = format!("{tag}_first");
@@ -789,7 +804,10 @@ impl Bench<'_> {
                 .count_documents(doc! { "status": "processed" })
                 .await
                 .map_err(failed)?;
-            if has_position > 0 && marked as usize == written && arrived.len() == written {
+            if has_position > 0
+                && marked as usize == written
+                && self.stored_messages(stream).await? as usize == written
+            {
                 break;
             }
             if has_position == 0 {
@@ -907,6 +925,11 @@ impl MarkCount {
              timed to when the collection said so"
         );
         Ok(Some(asked_at))
+    }
+
+    /// The relay's count as last read.
+    fn counted(&self) -> u64 {
+        self.last
     }
 }
 
