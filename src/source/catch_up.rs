@@ -1,8 +1,9 @@
 //! The catch-up pass: delivers what is already pending in the collection.
 //!
-//! Run when there is no resume token, or the stream cannot resume from it.
-//! It reads a snapshot of the collection (MongoDB's snapshot reads), and
-//! the change stream is opened at the snapshot's cluster time: anything
+//! Run when there is no resume token, the stream cannot resume from it, or
+//! more is pending than `--max-replay`. It reads a snapshot of the
+//! collection (MongoDB's snapshot reads), and the change stream is opened,
+//! while the pass is fed, at the snapshot's cluster time: anything
 //! committed up to that moment is in the snapshot, anything after arrives
 //! on the stream, so nothing falls between the two, and the two never race
 //! on one key: a message the stream shows committed after every message

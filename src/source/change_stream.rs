@@ -20,11 +20,12 @@
 //! delivered. Readiness is down meanwhile.
 
 use std::collections::HashSet;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, DateTime, Document, RawDocumentBuf};
-use futures::future::BoxFuture;
+use futures::future::{self, BoxFuture, Either};
 use mongodb::change_stream::event::{OperationType, ResumeToken};
 use mongodb::change_stream::ChangeStream;
 use mongodb::error::ErrorKind;
@@ -286,23 +287,40 @@ impl ChangeStreamSource {
         // only once the pass is done, and where it starts is fixed by the
         // snapshot, not by when it opens. A server that must search its
         // oplog for that time (SecantusDB walks all of it) holds up no
-        // delivery; a stream that fails to open stops the pass, which is
-        // run again. A stop ends the feed but not the opening: a pass that
-        // had fed everything still hands its stream's start to the
-        // checkpoint.
+        // delivery, and an open that fails for a while is retried beside
+        // the feed rather than starting the pass over. A stop ends the
+        // feed and is not kept waiting for the open; once the feed is
+        // done, the open is awaited, so that the pass hands its stream's
+        // start to the checkpoint.
         let batch = snapshot.batch();
         let opening = async {
-            let events = self
-                .open(Position::At(start), batch)
+            let events = match self
+                .open_retrying(Position::At(start), batch, shutdown)
                 .await
-                .map_err(|e| crate::Error::mongo("opening the change stream failed", e))?;
+            {
+                Some(Ok(events)) => events,
+                Some(Err(error)) => {
+                    return Err(crate::Error::mongo(
+                        "opening the change stream failed",
+                        error,
+                    ))
+                }
+                None => return Ok(None),
+            };
             self.metrics.set_role_unless_stopping(Role::Tailing);
-            Ok(events)
+            Ok(Some(events))
         };
         let feeding = snapshot.feed(&self.rules, output, &self.progress, shutdown);
-        let (events, fed) = tokio::try_join!(opening, feeding)?;
+        let (fed, events) = match future::select(pin!(feeding), pin!(opening)).await {
+            Either::Left((Ok(None), _)) => (None, None),
+            Either::Left((fed, opening)) => (fed?, opening.await?),
+            Either::Right((events, feeding)) => {
+                let events = events?;
+                (feeding.await?, events)
+            }
+        };
         self.progress.pass_ended(taken);
-        Ok(fed.map(|fed| (events, upto, fed)))
+        Ok(fed.zip(events).map(|(fed, events)| (events, upto, fed)))
     }
 
     /// Opens the stream at `position`, asking for `batch` events at a time
@@ -342,14 +360,43 @@ impl ChangeStreamSource {
             _ = shutdown.cancelled() => return None,
             batch = catch_up::read_batch(&self.outbox) => batch,
         };
+        match self
+            .open_retrying(Position::After(token), batch, shutdown)
+            .await?
+        {
+            Ok(events) => {
+                self.metrics.stream_resumed();
+                Some(Some(events))
+            }
+            Err(error) => {
+                self.metrics.history_lost();
+                tracing::error!(
+                    error = %error,
+                    "the change stream cannot resume from the stored token (its history may be \
+                     gone from the oplog); catching up from the collection, so no committed \
+                     message is lost"
+                );
+                Some(None)
+            }
+        }
+    }
+
+    /// Opens the stream at `position`, retrying passing errors with
+    /// backoff. Returns the stream, or the error no retry mends; `None` if
+    /// the relay stopped first.
+    async fn open_retrying(
+        &self,
+        position: Position,
+        batch: u32,
+        shutdown: &CancellationToken,
+    ) -> Option<mongodb::error::Result<Events>> {
         let mut outage = Outage::new("MongoDB change stream");
         let mut backoff = reconnect_backoff();
         loop {
-            match self.open(Position::After(token.clone()), batch).await {
+            match self.open(position.clone(), batch).await {
                 Ok(events) => {
                     outage.recovered();
-                    self.metrics.stream_resumed();
-                    return Some(Some(events));
+                    return Some(Ok(events));
                 }
                 Err(error) if is_resumable(&error) => {
                     outage.failed(&error);
@@ -357,16 +404,7 @@ impl ChangeStreamSource {
                         return None;
                     }
                 }
-                Err(error) => {
-                    self.metrics.history_lost();
-                    tracing::error!(
-                        error = %error,
-                        "the change stream cannot resume from the stored token (its history may \
-                         be gone from the oplog); catching up from the collection, so no \
-                         committed message is lost"
-                    );
-                    return Some(None);
-                }
+                Err(error) => return Some(Err(error)),
             }
         }
     }
@@ -479,6 +517,7 @@ const LARGEST_DOCUMENT_IN_AN_EVENT: i64 = (16 << 20) - (64 << 10);
 const OVERSIZED: &str = "outboxRelayOversized";
 
 /// Where a stream opens.
+#[derive(Clone)]
 enum Position {
     /// Just after a stored token.
     After(ResumeToken),
