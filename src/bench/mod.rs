@@ -355,9 +355,18 @@ impl Bench<'_> {
     /// The JetStream stream capturing `prefix`'s subjects, made if missing;
     /// returns its name.
     async fn stream_for(&self, prefix: &str) -> Result<String> {
-        StreamSetup::for_prefix(prefix.to_uppercase(), prefix)
+        let ours = prefix.to_uppercase();
+        let name = StreamSetup::for_prefix(ours.clone(), prefix)
             .ensure(&self.nats)
-            .await
+            .await?;
+        // Another stream's messages would count as the run's.
+        if name != ours {
+            return Err(Error::Bench(format!(
+                "JetStream stream {name:?} already captures {prefix}.>; remove it or run the \
+                 benchmark against another NATS server"
+            )));
+        }
+        Ok(name)
     }
 
     /// How many messages the JetStream stream `name` holds: what a drain
@@ -740,8 +749,9 @@ impl Bench<'_> {
     }
 
     /// A resumed drain that lost its place (the server's oplog too short to
-    /// hold the backlog) measured a catch-up pass it did not choose, and a
-    /// replay that caught up measured no replay: refused.
+    /// hold the backlog) measured a catch-up pass it did not choose, one
+    /// that could not count its backlog measured a replay it did not
+    /// choose, and a replay that caught up measured no replay: refused.
     fn check_resumed(&self, tag: &str, n: usize, start: Start) -> Result<()> {
         let log = self.config.output.join(format!("relay-{tag}.log"));
         let text = std::fs::read_to_string(&log)
@@ -749,6 +759,12 @@ impl Bench<'_> {
         if start == Start::Replayed && text.contains("catch-up pass queued") {
             return Err(Error::Bench(format!(
                 "the replayed drain caught up from the collection instead (see {})",
+                log.display()
+            )));
+        }
+        if text.contains("could not count the pending messages") {
+            return Err(Error::Bench(format!(
+                "the resumed drain could not count its backlog, and replayed it (see {})",
                 log.display()
             )));
         }
@@ -806,7 +822,7 @@ impl Bench<'_> {
                 .map_err(failed)?;
             if has_position > 0
                 && marked as usize == written
-                && self.stored_messages(stream).await? as usize == written
+                && self.stored_messages(stream).await? as usize >= written
             {
                 break;
             }
