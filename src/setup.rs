@@ -19,12 +19,6 @@ use crate::error::{CheckKind, Error, Result};
 /// The index the sweep's claims scan: equality on status, then the retry
 /// time, then `_id` for order.
 pub const SWEEP_INDEX: &str = "outbox_sweep";
-/// The sweep index's keys: a read may name the index by them, which any
-/// index of the same keys serves, whatever its name.
-pub fn sweep_index_keys() -> Document {
-    doc! { field::STATUS: 1, field::NEXT_ATTEMPT_AT: 1, field::ID: 1 }
-}
-
 /// TTL index removing processed messages after the retention period.
 pub const PROCESSED_TTL_INDEX: &str = "outbox_processed_ttl";
 /// TTL index removing failed messages after the retention period.
@@ -78,7 +72,7 @@ pub async fn ensure_indexes(
     retention: Option<Duration>,
 ) -> Result<()> {
     let sweep = IndexModel::builder()
-        .keys(sweep_index_keys())
+        .keys(doc! { field::STATUS: 1, field::NEXT_ATTEMPT_AT: 1, field::ID: 1 })
         .options(IndexOptions::builder().name(SWEEP_INDEX.to_owned()).build())
         .build();
     outbox

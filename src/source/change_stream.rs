@@ -40,7 +40,7 @@ use super::progress::StreamProgress;
 use crate::contract::{field, status, DecodeRules};
 use crate::observe::{Metrics, Role};
 use crate::retry::{pause, reconnect_backoff, until_ok, Outage};
-use crate::setup::{sweep_index_keys, SWEEP_INDEX};
+use crate::setup::SWEEP_INDEX;
 use crate::work::{Feed, Work};
 
 type Events = ChangeStream<Event>;
@@ -225,9 +225,10 @@ impl ChangeStreamSource {
     /// by the pass, in `_id` order (see README, per-key order). Counting
     /// stops past the limit, so the question costs at most that many index
     /// entries; `u32::MAX` replays always, without asking. The count names
-    /// the sweep index by its keys: a planner left to choose (SecantusDB's)
-    /// may read every pending message for it. Without that index the count
-    /// fails, and the stream replays.
+    /// the sweep index (set-up refuses one of its keys under another
+    /// name): a planner left to choose (SecantusDB's) may read every
+    /// pending message for it. Without that index the count fails, and the
+    /// stream replays.
     /// `None` if the relay stopped first.
     async fn too_far_behind(&self, shutdown: &CancellationToken) -> Option<bool> {
         if self.max_replay == u32::MAX {
@@ -239,7 +240,7 @@ impl ChangeStreamSource {
             counted = self
                 .outbox
                 .count_documents(catch_up::due_filter(DateTime::now()))
-                .hint(Hint::Keys(sweep_index_keys()))
+                .hint(Hint::Name(SWEEP_INDEX.to_owned()))
                 .limit(limit)
                 .max_time(COUNT_LIMIT) => counted,
         };
@@ -256,9 +257,9 @@ impl ChangeStreamSource {
             Err(error) => {
                 tracing::warn!(
                     %error,
-                    "could not count the pending messages by the sweep index ({SWEEP_INDEX}'s \
-                     keys; the relay makes it at start); replaying the change stream from the \
-                     stored position"
+                    "could not count the pending messages by the sweep index ({SWEEP_INDEX}; the \
+                     relay makes it at start); replaying the change stream from the stored \
+                     position"
                 );
                 false
             }
@@ -296,10 +297,16 @@ impl ChangeStreamSource {
         // start to the checkpoint.
         let batch = snapshot.batch();
         let opening = async {
-            let events = match self
-                .open_retrying(Position::At(start), batch, shutdown)
-                .await
-            {
+            let opened = match start {
+                Some(_) => {
+                    self.open_retrying(Position::At(start), batch, shutdown)
+                        .await
+                }
+                // From now: a retry would open later still, past what the
+                // snapshot holds; the pass is run again instead.
+                None => Some(self.open(Position::At(None), batch).await),
+            };
+            let events = match opened {
                 Some(Ok(events)) => events,
                 Some(Err(error)) => {
                     return Err(crate::Error::mongo(
