@@ -295,30 +295,7 @@ impl ChangeStreamSource {
         // feed and is not kept waiting for the open; once the feed is
         // done, the open is awaited, so that the pass hands its stream's
         // start to the checkpoint.
-        let batch = snapshot.batch();
-        let opening = async {
-            let opened = match start {
-                Some(_) => {
-                    self.open_retrying(Position::At(start), batch, shutdown)
-                        .await
-                }
-                // From now: a retry would open later still, past what the
-                // snapshot holds; the pass is run again instead.
-                None => Some(self.open(Position::At(None), batch).await),
-            };
-            let events = match opened {
-                Some(Ok(events)) => events,
-                Some(Err(error)) => {
-                    return Err(crate::Error::mongo(
-                        "opening the change stream failed",
-                        error,
-                    ))
-                }
-                None => return Ok(None),
-            };
-            self.metrics.set_role_unless_stopping(Role::Tailing);
-            Ok(Some(events))
-        };
+        let opening = self.open_for_pass(start, snapshot.batch(), shutdown);
         let feeding = snapshot.feed(&self.rules, output, &self.progress, shutdown);
         let (fed, events) = match future::select(pin!(feeding), pin!(opening)).await {
             Either::Left((Ok(None), _)) => (None, None),
@@ -330,6 +307,32 @@ impl ChangeStreamSource {
         };
         self.progress.pass_ended(taken);
         Ok(fed.zip(events).map(|(fed, events)| (events, upto, fed)))
+    }
+
+    /// Opens the stream where a catch-up pass's snapshot starts, retrying
+    /// passing errors. From now (the server gave no time) it is tried once:
+    /// a retry would open later still, past what the snapshot holds, and
+    /// the pass is run again instead. `None` if the relay stopped first.
+    async fn open_for_pass(
+        &self,
+        start: Option<bson::Timestamp>,
+        batch: u32,
+        shutdown: &CancellationToken,
+    ) -> crate::Result<Option<Events>> {
+        let opened = match start {
+            Some(_) => {
+                self.open_retrying(Position::At(start), batch, shutdown)
+                    .await
+            }
+            None => Some(self.open(Position::At(None), batch).await),
+        };
+        let Some(opened) = opened else {
+            return Ok(None);
+        };
+        let events =
+            opened.map_err(|e| crate::Error::mongo("opening the change stream failed", e))?;
+        self.metrics.set_role_unless_stopping(Role::Tailing);
+        Ok(Some(events))
     }
 
     /// Opens the stream at `position`, asking for `batch` events at a time
