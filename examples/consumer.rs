@@ -95,8 +95,9 @@ async fn drain(
         .await?;
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(consumer.run(handler, shutdown.clone()));
-    // A slow server is given time as long as the consumer moves: the
-    // demo's server may handle a few dozen transactions a second.
+    // A slow server is given time as long as the consumer moves: each
+    // message is an inbox transaction, and the demo's server (the Python
+    // SecantusDB) commits them slowly.
     let (mut left, mut moved) = (u64::MAX, Instant::now());
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
