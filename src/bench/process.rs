@@ -9,6 +9,19 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 
+/// The relay's log filter: the one asked for, if any, with the change
+/// stream source's info lines kept whatever it says. The benchmark reads
+/// them to refuse a drain of the wrong kind (a replay that caught up from
+/// the collection, say), which a quieter filter would let pass unseen.
+fn log_filter(asked: Option<String>) -> String {
+    let keep = format!("{}=info", crate::source::change_stream::LOG_TARGET);
+    match asked {
+        // A later directive for the same target replaces an earlier one.
+        Some(asked) if !asked.trim().is_empty() => format!("{asked},{keep}"),
+        _ => format!("info,{keep}"),
+    }
+}
+
 /// A relay process started for one benchmark run.
 pub struct RelayProcess {
     child: Child,
@@ -49,6 +62,7 @@ impl RelayProcess {
             .arg("run")
             .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
             .args(args)
+            .env("RUST_LOG", log_filter(std::env::var("RUST_LOG").ok()))
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))
             .spawn()
@@ -167,5 +181,46 @@ impl Drop for RelayProcess {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+    }
+}
+
+#[cfg(all(test, feature = "cli"))]
+mod tests {
+    use tracing::Level;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::EnvFilter;
+
+    use super::log_filter;
+    use crate::source::change_stream::LOG_TARGET;
+
+    /// Whether the filter a bench relay gets for `asked` logs the source's
+    /// info lines, and another module's.
+    fn logs(asked: Option<&str>) -> (bool, bool) {
+        let filter = EnvFilter::try_new(log_filter(asked.map(str::to_owned)))
+            .unwrap_or_else(|e| panic!("{asked:?} gave a filter that does not parse: {e}"));
+        let subscriber = tracing_subscriber::registry().with(filter);
+        tracing::subscriber::with_default(subscriber, || {
+            (
+                tracing::enabled!(target: LOG_TARGET, Level::INFO),
+                tracing::enabled!(target: "outbox_relay::publish", Level::INFO),
+            )
+        })
+    }
+
+    #[test]
+    fn a_bench_relay_logs_what_the_benchmark_reads_whatever_rust_log_says() {
+        assert_eq!(logs(None), (true, true));
+        assert_eq!(logs(Some(" ")), (true, true));
+        assert_eq!(
+            logs(Some("warn")),
+            (true, false),
+            "quieter elsewhere, as asked"
+        );
+        assert_eq!(logs(Some("off")), (true, false));
+        assert_eq!(
+            logs(Some(&format!("info,{LOG_TARGET}=error"))),
+            (true, true)
+        );
+        assert_eq!(logs(Some("outbox_relay=debug")), (true, true));
     }
 }

@@ -75,6 +75,10 @@ const COUNT_LIMIT: Duration = Duration::from_secs(30);
 /// CursorNotFound: resumable by the change streams specification.
 const CURSOR_NOT_FOUND: i32 = 43;
 
+/// Where this source logs: the benchmark reads its info lines to tell a
+/// catch-up pass from a replay.
+pub(crate) const LOG_TARGET: &str = module_path!();
+
 /// Tails the outbox collection's inserts.
 pub(crate) struct ChangeStreamSource {
     pub outbox: Collection<Document>,
