@@ -30,6 +30,7 @@ use crate::config::NatsMode;
 use crate::error::{Error, Result};
 use crate::publish::{connect_nats, StreamSetup};
 use crate::redact;
+use crate::source::change_stream::said;
 pub use inbox::{EndToEnd, InboxBench};
 use load::Clock;
 pub use load::Keys;
@@ -756,19 +757,19 @@ impl Bench<'_> {
         let log = self.config.output.join(format!("relay-{tag}.log"));
         let text = std::fs::read_to_string(&log)
             .map_err(|e| Error::io(format!("cannot read {}", log.display()), e))?;
-        if start == Start::Replayed && text.contains("catch-up pass queued") {
+        if start == Start::Replayed && text.contains(said::PASS_QUEUED) {
             return Err(Error::Bench(format!(
                 "the replayed drain caught up from the collection instead (see {})",
                 log.display()
             )));
         }
-        if text.contains("could not count the pending messages") {
+        if text.contains(said::NOT_COUNTED) {
             return Err(Error::Bench(format!(
                 "the resumed drain could not count its backlog, and replayed it (see {})",
                 log.display()
             )));
         }
-        if text.contains("cannot resume from the stored token") {
+        if text.contains(said::CANNOT_RESUME) {
             return Err(Error::Bench(format!(
                 "the resumed drain could not resume (see {}): the server's oplog does not hold \
                  the backlog; give it room for {} more entries",

@@ -9,12 +9,12 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 
-/// The relay's log filter: the one asked for, if any, with the change
-/// stream source's info lines kept whatever it says. The benchmark reads
+/// The relay's log filter: the one asked for, if any, with every line of
+/// the change stream source kept whatever it says. The benchmark reads
 /// them to refuse a drain of the wrong kind (a replay that caught up from
 /// the collection, say), which a quieter filter would let pass unseen.
 fn log_filter(asked: Option<String>) -> String {
-    let keep = format!("{}=info", crate::source::change_stream::LOG_TARGET);
+    let keep = format!("{}=trace", crate::source::change_stream::LOG_TARGET);
     match asked {
         // A later directive for the same target replaces an earlier one.
         Some(asked) if !asked.trim().is_empty() => format!("{asked},{keep}"),
@@ -193,18 +193,28 @@ mod tests {
     use super::log_filter;
     use crate::source::change_stream::LOG_TARGET;
 
-    /// Whether the filter a bench relay gets for `asked` logs the source's
-    /// info lines, and another module's.
+    /// Whether the source's events, and another module's, at `$level`
+    /// pass the filter a bench relay gets for `$asked`.
+    macro_rules! logs_at {
+        ($asked:expr, $level:expr) => {
+            with_filter($asked, || {
+                (
+                    tracing::enabled!(target: LOG_TARGET, $level),
+                    tracing::enabled!(target: "outbox_relay::publish", $level),
+                )
+            })
+        };
+    }
+
     fn logs(asked: Option<&str>) -> (bool, bool) {
+        logs_at!(asked, Level::INFO)
+    }
+
+    fn with_filter<T>(asked: Option<&str>, check: impl FnOnce() -> T) -> T {
         let filter = EnvFilter::try_new(log_filter(asked.map(str::to_owned)))
             .unwrap_or_else(|e| panic!("{asked:?} gave a filter that does not parse: {e}"));
         let subscriber = tracing_subscriber::registry().with(filter);
-        tracing::subscriber::with_default(subscriber, || {
-            (
-                tracing::enabled!(target: LOG_TARGET, Level::INFO),
-                tracing::enabled!(target: "outbox_relay::publish", Level::INFO),
-            )
-        })
+        tracing::subscriber::with_default(subscriber, check)
     }
 
     #[test]
@@ -222,5 +232,12 @@ mod tests {
             (true, true)
         );
         assert_eq!(logs(Some("outbox_relay=debug")), (true, true));
+        for more in ["debug", "outbox_relay=debug"] {
+            assert_eq!(
+                logs_at!(Some(more), Level::DEBUG),
+                (true, true),
+                "{more}: no quieter than asked"
+            );
+        }
     }
 }

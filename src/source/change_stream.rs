@@ -75,9 +75,20 @@ const COUNT_LIMIT: Duration = Duration::from_secs(30);
 /// CursorNotFound: resumable by the change streams specification.
 const CURSOR_NOT_FOUND: i32 = 43;
 
-/// Where this source logs: the benchmark reads its info lines to tell a
-/// catch-up pass from a replay.
+/// Where this source logs: the benchmark reads its lines (see [`said`]).
+#[cfg(feature = "bench")]
 pub(crate) const LOG_TARGET: &str = module_path!();
+
+/// What the source says of how it started, in words the benchmark looks
+/// for in a relay's log to refuse a drain of the wrong kind.
+pub(crate) mod said {
+    /// A catch-up pass read the backlog (info).
+    pub(crate) const PASS_QUEUED: &str = "catch-up pass queued the pending messages";
+    /// The backlog could not be counted, so the stream replays (warn).
+    pub(crate) const NOT_COUNTED: &str = "could not count the pending messages";
+    /// The stored position is gone from the oplog (error).
+    pub(crate) const CANNOT_RESUME: &str = "the change stream cannot resume from the stored token";
+}
 
 /// Tails the outbox collection's inserts.
 pub(crate) struct ChangeStreamSource {
@@ -206,10 +217,7 @@ impl ChangeStreamSource {
             self.catch_up(output, shutdown)
         })
         .await??;
-        tracing::info!(
-            found = fed.count,
-            "catch-up pass queued the pending messages"
-        );
+        tracing::info!(found = fed.count, "{}", said::PASS_QUEUED);
         // Once the pass's messages are done, the stream's starting position
         // is a safe checkpoint: everything before it was in the pass.
         if let Some(start) = events.resume_token() {
@@ -261,9 +269,9 @@ impl ChangeStreamSource {
             Err(error) => {
                 tracing::warn!(
                     %error,
-                    "could not count the pending messages by the sweep index ({SWEEP_INDEX}; the \
-                     relay makes it at start); replaying the change stream from the stored \
-                     position"
+                    "{} by the sweep index ({SWEEP_INDEX}; the relay makes it at start); \
+                     replaying the change stream from the stored position",
+                    said::NOT_COUNTED
                 );
                 false
             }
@@ -388,9 +396,9 @@ impl ChangeStreamSource {
                 self.metrics.history_lost();
                 tracing::error!(
                     error = %error,
-                    "the change stream cannot resume from the stored token (its history may be \
-                     gone from the oplog); catching up from the collection, so no committed \
-                     message is lost"
+                    "{} (its history may be gone from the oplog); catching up from the \
+                     collection, so no committed message is lost",
+                    said::CANNOT_RESUME
                 );
                 Some(None)
             }
