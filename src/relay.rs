@@ -212,13 +212,16 @@ impl Relay {
     ) {
         // Every claim made before now is a former leader's: the lease is ours.
         let claims_before = Some(object_id_at(bson::DateTime::now()));
-        let Some(order) = self.read_order(term_over).await else {
-            return;
-        };
+        let order = self.unread_order();
+        // The holds are read beside the source's start rather than before
+        // it: no message takes its turn until they are known (see
+        // `KeyOrder::unread`), and a new leader over a large backlog does
+        // not wait for two reads of it one after the other.
+        let reading = self.read_stored_holds(&order, term_over);
         let term_pipeline = Pipeline {
             shutdown: term_over.clone(),
             abandon: lost.clone(),
-            order: Some(order),
+            order: Some(order.clone()),
             claims_before,
             ..pipeline.clone()
         };
@@ -237,42 +240,73 @@ impl Relay {
         let sweeping = tokio::spawn({
             let term_over = term_over.clone();
             async move {
-                if until_ok("MongoDB clearing claims", &term_over, || {
+                // A pass before the stored holds are known would claim
+                // messages only to hold them, claimed, at its stage's gate.
+                let ready = until_ok("MongoDB clearing claims", &term_over, || {
                     sweeper.clear_claims()
                 })
                 .await
                 .is_some()
-                {
+                    && sweeper.await_stored_holds(&term_over).await;
+                if ready {
                     sweeper.run(interval, term_over).await;
                 }
             }
         });
-        if self.config.mode == RelayMode::Push {
-            self.tail(&term_pipeline, owner, term, progress, term_over)
-                .await;
-        }
-        if let Err(error) = sweeping.await {
-            tracing::error!(%error, "the sweep stopped unexpectedly");
-        }
+        let serving = async {
+            if self.config.mode == RelayMode::Push {
+                self.tail(&term_pipeline, owner, term, progress, term_over)
+                    .await;
+            }
+            if let Err(error) = sweeping.await {
+                tracing::error!(%error, "the sweep stopped unexpectedly");
+            }
+        };
+        tokio::join!(reading, serving);
     }
 
-    /// The held keys as MongoDB records them, for a new term's order.
-    /// `None` if the term ended first.
-    async fn read_order(&self, term_over: &CancellationToken) -> Option<KeyOrder> {
-        let outbox = self.database.collection(&self.config.collection);
-        let held = until_ok("MongoDB reading held keys", term_over, || {
-            order::held_keys(&outbox, self.config.on_dead_letter)
-        })
-        .await?;
-        if !held.is_empty() {
-            tracing::info!(keys = held.len(), "keys held by refused or failed messages");
-        }
-        Some(KeyOrder::new(
-            held,
+    /// A new term's order, its stored holds still to be read.
+    fn unread_order(&self) -> KeyOrder {
+        KeyOrder::unread(
             self.config.on_dead_letter,
             self.publisher.acknowledges_storage(),
             self.metrics.clone(),
-        ))
+        )
+    }
+
+    /// A new term's order with the held keys MongoDB records. `None` if
+    /// the term ended first.
+    async fn read_order(&self, term_over: &CancellationToken) -> Option<KeyOrder> {
+        let order = self.unread_order();
+        self.read_stored_holds(&order, term_over)
+            .await
+            .then_some(order)
+    }
+
+    /// Reads the held keys as MongoDB records them into a new term's
+    /// order, retrying until it succeeds or the term ends (a read under
+    /// way is not waited for). False if the term ended first.
+    async fn read_stored_holds(&self, order: &KeyOrder, term_over: &CancellationToken) -> bool {
+        let outbox = self.database.collection(&self.config.collection);
+        let dead_letters = self.config.on_dead_letter;
+        self.metrics.reading_holds(true);
+        let read = until_ok("MongoDB reading held keys", term_over, || {
+            order::held_keys(&outbox, dead_letters)
+        });
+        let held = tokio::select! {
+            biased;
+            _ = term_over.cancelled() => None,
+            held = read => held,
+        };
+        self.metrics.reading_holds(false);
+        let Some(held) = held else {
+            return false;
+        };
+        if !held.is_empty() {
+            tracing::info!(keys = held.len(), "keys held by refused or failed messages");
+        }
+        order.adopt_stored(held);
+        true
     }
 
     /// Runs the change-stream pipeline for one term, until `term_over` fires.

@@ -173,6 +173,8 @@ struct Inner {
     dead_letters_held: Counter,
     delivery_paused: Gauge,
     pause_reason: Mutex<Option<String>>,
+    /// A new term's stored holds are being read: nothing is delivered yet.
+    holds_unread: AtomicBool,
     publish_ack: Histogram,
     commit_to_publish: Histogram,
     pending: Gauge,
@@ -221,6 +223,7 @@ impl Metrics {
             dead_letters_held: Counter::default(),
             delivery_paused: Gauge::default(),
             pause_reason: Mutex::new(None),
+            holds_unread: AtomicBool::new(false),
             publish_ack: Histogram::new(latency_buckets()),
             commit_to_publish: Histogram::new(latency_buckets()),
             pending: Gauge::default(),
@@ -332,6 +335,12 @@ impl Metrics {
             *reason = Some(why.into());
         }
         PausedDelivery(self.clone())
+    }
+
+    /// Whether a new term is reading the held keys, before which it
+    /// delivers nothing. Readiness reports it.
+    pub(crate) fn reading_holds(&self, reading: bool) {
+        self.0.holds_unread.store(reading, Ordering::Relaxed);
     }
 
     /// The stream returned an event that committed at `at`.
@@ -452,9 +461,13 @@ impl Metrics {
         });
         let role = self.role();
         let role_ready = matches!(role, Role::Standby | Role::Tailing | Role::Polling);
-        let paused = (inner.delivery_paused.get() > 0)
-            .then(|| inner.pause_reason.lock().ok().and_then(|r| r.clone()))
-            .map(|reason| reason.unwrap_or_default());
+        let paused = if inner.holds_unread.load(Ordering::Relaxed) {
+            Some("reading the keys held by refused messages".to_owned())
+        } else {
+            (inner.delivery_paused.get() > 0)
+                .then(|| inner.pause_reason.lock().ok().and_then(|r| r.clone()))
+                .map(|reason| reason.unwrap_or_default())
+        };
         let conditions = vec![
             format!(
                 "mongodb: {}",
@@ -639,5 +652,28 @@ impl Inner {
             Unit::Seconds,
             self.oplog_headroom.clone(),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_term_reading_its_held_keys_is_not_ready_to_deliver() {
+        let metrics = Metrics::new();
+        metrics.set_role(Role::Tailing);
+        assert!(metrics.readiness().ready, "{:?}", metrics.readiness());
+        metrics.reading_holds(true);
+        let readiness = metrics.readiness();
+        assert!(!readiness.ready);
+        assert!(
+            readiness.conditions.contains(
+                &"delivery: paused: reading the keys held by refused messages".to_owned()
+            ),
+            "{readiness:?}"
+        );
+        metrics.reading_holds(false);
+        assert!(metrics.readiness().ready);
     }
 }

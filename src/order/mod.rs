@@ -29,10 +29,11 @@
 pub(crate) mod stored;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bson::{oid::ObjectId, Bson, DateTime};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::{oneshot, watch, Notify};
 
 use crate::config::DeadLetters;
 use crate::observe::Metrics;
@@ -118,6 +119,10 @@ struct Shared {
     /// only where an answer means the message is stored (JetStream).
     chained: bool,
     metrics: Metrics,
+    /// Whether the holds the collection recorded at the term's start are
+    /// taken on: until then no message may take its turn, as a key the
+    /// term has yet to learn is held would let it overtake the holder.
+    stored_read: watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for KeyOrder {
@@ -164,21 +169,55 @@ pub(crate) enum Outcome {
 
 impl KeyOrder {
     /// The order of a new term, starting from the holds found in MongoDB.
+    #[cfg(test)]
     pub fn new(
         held: Vec<HeldKey>,
         dead_letters: DeadLetters,
         chained: bool,
         metrics: Metrics,
     ) -> Self {
-        let order = KeyOrder(Arc::new(Shared {
+        let order = KeyOrder::unread(dead_letters, chained, metrics);
+        order.adopt_stored(held);
+        order
+    }
+
+    /// The order of a new term whose stored holds are still being read:
+    /// the term's stages wait in [`KeyOrder::stored_holds_before`] until
+    /// [`KeyOrder::adopt_stored`] is given them. Reading them beside the
+    /// source's own start (its checkpoint, its count, its snapshot's first
+    /// batch) spares a new leader a wait for that read before its source
+    /// starts, a read of every pending message on a server whose planner
+    /// reads the whole pending range for it.
+    pub fn unread(dead_letters: DeadLetters, chained: bool, metrics: Metrics) -> Self {
+        KeyOrder(Arc::new(Shared {
             keys: Mutex::new(Keys::default()),
             releasing: Notify::new(),
             dead_letters,
             chained,
             metrics,
-        }));
-        order.adopt(held);
-        order
+            stored_read: watch::Sender::new(false),
+        }))
+    }
+
+    /// Takes on the holds the collection recorded at the term's start, and
+    /// lets messages take their turns.
+    pub fn adopt_stored(&self, held: Vec<HeldKey>) {
+        self.adopt(held);
+        self.0.stored_read.send_replace(true);
+    }
+
+    /// Waits until the holds the collection recorded at the term's start
+    /// are taken on, or `stop` comes first; true if they are. Holds known
+    /// win over a stop that comes at the same time: a sweep pass that
+    /// claimed its messages then delivers them rather than dropping them.
+    pub async fn stored_holds_before(&self, stop: impl Future<Output = ()>) -> bool {
+        let mut read = self.0.stored_read.subscribe();
+        tokio::select! {
+            biased;
+            // The sender lives as long as `self`, so the wait cannot fail.
+            _ = read.wait_for(|read| *read) => true,
+            () = stop => false,
+        }
     }
 
     /// Takes on the holds the collection records for keys this order does

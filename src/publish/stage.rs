@@ -270,6 +270,9 @@ pub(crate) struct PublishStage {
 
 impl PublishStage {
     pub async fn run(self, mut input: mpsc::Receiver<Work>, output: mpsc::Sender<Finished>) {
+        if !self.stored_holds_known().await {
+            return;
+        }
         let mut in_flight = InFlight::new();
         let mut positions = Positions::default();
         let waiting = Waiting::default();
@@ -307,6 +310,22 @@ impl PublishStage {
                 }
             }
         }
+    }
+
+    /// Waits until the term's order knows the holds the collection records,
+    /// before any message takes its turn. False if the relay stopped first:
+    /// nothing read is published, and all of it stays pending.
+    async fn stored_holds_known(&self) -> bool {
+        let Some(order) = &self.order else {
+            return true;
+        };
+        let stop = async {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => {}
+                _ = self.abandon.cancelled() => {}
+            }
+        };
+        order.stored_holds_before(stop).await
     }
 
     /// Passes the verdict on, and then the stream position it frees, if

@@ -26,7 +26,7 @@ use super::{Ack, AckFuture, Health, PublishError, Publisher};
 use crate::config::DeadLetters;
 use crate::contract::{header, ContractViolation, Decoded, OutboxMessage};
 use crate::observe::Metrics;
-use crate::order::KeyOrder;
+use crate::order::{HeldKey, Holder, KeyOrder};
 use crate::work::{Finished, LastDelivery, Verdict, Work};
 
 /// Long enough for anything the stage does, backoff included; with the
@@ -1122,4 +1122,65 @@ async fn what_waits_for_its_key_is_bounded() {
         ["a2", "b1"],
         "a place to wait is free again"
     );
+}
+
+/// A stage of a term whose stored holds are still being read.
+fn start_unread() -> (Arc<FakeBroker>, Running, KeyOrder) {
+    let order = KeyOrder::unread(DeadLetters::Release, true, Metrics::new());
+    let (broker, running) = start_with(16, Some(order.clone()));
+    (broker, running, order)
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_sent_until_the_stored_holds_are_known_and_then_they_are_kept() {
+    let (broker, mut stage, order) = start_unread();
+    stage.feed([keyed("a2", "a"), message("m1")]).await;
+    assert_eq!(stage.sends_until_idle().await, Vec::<String>::new());
+    assert!(stage.no_verdict().await, "nothing read has a verdict yet");
+
+    // The collection records a1 as holding key a: a2 must wait behind it.
+    let holder = HeldKey {
+        key: "a".to_owned(),
+        holders: vec![Holder {
+            id: named("a1"),
+            dead_letter: false,
+        }],
+        parked: 0,
+        since: bson::DateTime::now(),
+    };
+    order.adopt_stored(vec![holder]);
+    let verdicts = stage.verdicts(2).await;
+    assert!(
+        verdicts.contains(&("a2".into(), Verdict::Parked)),
+        "{verdicts:?}"
+    );
+    assert!(
+        verdicts.contains(&("m1".into(), Verdict::Delivered)),
+        "{verdicts:?}"
+    );
+    assert_eq!(broker.sends(), ["m1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_before_the_stored_holds_are_known_sends_nothing_and_ends() {
+    let (broker, stage, _order) = start_unread();
+    stage.feed([keyed("a1", "a"), message("m1")]).await;
+    stage.shutdown.cancel();
+    let verdicts = stage.ended().await;
+    assert_eq!(verdicts, [], "what was read stays pending");
+    assert_eq!(broker.sends(), Vec::<String>::new());
+}
+
+#[tokio::test(start_paused = true)]
+async fn abandoning_before_the_stored_holds_are_known_sends_nothing_and_ends() {
+    let (broker, stage, _order) = start_unread();
+    stage.feed([keyed("a1", "a"), message("m1")]).await;
+    stage.abandon.cancel();
+    let input = stage.input.clone();
+    assert_eq!(stage.ended().await, [], "what was read stays pending");
+    assert!(
+        input.is_closed(),
+        "the source is told the stage took no more"
+    );
+    assert_eq!(broker.sends(), Vec::<String>::new());
 }

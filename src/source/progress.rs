@@ -131,6 +131,13 @@ impl StreamProgress {
         self.moved();
     }
 
+    /// The source was kept waiting by the rest of the relay (a new term's
+    /// stored holds being read): a wait that is not its own stall, so it
+    /// counts as moving from now, for one window.
+    pub fn waited(&self) {
+        self.moved();
+    }
+
     fn moved(&self) {
         self.0.moved.store(self.elapsed(), Ordering::Relaxed);
         self.0.started.store(-1, Ordering::Relaxed);
@@ -283,5 +290,17 @@ mod tests {
             progress.scope(at(1_000_000), GRACE),
             SweepScope::Before(at(895_000))
         );
+    }
+
+    #[test]
+    fn a_pass_kept_waiting_by_the_relay_is_not_stalled() {
+        let progress = StreamProgress::new(Duration::from_millis(20));
+        progress.pass_started();
+        progress.read(None);
+        // The pipeline is full, and sends nothing until the term's holds
+        // are known.
+        std::thread::sleep(Duration::from_millis(30));
+        progress.waited();
+        assert_eq!(progress.scope(at(1_000_000), GRACE), SweepScope::Nothing);
     }
 }

@@ -431,6 +431,26 @@ impl Sweeper {
 
     /// Reading the held keys back, if it is due: once per holds interval
     /// (a term starts having read them).
+    /// Waits until the term's stored holds are taken on; false if the
+    /// term ended first. The next reading of them is then an interval
+    /// away, and the stream's source, kept waiting for them too (its
+    /// pipeline sends nothing until then), counts as moving from now: the
+    /// wait is not a stall of its own, and the sweep must not take the
+    /// never-tried messages the source is about to deliver.
+    pub(crate) async fn await_stored_holds(&self, term_over: &CancellationToken) -> bool {
+        let known = match &self.pipeline.order {
+            Some(order) => order.stored_holds_before(term_over.cancelled()).await,
+            None => true,
+        };
+        if known {
+            if let Ok(mut read) = self.holds_read.lock() {
+                *read = Some(Instant::now());
+            }
+            self.progress.waited();
+        }
+        known
+    }
+
     fn reconcile_due(&self) -> bool {
         due(&self.holds_read, self.holds_interval)
     }
