@@ -163,6 +163,11 @@ pub struct Drain {
 #[derive(Debug, Clone, Serialize)]
 pub struct DrainRun {
     pub seconds: f64,
+    /// Seconds from the relay's start to its first mark, as the benchmark
+    /// polls its count (every 20 ms): the start-up the rate includes (a
+    /// new term's reads, the catch-up pass's first batch). `None` if the
+    /// count was never read short of the backlog.
+    pub first_mark_seconds: Option<f64>,
     pub rate: f64,
     /// Rate as a share of the bulk-update rate.
     pub share_of_bulk: f64,
@@ -176,6 +181,13 @@ pub struct DrainRun {
     pub relay: Usage,
     /// Relay CPU time a message, in microseconds.
     pub cpu_us_per_message: f64,
+}
+
+/// How one drain went.
+struct Drained {
+    seconds: f64,
+    first_mark_seconds: Option<f64>,
+    relay: Usage,
 }
 
 /// How a drained relay starts.
@@ -317,7 +329,8 @@ impl Bench<'_> {
         if let Some(drain) = report.drains.first() {
             let n = drain.messages;
             for &keys in self.keys_for(true).iter().filter(|k| **k != Keys::None) {
-                let (seconds, relay) = self.drain_keyed(keys, Start::First, n).await?;
+                let Drained { seconds, relay, .. } =
+                    self.drain_keyed(keys, Start::First, n).await?;
                 let rate = n as f64 / seconds;
                 report.keyed_drains.push(KeyedDrain {
                     keys: keys.label().trim_start_matches(", ").to_owned(),
@@ -577,10 +590,16 @@ impl Bench<'_> {
         let batched_update_rate = self.batched_update_rate(n, true).await?;
         let bare_batched_update_rate = self.batched_update_rate(n, false).await?;
         let read_and_mark_rate = self.read_and_mark_rate(n).await?;
-        let run = |(seconds, relay): (f64, Usage)| {
+        let run = |drained: Drained| {
+            let Drained {
+                seconds,
+                first_mark_seconds,
+                relay,
+            } = drained;
             let rate = n as f64 / seconds;
             DrainRun {
                 seconds,
+                first_mark_seconds,
                 rate,
                 share_of_bulk: rate / bulk_update_rate,
                 share_of_batched: rate / batched_update_rate,
@@ -664,7 +683,7 @@ impl Bench<'_> {
     /// A backlog of `n` messages keyed by `keys`, written with the relay
     /// stopped, then drained by a relay in push mode, started as `start`
     /// says. Returns how long the drain took, and what the relay used.
-    async fn drain_keyed(&self, keys: Keys, start: Start, n: usize) -> Result<(f64, Usage)> {
+    async fn drain_keyed(&self, keys: Keys, start: Start, n: usize) -> Result<Drained> {
         let tag = format!("drain{}{}_{n}", keys.slug(), start.slug());
         let (prefix, collection) = self.names(&tag);
         let stream = self.stream_for(&prefix).await?;
@@ -723,6 +742,9 @@ impl Bench<'_> {
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let seconds = ended.duration_since(began).as_secs_f64();
+        let first_mark_seconds = marks
+            .first_at
+            .map(|at| at.duration_since(began).as_secs_f64());
         progress.finish_and_clear();
         let usage = relay.usage();
         relay.stop(Duration::from_secs(15)).await;
@@ -746,7 +768,11 @@ impl Bench<'_> {
         if start != Start::First {
             self.check_resumed(&tag, n, start)?;
         }
-        Ok((seconds, usage))
+        Ok(Drained {
+            seconds,
+            first_mark_seconds,
+            relay: usage,
+        })
     }
 
     /// A resumed drain that lost its place (the server's oplog too short to
@@ -891,6 +917,8 @@ impl Bench<'_> {
 #[derive(Default)]
 struct MarkCount {
     last: u64,
+    /// When the relay's count was first seen above nothing.
+    first_at: Option<Instant>,
     /// `None` until the relay's metrics answer.
     moved_at: Option<Instant>,
     asked_at: Option<Instant>,
@@ -914,6 +942,9 @@ impl MarkCount {
         let Some(count) = relay.processed().await else {
             return Ok(None);
         };
+        if count > 0 && self.first_at.is_none() {
+            self.first_at = Some(Instant::now());
+        }
         if count >= n as u64 {
             return Ok(Some(Instant::now()));
         }

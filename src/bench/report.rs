@@ -99,10 +99,14 @@ pub fn print_table(report: &Report) {
             ("resumed from a stored position", &drain.resumed),
             ("resumed, the change stream replaying it", &drain.replayed),
         ] {
+            let first_mark = run
+                .first_mark_seconds
+                .map(|at| format!(", first mark after {at:.2} s"))
+                .unwrap_or_default();
             println!(
-                "  drained {how}: {:.2} s = {:.0}/s, {:.0}% of the server's rate named 500 an \
-                 update ({:.0}% without the sweep index, {:.0}% of reading and marking); relay \
-                 cpu {:.2} s ({:.1} µs a message), peak rss {:.1} MiB",
+                "  drained {how}: {:.2} s = {:.0}/s{first_mark}, {:.0}% of the server's rate named \
+                 500 an update ({:.0}% without the sweep index, {:.0}% of reading and marking); \
+                 relay cpu {:.2} s ({:.1} µs a message), peak rss {:.1} MiB",
                 run.seconds,
                 run.rate,
                 run.share_of_batched * 100.0,
