@@ -65,6 +65,8 @@ struct Progress {
     read_up_to: AtomicI64,
     /// How long a source may pass nothing on and still count as moving.
     stall: Duration,
+    /// Whether there is a source at all (not in poll mode).
+    stream: bool,
 }
 
 impl StreamProgress {
@@ -75,15 +77,15 @@ impl StreamProgress {
     /// again. The source's own first start opens a window of its own, so
     /// a slow start-up (a count, a checkpoint read) does not use it up.
     pub fn new(stall: Duration) -> Self {
-        Self::with(0, true, stall)
+        Self::with(0, true, stall, true)
     }
 
     /// Progress for a relay with no stream: the sweep goes by the clock.
     pub fn without_stream() -> Self {
-        Self::with(-1, false, Duration::ZERO)
+        Self::with(-1, false, Duration::ZERO, false)
     }
 
-    fn with(started: i64, provisional: bool, stall: Duration) -> Self {
+    fn with(started: i64, provisional: bool, stall: Duration, stream: bool) -> Self {
         StreamProgress(Arc::new(Progress {
             epoch: Instant::now(),
             moved: AtomicI64::new(-1),
@@ -92,6 +94,7 @@ impl StreamProgress {
             passing: AtomicBool::new(provisional),
             read_up_to: AtomicI64::new(i64::MIN),
             stall,
+            stream,
         }))
     }
 
@@ -133,9 +136,12 @@ impl StreamProgress {
 
     /// The source was kept waiting by the rest of the relay (a new term's
     /// stored holds being read): a wait that is not its own stall, so it
-    /// counts as moving from now, for one window.
+    /// counts as moving from now, for one window. Without a stream,
+    /// nothing waited, and the sweep still goes by the clock.
     pub fn waited(&self) {
-        self.moved();
+        if self.0.stream {
+            self.moved();
+        }
     }
 
     fn moved(&self) {
@@ -302,5 +308,11 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         progress.waited();
         assert_eq!(progress.scope(at(1_000_000), GRACE), SweepScope::Nothing);
+        let clock = StreamProgress::without_stream();
+        clock.waited();
+        assert_eq!(
+            clock.scope(at(1_000_000), GRACE),
+            SweepScope::Before(at(995_000))
+        );
     }
 }
