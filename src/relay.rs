@@ -17,6 +17,7 @@
 //! and the sweep of one term share its per-key order ([`KeyOrder`]), read
 //! back from MongoDB when the term starts, so each key has one line.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -217,7 +218,7 @@ impl Relay {
         // it: no message takes its turn until they are known (see
         // `KeyOrder::unread`), and a new leader over a large backlog does
         // not wait for two reads of it one after the other.
-        let reading = self.read_stored_holds(&order, term_over);
+        let reading = self.read_stored_holds(order.clone(), term_over.clone());
         let term_pipeline = Pipeline {
             shutdown: term_over.clone(),
             abandon: lost.clone(),
@@ -278,35 +279,43 @@ impl Relay {
     /// the term ended first.
     async fn read_order(&self, term_over: &CancellationToken) -> Option<KeyOrder> {
         let order = self.unread_order();
-        self.read_stored_holds(&order, term_over)
+        self.read_stored_holds(order.clone(), term_over.clone())
             .await
             .then_some(order)
     }
 
     /// Reads the held keys as MongoDB records them into a new term's
     /// order, retrying until it succeeds or the term ends (a read under
-    /// way is not waited for). False if the term ended first.
-    async fn read_stored_holds(&self, order: &KeyOrder, term_over: &CancellationToken) -> bool {
+    /// way is not waited for). Resolves to false if the term ended first.
+    /// Readiness reports the read from the call on, not from the first
+    /// poll, and until the holds are taken on.
+    fn read_stored_holds(
+        &self,
+        order: KeyOrder,
+        term_over: CancellationToken,
+    ) -> impl Future<Output = bool> {
+        let reading = self.metrics.reading_holds();
         let outbox = self.database.collection(&self.config.collection);
         let dead_letters = self.config.on_dead_letter;
-        self.metrics.reading_holds(true);
-        let read = until_ok("MongoDB reading held keys", term_over, || {
-            order::held_keys(&outbox, dead_letters)
-        });
-        let held = tokio::select! {
-            biased;
-            _ = term_over.cancelled() => None,
-            held = read => held,
-        };
-        self.metrics.reading_holds(false);
-        let Some(held) = held else {
-            return false;
-        };
-        if !held.is_empty() {
-            tracing::info!(keys = held.len(), "keys held by refused or failed messages");
+        async move {
+            let read = until_ok("MongoDB reading held keys", &term_over, || {
+                order::held_keys(&outbox, dead_letters)
+            });
+            let held = tokio::select! {
+                biased;
+                _ = term_over.cancelled() => None,
+                held = read => held,
+            };
+            let Some(held) = held else {
+                return false;
+            };
+            if !held.is_empty() {
+                tracing::info!(keys = held.len(), "keys held by refused or failed messages");
+            }
+            order.adopt_stored(held);
+            drop(reading);
+            true
         }
-        order.adopt_stored(held);
-        true
     }
 
     /// Runs the change-stream pipeline for one term, until `term_over` fires.
@@ -504,7 +513,8 @@ impl Relay {
             progress,
             max_pass_bytes: usize::try_from(self.config.max_buffered_bytes.0).unwrap_or(usize::MAX),
             misfits_read: Arc::default(),
-            // A sweeper serves one term, which starts by reading the holds.
+            // A sweeper serves one term, whose holds are read as it starts
+            // (see `Sweeper::await_stored_holds`).
             holds_read: Arc::new(Mutex::new(Some(Instant::now()))),
             holds_interval: self.config.collect_interval,
             dead_letters: self.config.on_dead_letter,

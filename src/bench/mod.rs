@@ -163,10 +163,11 @@ pub struct Drain {
 #[derive(Debug, Clone, Serialize)]
 pub struct DrainRun {
     pub seconds: f64,
-    /// Seconds from the relay's start to its first mark, as the benchmark
-    /// polls its count (every 20 ms): the start-up the rate includes (a
-    /// new term's reads, the catch-up pass's first batch). `None` if the
-    /// count was never read short of the backlog.
+    /// Seconds from the relay's process starting to its first mark, as
+    /// the benchmark reads its count (every 20 ms, over HTTP): the start-up
+    /// the rate includes (connecting, the lease, a new term's reads, the
+    /// catch-up pass's first batch). `None` if the count was never read
+    /// between nothing and the whole backlog.
     pub first_mark_seconds: Option<f64>,
     pub rate: f64,
     /// Rate as a share of the bulk-update rate.
@@ -682,7 +683,8 @@ impl Bench<'_> {
 
     /// A backlog of `n` messages keyed by `keys`, written with the relay
     /// stopped, then drained by a relay in push mode, started as `start`
-    /// says. Returns how long the drain took, and what the relay used.
+    /// says. Returns how long the drain took, when its first mark came,
+    /// and what the relay used.
     async fn drain_keyed(&self, keys: Keys, start: Start, n: usize) -> Result<Drained> {
         let tag = format!("drain{}{}_{n}", keys.slug(), start.slug());
         let (prefix, collection) = self.names(&tag);
@@ -942,7 +944,7 @@ impl MarkCount {
         let Some(count) = relay.processed().await else {
             return Ok(None);
         };
-        if count > 0 && self.first_at.is_none() {
+        if count > 0 && count < n as u64 && self.first_at.is_none() {
             self.first_at = Some(Instant::now());
         }
         if count >= n as u64 {

@@ -136,6 +136,15 @@ pub struct Readiness {
 /// A pause of delivery, reported until dropped.
 pub(crate) struct PausedDelivery(Metrics);
 
+/// A new term's read of the held keys, reported until dropped.
+pub(crate) struct ReadingHolds(Metrics);
+
+impl Drop for ReadingHolds {
+    fn drop(&mut self) {
+        self.0 .0.holds_unread.store(false, Ordering::Relaxed);
+    }
+}
+
 impl Drop for PausedDelivery {
     fn drop(&mut self) {
         self.0 .0.delivery_paused.dec();
@@ -337,10 +346,11 @@ impl Metrics {
         PausedDelivery(self.clone())
     }
 
-    /// Whether a new term is reading the held keys, before which it
-    /// delivers nothing. Readiness reports it.
-    pub(crate) fn reading_holds(&self, reading: bool) {
-        self.0.holds_unread.store(reading, Ordering::Relaxed);
+    /// A new term is reading the held keys, before which it delivers
+    /// nothing, until the returned guard is dropped. Readiness reports it.
+    pub(crate) fn reading_holds(&self) -> ReadingHolds {
+        self.0.holds_unread.store(true, Ordering::Relaxed);
+        ReadingHolds(self.clone())
     }
 
     /// The stream returned an event that committed at `at`.
@@ -461,13 +471,15 @@ impl Metrics {
         });
         let role = self.role();
         let role_ready = matches!(role, Role::Standby | Role::Tailing | Role::Polling);
-        let paused = if inner.holds_unread.load(Ordering::Relaxed) {
-            Some("reading the keys held by refused messages".to_owned())
-        } else {
-            (inner.delivery_paused.get() > 0)
-                .then(|| inner.pause_reason.lock().ok().and_then(|r| r.clone()))
-                .map(|reason| reason.unwrap_or_default())
-        };
+        let paused = (inner.delivery_paused.get() > 0)
+            .then(|| inner.pause_reason.lock().ok().and_then(|r| r.clone()))
+            .map(|reason| format!("delivery: paused: {}", reason.unwrap_or_default()));
+        // Not a pause: no broker fault, and `delivery_paused` stays 0.
+        let waiting = inner
+            .holds_unread
+            .load(Ordering::Relaxed)
+            .then(|| "delivery: starting: reading the held keys".to_owned());
+        let held_back = waiting.or(paused);
         let conditions = vec![
             format!(
                 "mongodb: {}",
@@ -482,13 +494,12 @@ impl Metrics {
                 }
             ),
             format!("role: {}", role.describe()),
-            match &paused {
-                Some(reason) => format!("delivery: paused: {reason}"),
-                None => "delivery: flowing".to_owned(),
-            },
+            held_back
+                .clone()
+                .unwrap_or_else(|| "delivery: flowing".to_owned()),
         ];
         Readiness {
-            ready: mongodb && nats != Some(false) && role_ready && paused.is_none(),
+            ready: mongodb && nats != Some(false) && role_ready && held_back.is_none(),
             conditions,
         }
     }
@@ -664,16 +675,16 @@ mod tests {
         let metrics = Metrics::new();
         metrics.set_role(Role::Tailing);
         assert!(metrics.readiness().ready, "{:?}", metrics.readiness());
-        metrics.reading_holds(true);
+        let reading = metrics.reading_holds();
         let readiness = metrics.readiness();
         assert!(!readiness.ready);
         assert!(
-            readiness.conditions.contains(
-                &"delivery: paused: reading the keys held by refused messages".to_owned()
-            ),
+            readiness
+                .conditions
+                .contains(&"delivery: starting: reading the held keys".to_owned()),
             "{readiness:?}"
         );
-        metrics.reading_holds(false);
+        drop(reading);
         assert!(metrics.readiness().ready);
     }
 }

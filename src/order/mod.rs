@@ -206,6 +206,12 @@ impl KeyOrder {
         self.0.stored_read.send_replace(true);
     }
 
+    /// Whether the holds the collection recorded at the term's start are
+    /// taken on.
+    pub fn stored_holds_adopted(&self) -> bool {
+        *self.0.stored_read.borrow()
+    }
+
     /// Waits until the holds the collection recorded at the term's start
     /// are taken on, or `stop` comes first; true if they are. Holds known
     /// win over a stop that comes at the same time: a sweep pass that

@@ -294,3 +294,32 @@ async fn a_check_lets_go_of_no_holder_taken_on_again_since_it_read() {
     let_go(&order, "k", "m1");
     assert_eq!(order.held()[0].2, HoldKind::Releasing);
 }
+
+#[tokio::test]
+async fn stored_holds_are_in_place_when_the_wait_for_them_ends_and_win_over_a_stop() {
+    let unread = KeyOrder::unread(DeadLetters::Release, true, Metrics::new());
+    assert!(!unread.stored_holds_adopted());
+    assert!(
+        !unread.stored_holds_before(std::future::ready(())).await,
+        "a stop ends the wait for holds not yet read"
+    );
+    let waiting = tokio::spawn({
+        let order = unread.clone();
+        async move {
+            let known = order.stored_holds_before(std::future::pending()).await;
+            (known, order.holders().len())
+        }
+    });
+    unread.adopt_stored(vec![stored("a", &[("a1", false)], 0)]);
+    let (known, holders) = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .expect("the wait ends once the holds are taken on")
+        .expect("the waiting task ends cleanly");
+    assert!(known);
+    assert_eq!(holders, 1, "the holds are in place when the wait ends");
+    assert!(unread.stored_holds_adopted());
+    assert!(
+        unread.stored_holds_before(std::future::ready(())).await,
+        "holds known win over a stop that came at the same time"
+    );
+}

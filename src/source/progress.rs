@@ -136,11 +136,13 @@ impl StreamProgress {
 
     /// The source was kept waiting by the rest of the relay (a new term's
     /// stored holds being read): a wait that is not its own stall, so it
-    /// counts as moving from now, for one window. Without a stream,
-    /// nothing waited, and the sweep still goes by the clock.
+    /// counts as moving from now, for one window. Only the last move is
+    /// set: a start since is timed as before (starting again and again
+    /// earns no more). Without a stream, nothing waited, and the sweep
+    /// still goes by the clock.
     pub fn waited(&self) {
         if self.0.stream {
-            self.moved();
+            self.0.moved.fetch_max(self.elapsed(), Ordering::Relaxed);
         }
     }
 
@@ -312,6 +314,22 @@ mod tests {
         clock.waited();
         assert_eq!(
             clock.scope(at(1_000_000), GRACE),
+            SweepScope::Before(at(995_000))
+        );
+    }
+
+    #[test]
+    fn waiting_is_one_window_and_not_a_new_start() {
+        let progress = StreamProgress::new(Duration::from_millis(20));
+        progress.pass_started();
+        std::thread::sleep(Duration::from_millis(30));
+        progress.waited();
+        assert_eq!(progress.scope(at(1_000_000), GRACE), SweepScope::Nothing);
+        // Starting again without reading earns no more.
+        std::thread::sleep(Duration::from_millis(30));
+        progress.pass_started();
+        assert_eq!(
+            progress.scope(at(1_000_000), GRACE),
             SweepScope::Before(at(995_000))
         );
     }

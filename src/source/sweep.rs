@@ -429,28 +429,31 @@ impl Sweeper {
         due(&self.misfits_read, MISFIT_INTERVAL)
     }
 
-    /// Reading the held keys back, if it is due: once per holds interval
-    /// (a term starts having read them).
     /// Waits until the term's stored holds are taken on; false if the
     /// term ended first. The next reading of them is then an interval
-    /// away, and the stream's source, kept waiting for them too (its
-    /// pipeline sends nothing until then), counts as moving from now: the
-    /// wait is not a stall of its own, and the sweep must not take the
-    /// never-tried messages the source is about to deliver.
+    /// away. A stream source kept waiting for them until now (its pipeline
+    /// sends nothing before) counts as moving from now: the wait is not a
+    /// stall of its own, and the sweep must not take the never-tried
+    /// messages the source is about to deliver.
     pub(crate) async fn await_stored_holds(&self, term_over: &CancellationToken) -> bool {
-        let known = match &self.pipeline.order {
-            Some(order) => order.stored_holds_before(term_over.cancelled()).await,
-            None => true,
+        let Some(order) = &self.pipeline.order else {
+            return true;
         };
-        if known {
-            if let Ok(mut read) = self.holds_read.lock() {
-                *read = Some(Instant::now());
-            }
+        let kept_waiting = !order.stored_holds_adopted();
+        if !order.stored_holds_before(term_over.cancelled()).await {
+            return false;
+        }
+        if let Ok(mut read) = self.holds_read.lock() {
+            *read = Some(Instant::now());
+        }
+        if kept_waiting {
             self.progress.waited();
         }
-        known
+        true
     }
 
+    /// Reading the held keys back, if it is due: once per holds interval
+    /// (a term starts having read them).
     fn reconcile_due(&self) -> bool {
         due(&self.holds_read, self.holds_interval)
     }
