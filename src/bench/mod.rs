@@ -591,12 +591,11 @@ impl Bench<'_> {
         let batched_update_rate = self.batched_update_rate(n, true).await?;
         let bare_batched_update_rate = self.batched_update_rate(n, false).await?;
         let read_and_mark_rate = self.read_and_mark_rate(n).await?;
-        let run = |drained: Drained| {
-            let Drained {
-                seconds,
-                first_mark_seconds,
-                relay,
-            } = drained;
+        let run = |Drained {
+                       seconds,
+                       first_mark_seconds,
+                       relay,
+                   }| {
             let rate = n as f64 / seconds;
             DrainRun {
                 seconds,

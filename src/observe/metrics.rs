@@ -136,18 +136,18 @@ pub struct Readiness {
 /// A pause of delivery, reported until dropped.
 pub(crate) struct PausedDelivery(Metrics);
 
+impl Drop for PausedDelivery {
+    fn drop(&mut self) {
+        self.0 .0.delivery_paused.dec();
+    }
+}
+
 /// A new term's read of the held keys, reported until dropped.
 pub(crate) struct ReadingHolds(Metrics);
 
 impl Drop for ReadingHolds {
     fn drop(&mut self) {
         self.0 .0.holds_unread.store(false, Ordering::Relaxed);
-    }
-}
-
-impl Drop for PausedDelivery {
-    fn drop(&mut self) {
-        self.0 .0.delivery_paused.dec();
     }
 }
 
