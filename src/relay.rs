@@ -234,22 +234,15 @@ impl Relay {
             RelayMode::Push => StreamProgress::new(self.stall_window()),
             RelayMode::Poll => StreamProgress::without_stream(),
         };
+        // The sweep clears a former leader's claims before its first claim
+        // (see `Sweeper::clear_claims_once`), not before the stream starts.
         let sweeper = self.sweeper(term_pipeline.clone(), progress.clone());
-        // The former leader's claims are cleared before this term's sweep
-        // claims anything, but not before the stream starts: clearing reads
-        // every pending message, and a drain should not wait for that.
         let sweeping = tokio::spawn({
             let term_over = term_over.clone();
             async move {
                 // A pass before the stored holds are known would claim
                 // messages only to hold them, claimed, at its stage's gate.
-                let ready = until_ok("MongoDB clearing claims", &term_over, || {
-                    sweeper.clear_claims()
-                })
-                .await
-                .is_some()
-                    && sweeper.await_stored_holds(&term_over).await;
-                if ready {
+                if sweeper.await_stored_holds(&term_over).await {
                     sweeper.run(interval, term_over).await;
                 }
             }
@@ -399,10 +392,7 @@ impl Relay {
                     ..self.pipeline(deadline.clone(), lost.clone())
                 };
                 let sweeper = self.sweeper(pipeline, StreamProgress::without_stream());
-                match sweeper.clear_claims().await {
-                    Ok(()) => Some(sweeper.drain().await),
-                    Err(error) => Some(Err(error)),
-                }
+                Some(sweeper.drain().await)
             }
             None => None,
         };
@@ -518,6 +508,7 @@ impl Relay {
             holds_read: Arc::new(Mutex::new(Some(Instant::now()))),
             holds_interval: self.config.collect_interval,
             dead_letters: self.config.on_dead_letter,
+            claims_cleared: Arc::default(),
             pipeline,
         }
     }

@@ -147,8 +147,8 @@ impl CompletionStage {
 
     /// What a verdict that holds no claim requires of `lockId`: no claim,
     /// or in a term a claim older than the term, a former leader's. The
-    /// term clears those at its start, but its stream does not wait for
-    /// that: a verdict must not miss its message for a claim about to go
+    /// term's sweep clears those before its first claim, and its stream
+    /// does not wait for that: a verdict must not miss its message for a claim about to go
     /// (a refusal that missed would leave its key held in the term's order
     /// and nothing in the collection saying so).
     fn unclaimed(&self) -> Bson {

@@ -23,6 +23,7 @@
 //! conditional update, which is the authority anyway.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -63,6 +64,9 @@ pub struct Sweeper {
     pub(crate) holds_interval: Duration,
     /// Whether dead letters hold their keys, for reading holds back.
     pub(crate) dead_letters: DeadLetters,
+    /// Whether a former leader's claims are cleared (see
+    /// [`Sweeper::clear_claims`]): done before this term's first claim.
+    pub(crate) claims_cleared: Arc<AtomicBool>,
 }
 
 /// How often a sweep with room to spare looks for misfits: documents a
@@ -212,6 +216,7 @@ impl Sweeper {
         reads: impl IntoIterator<Item = ((Document, Document), bool)>,
         release: bool,
     ) -> Result<(Pass, Read)> {
+        self.clear_claims_once().await?;
         let claim = ObjectId::new();
         let mut read = Read {
             release,
@@ -656,12 +661,28 @@ impl Sweeper {
             .collect())
     }
 
+    /// Clears a former leader's claims, unless this term has: called
+    /// before each claim, so the clearing waits for the sweep's first
+    /// claim rather than running at a new leader's start. It reads every
+    /// pending message (no index holds the claim); only the sweep's claims
+    /// need it gone (the term's other verdicts match a message whatever a
+    /// former leader's claim on it, see `complete::fate`), and while a
+    /// catch-up pass delivers a backlog the sweep reads nothing, so the
+    /// clearing waits for the pass unless a held key is released
+    /// meanwhile.
+    async fn clear_claims_once(&self) -> Result<()> {
+        if !self.claims_cleared.load(Ordering::Acquire) {
+            self.clear_claims().await?;
+        }
+        Ok(())
+    }
+
     /// Drops every claim on pending messages. Only the lease holder claims,
-    /// so when a term starts, every claim there is belongs to a relay that
-    /// has stopped (its lease ended before this one began); left alone,
+    /// so before a term's first claim, every claim there is belongs to a
+    /// relay that has stopped (its lease ended before this one began); left alone,
     /// each would hide its message, and hold back the rest of its key,
     /// for up to the lock timeout.
-    pub(crate) async fn clear_claims(&self) -> Result<()> {
+    async fn clear_claims(&self) -> Result<()> {
         self.pipeline
             .outbox
             .update_many(
@@ -670,6 +691,7 @@ impl Sweeper {
             )
             .await
             .map_err(|e| Error::mongo("sweep: clearing a former leader's claims failed", e))?;
+        self.claims_cleared.store(true, Ordering::Release);
         Ok(())
     }
 

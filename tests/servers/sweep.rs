@@ -229,6 +229,42 @@ async fn a_new_leader_takes_over_every_claim_a_former_one_left() {
 }
 
 #[tokio::test]
+async fn a_streaming_leader_clears_a_former_claim_before_its_sweep_retries_the_message() {
+    let env = TestEnv::new().await;
+    // A retry a former leader claimed moments ago, not yet due, so the new
+    // leader's catch-up pass passes it by.
+    let claimed = ObjectId::new();
+    let later = DateTime::from_millis(DateTime::now().timestamp_millis() + 3_600_000);
+    env.outbox()
+        .insert_one(doc! {
+            "_id": claimed, "type": "t", "payload": {}, "status": "pending", "attempts": 1,
+            "nextAttemptAt": later, "lockId": ObjectId::new(), "lockedAt": DateTime::now(),
+        })
+        .await
+        .unwrap();
+    let mut config = env.quick_config(5);
+    config.lock_timeout = Duration::from_secs(3600);
+    let relay = RunningRelay::start(config).await;
+    // A message the stream delivers: the pass is over.
+    write_orders(&env, 1).await;
+    env.wait_count(doc! { "status": "processed" }, 1).await;
+    // Due now; the stream does not show updates, so only the sweep can
+    // deliver it, and a claim left in place would hide it for an hour.
+    env.outbox()
+        .update_one(
+            doc! { "_id": claimed },
+            doc! { "$set": { "nextAttemptAt": DateTime::now() } },
+        )
+        .await
+        .unwrap();
+    env.wait_count(doc! { "_id": claimed, "status": "processed" }, 1)
+        .await;
+    relay.stop().await.unwrap();
+    assert_eq!(env.stream_count().await, 2);
+    env.drop().await;
+}
+
+#[tokio::test]
 async fn a_processor_that_lost_its_claim_cannot_mark_the_message() {
     let env = TestEnv::new().await;
     // Processor A publishes through a NATS of its own that goes away after it claims.
