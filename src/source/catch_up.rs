@@ -166,12 +166,10 @@ pub(crate) struct Snapshot {
 }
 
 impl Snapshot {
-    /// Starts reading a snapshot of the due pending messages.
-    pub async fn read(outbox: &Collection<Document>) -> Result<Self> {
+    /// Starts reading a snapshot of the due pending messages, `batch`
+    /// documents at a time (see [`read_batch`]).
+    pub async fn read(outbox: &Collection<Document>, batch: u32) -> Result<Self> {
         let failed = |e| Error::mongo("reading pending messages failed", e);
-        // Asked first: the time between the probe and the snapshot is the
-        // stream's overlap with the pass.
-        let batch = read_batch(outbox).await;
         let taken = DateTime::now();
         let namespace = outbox.namespace();
         let database = outbox.client().database(&namespace.db);

@@ -90,6 +90,16 @@ pub(crate) mod said {
     pub(crate) const CANNOT_RESUME: &str = "the change stream cannot resume from the stored token";
 }
 
+/// How a start goes on (see [`ChangeStreamSource::starting`]).
+struct Starting {
+    /// More is pending than a replay should read: run the catch-up pass.
+    behind: bool,
+    /// Documents a read asks for (see [`catch_up::read_batch`]).
+    batch: u32,
+    /// A snapshot read for the pass, if `behind` and the read succeeded.
+    snapshot: Option<catch_up::Snapshot>,
+}
+
 /// Tails the outbox collection's inserts.
 pub(crate) struct ChangeStreamSource {
     pub outbox: Collection<Document>,
@@ -198,23 +208,35 @@ impl ChangeStreamSource {
         shutdown: &CancellationToken,
     ) -> Option<(Events, CaughtUp)> {
         // A stream reopened after a break has only its gap to replay.
-        let behind = if token.is_some() && carried.is_none() {
-            // Until the source knows how it starts, the sweep leaves the
+        let counting = token.is_some() && carried.is_none() && self.max_replay != u32::MAX;
+        if counting {
+            // A snapshot for the pass is read beside the count: until the
+            // count is in, the sweep reads nothing, or what it delivered
+            // meanwhile would still be pending in the snapshot.
+            self.progress.pass_started();
+        } else if token.is_some() && carried.is_none() {
+            // Until the stream says how far it read, the sweep leaves the
             // never-tried messages alone.
             self.progress.resumed();
-            self.too_far_behind(shutdown).await?
-        } else {
-            false
+        }
+        let Starting {
+            behind,
+            batch,
+            snapshot,
+        } = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            starting = self.starting(counting) => starting,
         };
         if !behind {
-            if let Some(events) = self.open_resuming(token, shutdown).await? {
+            if let Some(events) = self.open_resuming(token, batch, shutdown).await? {
                 self.progress.resumed();
                 self.metrics.set_role_unless_stopping(Role::Tailing);
                 return Some((events, carried.unwrap_or_else(CaughtUp::none)));
             }
         }
+        let mut snapshot = snapshot;
         let (events, upto, fed) = until_ok("MongoDB catch-up pass", shutdown, || {
-            self.catch_up(output, shutdown)
+            self.catch_up(snapshot.take(), batch, output, shutdown)
         })
         .await??;
         tracing::info!(found = fed.count, "{}", said::PASS_QUEUED);
@@ -229,6 +251,45 @@ impl ChangeStreamSource {
         Some((events, CaughtUp::new(fed.recent, upto, self.grace_period)))
     }
 
+    /// What a start needs to know: the read batch, sized from the outbox's
+    /// documents, and, for a resume (`counting`: with a stored token,
+    /// under a `max_replay` that asks), whether more is pending than a
+    /// replay should read. The count is asked beside the size and beside a
+    /// snapshot for the catch-up pass it may call for, so that a server
+    /// that reads slowly (SecantusDB walks every pending message for each)
+    /// makes a resume wait for the slowest, not for all in turn; on MongoDB
+    /// the snapshot's first batch is the first entries of an index range. A
+    /// snapshot the start does not use is dropped, its cursor killed: one a
+    /// replay does not need, and one the sweep may have overtaken (the
+    /// count outlasted the stall window, so the sweep went by the clock
+    /// and may have delivered messages the snapshot still shows pending).
+    async fn starting(&self, counting: bool) -> Starting {
+        let sizing = catch_up::read_batch(&self.outbox);
+        if !counting {
+            return Starting {
+                behind: false,
+                batch: sizing.await,
+                snapshot: None,
+            };
+        }
+        let reading = async {
+            let batch = sizing.await;
+            (batch, catch_up::Snapshot::read(&self.outbox, batch).await)
+        };
+        let (behind, (batch, snapshot)) = future::join(self.too_far_behind(), reading).await;
+        let snapshot = snapshot
+            .inspect_err(|error| {
+                tracing::debug!(%error, "reading the catch-up pass's snapshot beside the count failed");
+            })
+            .ok()
+            .filter(|_| behind && self.progress.sweep_kept_out());
+        Starting {
+            behind,
+            batch,
+            snapshot,
+        }
+    }
+
     /// Whether more due messages are pending than a resumed stream should
     /// replay. A replay reads every write to the oplog since the stored
     /// position, the outbox's own marks among them, one event at a time,
@@ -236,27 +297,20 @@ impl ChangeStreamSource {
     /// a large backlog is delivered faster and at less cost to the server
     /// by the pass, in `_id` order (see README, per-key order). Counting
     /// stops past the limit, so the question costs at most that many index
-    /// entries; `u32::MAX` replays always, without asking. The count names
-    /// the sweep index (set-up refuses one of its keys under another
-    /// name): a planner left to choose (SecantusDB's) may read every
-    /// pending message for it. Without that index the count fails, and the
-    /// stream replays.
-    /// `None` if the relay stopped first.
-    async fn too_far_behind(&self, shutdown: &CancellationToken) -> Option<bool> {
-        if self.max_replay == u32::MAX {
-            return Some(false);
-        }
+    /// entries. The count names the sweep index (set-up refuses one of its
+    /// keys under another name): a planner left to choose (SecantusDB's)
+    /// may read every pending message for it. Without that index the count
+    /// fails, and the stream replays.
+    async fn too_far_behind(&self) -> bool {
         let limit = u64::from(self.max_replay).saturating_add(1);
-        let counted = tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            counted = self
-                .outbox
-                .count_documents(catch_up::due_filter(DateTime::now()))
-                .hint(Hint::Name(SWEEP_INDEX.to_owned()))
-                .limit(limit)
-                .max_time(COUNT_LIMIT) => counted,
-        };
-        Some(match counted {
+        let counted = self
+            .outbox
+            .count_documents(catch_up::due_filter(DateTime::now()))
+            .hint(Hint::Name(SWEEP_INDEX.to_owned()))
+            .limit(limit)
+            .max_time(COUNT_LIMIT)
+            .await;
+        match counted {
             Ok(pending) if pending >= limit => {
                 tracing::info!(
                     max_replay = self.max_replay,
@@ -275,21 +329,26 @@ impl ChangeStreamSource {
                 );
                 false
             }
-        })
+        }
     }
 
-    /// The catch-up pass: a snapshot of what is pending, fed to the
-    /// pipeline, and the stream opened at the snapshot's time. `None` if
-    /// the relay stopped first.
+    /// The catch-up pass: a snapshot of what is pending (`read` already,
+    /// or read now), fed to the pipeline, and the stream opened at the
+    /// snapshot's time. `None` if the relay stopped first.
     async fn catch_up(
         &self,
+        read: Option<catch_up::Snapshot>,
+        batch: u32,
         output: &Feed,
         shutdown: &CancellationToken,
     ) -> crate::Result<Option<(Events, Option<bson::Timestamp>, catch_up::Fed)>> {
         self.progress.pass_started();
-        let snapshot = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(None),
-            snapshot = catch_up::Snapshot::read(&self.outbox) => snapshot?,
+        let snapshot = match read {
+            Some(snapshot) => snapshot,
+            None => tokio::select! {
+                _ = shutdown.cancelled() => return Ok(None),
+                snapshot = catch_up::Snapshot::read(&self.outbox, batch) => snapshot?,
+            },
         };
         let (start, upto, taken) = (snapshot.start(), snapshot.cluster_time(), snapshot.taken());
         if start.is_none() {
@@ -374,15 +433,12 @@ impl ChangeStreamSource {
     async fn open_resuming(
         &self,
         token: Option<ResumeToken>,
+        batch: u32,
         shutdown: &CancellationToken,
     ) -> Option<Option<Events>> {
         let Some(token) = token else {
             tracing::info!("no resume token: catching up from the collection");
             return Some(None);
-        };
-        let batch = tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            batch = catch_up::read_batch(&self.outbox) => batch,
         };
         match self
             .open_retrying(Position::After(token), batch, shutdown)

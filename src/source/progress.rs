@@ -169,6 +169,14 @@ impl StreamProgress {
         i64::try_from(self.0.epoch.elapsed().as_millis()).unwrap_or(i64::MAX)
     }
 
+    /// Whether the sweep reads nothing now. A source that has passed
+    /// nothing on since the pass started is live throughout the window
+    /// and not after it, so while this holds, the sweep has read nothing
+    /// since then either.
+    pub fn sweep_kept_out(&self) -> bool {
+        self.live() && self.0.passing.load(Ordering::Relaxed)
+    }
+
     /// Whether the source read, or started, within the stall window.
     fn live(&self) -> bool {
         let now = self.elapsed();
@@ -224,6 +232,28 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         progress.pass_started();
         assert_eq!(progress.scope(at(1_000_000), GRACE), SweepScope::Nothing);
+    }
+
+    #[test]
+    fn the_sweep_is_kept_out_from_a_pass_start_until_the_window_lapses() {
+        let progress = StreamProgress::new(Duration::from_millis(20));
+        progress.pass_started();
+        assert!(progress.sweep_kept_out());
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(
+            !progress.sweep_kept_out(),
+            "the window lapsed: by the clock"
+        );
+        let resumed = StreamProgress::new(Duration::from_secs(60));
+        resumed.resumed();
+        assert!(
+            !resumed.sweep_kept_out(),
+            "a resumed stream leaves retries to it"
+        );
+        let ended = StreamProgress::new(Duration::from_secs(60));
+        ended.pass_started();
+        ended.pass_ended(at(1_000_000));
+        assert!(!ended.sweep_kept_out());
     }
 
     #[test]
