@@ -14,7 +14,13 @@
 //! million entries). So after a slow read (the depths, or the oplog's
 //! span) the collector waits [`SLOW_READ_MULTIPLE`] times as long as it
 //! took before making that read again, up to [`LONGEST_WAIT`]; quick reads
-//! are made every interval.
+//! are made every interval. For the same reason the first reading of the
+//! depths waits for the relay's first delivery, or for an interval if none
+//! comes: a relay's start-up reads (its held keys, a resume's count, the
+//! catch-up pass's snapshot) come first, and the depths, a count of every
+//! pending entry on any server, would slow them when the server is busiest.
+//! The first round's other reads (the checkpoint, the oplog) are made at
+//! once.
 
 use std::time::Duration;
 
@@ -64,9 +70,12 @@ pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
     let mut state = RoundState {
         outage: Outage::new("MongoDB reading the outbox's depths and checkpoint"),
         oplog: OplogState::Unknown,
-        depths_pace: Pace::new("the outbox's depths"),
-        oplog_pace: Pace::new("the oplog's first and last entries"),
+        depths_pace: Pace::due_at("the outbox's depths", Instant::now() + collector.interval),
+        oplog_pace: Pace::due_at("the oplog's first and last entries", Instant::now()),
     };
+    let first_delivery = collector.metrics.first_delivery();
+    tokio::pin!(first_delivery);
+    let mut delivered = false;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -75,6 +84,10 @@ pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(collector.interval) => {}
+            () = &mut first_delivery, if !delivered => {
+                delivered = true;
+                state.depths_pace.first_read_now();
+            }
         }
     }
 }
@@ -94,19 +107,30 @@ struct Pace {
     due: Instant,
     /// Whether the last read was slow enough to put the next off.
     slow: bool,
+    /// Whether the read was ever made.
+    made: bool,
 }
 
 impl Pace {
-    fn new(what: &'static str) -> Self {
+    /// A read first due at `due`.
+    fn due_at(what: &'static str, due: Instant) -> Self {
         Pace {
             what,
-            due: Instant::now(),
+            due,
             slow: false,
+            made: false,
         }
     }
 
     fn is_due(&self) -> bool {
         Instant::now() >= self.due
+    }
+
+    /// Makes a read never made yet due now.
+    fn first_read_now(&mut self) {
+        if !self.made {
+            self.due = self.due.min(Instant::now());
+        }
     }
 
     /// Sets when the read is due again, after one that began at `began`
@@ -115,6 +139,7 @@ impl Pace {
         let took = began.elapsed();
         let wait = wait_before_next(took, interval);
         self.due = began + wait;
+        self.made = true;
         let slow = is_slow(took, interval, self.slow);
         if slow && !self.slow {
             tracing::info!(
@@ -248,6 +273,8 @@ mod tests {
 
     use mongodb::options::ClientOptions;
 
+    use crate::observe::Origin;
+
     /// A round that cannot finish (no server answers, and the driver waits
     /// a minute to say so) does not hold up a stop.
     #[tokio::test]
@@ -283,6 +310,42 @@ mod tests {
             .expect("the collector does not panic");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_first_read_put_off_is_made_at_once_when_asked_and_only_the_first() {
+        let interval = Duration::from_secs(10);
+        let mut pace = Pace::due_at("the depths", Instant::now() + interval);
+        tokio::time::advance(interval / 2).await;
+        assert!(!pace.is_due(), "put off");
+        pace.first_read_now();
+        assert!(pace.is_due(), "due at once");
+        pace.read_ended(Instant::now(), interval);
+        pace.first_read_now();
+        assert!(!pace.is_due(), "made already: due an interval on");
+
+        let mut idle = Pace::due_at("the depths", Instant::now() + interval);
+        tokio::time::advance(interval).await;
+        assert!(idle.is_due(), "due after an interval without a delivery");
+        idle.first_read_now();
+        assert!(idle.is_due());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_delivery_is_awaited_once_and_known_after() {
+        let metrics = Metrics::new();
+        let mut first = Box::pin(metrics.first_delivery());
+        assert!(
+            futures::poll!(first.as_mut()).is_pending(),
+            "nothing delivered"
+        );
+        metrics.published(Origin::Sweep, Duration::ZERO, false);
+        assert!(
+            futures::poll!(first.as_mut()).is_ready(),
+            "woken by a delivery"
+        );
+        let later = Box::pin(metrics.first_delivery());
+        assert!(futures::poll!(later).is_ready(), "delivered already");
+    }
+
     #[test]
     fn reads_near_the_threshold_do_not_flip_between_slow_and_quick() {
         let interval = Duration::from_secs(10);
@@ -305,7 +368,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_pace_is_due_at_once_and_again_after_twenty_times_a_slow_read() {
         let interval = Duration::from_secs(10);
-        let mut pace = Pace::new("a test read");
+        let mut pace = Pace::due_at("a test read", Instant::now());
         assert!(pace.is_due());
         let began = Instant::now();
         tokio::time::advance(Duration::from_secs(2)).await;
