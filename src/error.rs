@@ -244,6 +244,13 @@ pub(crate) fn is_document_error(error: &mongodb::error::Error) -> bool {
     DOCUMENT_CODES.contains(&code)
 }
 
+/// Whether the server gave up on an operation at its time limit
+/// (MaxTimeMSExpired, 50).
+pub(crate) fn is_max_time_expired(error: &mongodb::error::Error) -> bool {
+    const MAX_TIME_MS_EXPIRED: i32 = 50;
+    matches!(&*error.kind, mongodb::error::ErrorKind::Command(c) if c.code == MAX_TIME_MS_EXPIRED)
+}
+
 /// Whether a write failed on a unique index (DuplicateKey, 11000).
 pub(crate) fn is_duplicate_key(error: &mongodb::error::Error) -> bool {
     use mongodb::error::{ErrorKind, WriteFailure};

@@ -24,13 +24,11 @@ use mongodb::{Client, ClientSession, Collection};
 
 use super::record::{record_handled, Entry};
 use super::{Delivery, Handler, HandlerError};
+use crate::error::is_max_time_expired;
 
 /// How long a transaction is run again, or a commit tried again, after
 /// transient errors: the limit of the drivers' convenient transaction API.
 pub(crate) const RETRY_LIMIT: Duration = Duration::from_secs(120);
-
-/// MaxTimeMSExpired: a commit that timed out is not tried again.
-const MAX_TIME_MS_EXPIRED: i32 = 50;
 
 /// How a message's transaction ended.
 #[derive(Debug)]
@@ -196,7 +194,8 @@ async fn commit(session: &mut ClientSession, started: Instant) -> mongodb::error
             Ok(()) => return Ok(()),
             Err(error)
                 if error.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT)
-                    && !timed_out(&error)
+                    // A commit that timed out is not tried again.
+                    && !is_max_time_expired(&error)
                     && started.elapsed() < RETRY_LIMIT =>
             {
                 tracing::debug!(error = %error, "commit result unknown; committing again");
@@ -204,10 +203,6 @@ async fn commit(session: &mut ClientSession, started: Instant) -> mongodb::error
             Err(error) => return Err(error),
         }
     }
-}
-
-fn timed_out(error: &mongodb::error::Error) -> bool {
-    matches!(&*error.kind, mongodb::error::ErrorKind::Command(c) if c.code == MAX_TIME_MS_EXPIRED)
 }
 
 /// Aborts the session's transaction. An error is no matter: the server

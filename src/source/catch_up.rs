@@ -34,7 +34,7 @@ use mongodb::{ClientSession, Collection};
 use tokio_util::sync::CancellationToken;
 
 use crate::contract::{field, status, DecodeRules};
-use crate::error::{Error, Result};
+use crate::error::{is_max_time_expired, Error, Result};
 use crate::work::{Feed, Work};
 
 use super::progress::StreamProgress;
@@ -92,14 +92,22 @@ pub(crate) async fn read_batch(outbox: &Collection<Document>) -> u32 {
     match stats.await {
         Ok(shards) => batch_for(average_size(&shards)),
         Err(error) => {
+            let why = if is_max_time_expired(&error) {
+                format!(
+                    "the server took longer than {} to say it ($collStats)",
+                    humantime::format_duration(STATS_TIME)
+                )
+            } else {
+                "$collStats failed; the relay's user needs the collStats action on the outbox"
+                    .to_owned()
+            };
             if SIZES_UNKNOWN_SAID.swap(true, Ordering::Relaxed) {
-                tracing::debug!(%error, "could not read the outbox's average document size");
+                tracing::debug!(%error, "could not read the outbox's average document size: {why}");
             } else {
                 tracing::warn!(
                     %error,
-                    "could not read the outbox's average document size ($collStats; the relay's \
-                     user needs the collStats action on the outbox); reading {READ_BATCH} \
-                     documents at a time, up to 16 MiB a batch beside the byte budget"
+                    "could not read the outbox's average document size: {why}; reading \
+                     {READ_BATCH} documents at a time, up to 16 MiB a batch beside the byte budget"
                 );
             }
             READ_BATCH
