@@ -210,9 +210,10 @@ impl ChangeStreamSource {
         // A stream reopened after a break has only its gap to replay.
         let counting = token.is_some() && carried.is_none() && self.max_replay != u32::MAX;
         if counting {
-            // A snapshot for the pass is read beside the count: until the
-            // count is in, the sweep reads nothing, or what it delivered
-            // meanwhile would still be pending in the snapshot.
+            // A snapshot for the pass is read beside the count, the sweep
+            // kept out meanwhile: what it delivered would still be pending
+            // in the snapshot (one that read after the window lapsed makes
+            // the pass read another).
             self.progress.pass_started();
         } else if token.is_some() && carried.is_none() {
             // Until the stream says how far it read, the sweep leaves the
@@ -261,8 +262,9 @@ impl ChangeStreamSource {
     /// the snapshot's first batch is the first entries of an index range. A
     /// snapshot the start does not use is dropped, its cursor killed: one a
     /// replay does not need, and one the sweep may have overtaken (the
-    /// count outlasted the stall window, so the sweep went by the clock
-    /// and may have delivered messages the snapshot still shows pending).
+    /// count outlasted the stall window and the sweep, going by the clock,
+    /// read meanwhile, so it may have delivered messages the snapshot still
+    /// shows pending; see [`StreamProgress::claim_snapshot`]).
     async fn starting(&self, counting: bool) -> Starting {
         let sizing = catch_up::read_batch(&self.outbox);
         if !counting {
@@ -277,12 +279,20 @@ impl ChangeStreamSource {
             (batch, catch_up::Snapshot::read(&self.outbox, batch).await)
         };
         let (behind, (batch, snapshot)) = future::join(self.too_far_behind(), reading).await;
-        let snapshot = snapshot
-            .inspect_err(|error| {
+        let snapshot = match snapshot {
+            Ok(snapshot) if behind && self.progress.claim_snapshot() => Some(snapshot),
+            Ok(_) if behind => {
+                tracing::debug!(
+                    "the sweep read while the count ran: the catch-up pass reads its snapshot again"
+                );
+                None
+            }
+            Ok(_) => None,
+            Err(error) => {
                 tracing::debug!(%error, "reading the catch-up pass's snapshot beside the count failed");
-            })
-            .ok()
-            .filter(|_| behind && self.progress.sweep_kept_out());
+                None
+            }
+        };
         Starting {
             behind,
             batch,

@@ -22,9 +22,15 @@
 //! stream that does not deliver. A source that starts (a pass, a resumed
 //! stream) has one stall window to pass its first message on; starting
 //! again and again without reading earns it no more.
+//!
+//! A resume reads the pass's snapshot beside the count that says whether
+//! it needs one, and the count may outlast the window. The snapshot is
+//! still fed if the sweep has not read since the term began: the sweep's
+//! scope and the source's claim on its snapshot are decided one at a time
+//! (see [`StreamProgress::claim_snapshot`]), so the two never both go on.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bson::DateTime;
@@ -67,6 +73,12 @@ struct Progress {
     stall: Duration,
     /// Whether there is a source at all (not in poll mode).
     stream: bool,
+    /// The sweep was given a scope to read in this term (anything but
+    /// [`SweepScope::Nothing`]).
+    swept: AtomicBool,
+    /// Held while the sweep's scope, or the source's claim on a snapshot,
+    /// is decided: never across an await.
+    deciding: Mutex<()>,
 }
 
 impl StreamProgress {
@@ -95,6 +107,8 @@ impl StreamProgress {
             read_up_to: AtomicI64::new(i64::MIN),
             stall,
             stream,
+            swept: AtomicBool::new(false),
+            deciding: Mutex::new(()),
         }))
     }
 
@@ -169,12 +183,29 @@ impl StreamProgress {
         i64::try_from(self.0.epoch.elapsed().as_millis()).unwrap_or(i64::MAX)
     }
 
-    /// Whether the sweep reads nothing now. A source that has passed
-    /// nothing on since the pass started is live throughout the window
-    /// and not after it, so while this holds, the sweep has read nothing
-    /// since then either.
-    pub fn sweep_kept_out(&self) -> bool {
-        self.live() && self.0.passing.load(Ordering::Relaxed)
+    /// Whether the catch-up pass may feed a snapshot read since it
+    /// started: only if the sweep has read nothing in this term, so that
+    /// nothing in the snapshot was claimed, published or marked by it
+    /// meanwhile. If so, the pass counts as moving from now (its first
+    /// batch is in hand), and the sweep reads nothing until the feed moves
+    /// on. Decided under the same lock as the sweep's scope: a sweep that
+    /// asks first makes the claim fail, one that asks after is kept out.
+    pub fn claim_snapshot(&self) -> bool {
+        let _deciding = self.decide();
+        let claimed =
+            self.0.passing.load(Ordering::Relaxed) && !self.0.swept.load(Ordering::Relaxed);
+        if claimed {
+            self.moved();
+        }
+        claimed
+    }
+
+    fn decide(&self) -> std::sync::MutexGuard<'_, ()> {
+        // The guarded data is `()`: a panic elsewhere leaves nothing torn.
+        self.0
+            .deciding
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether the source read, or started, within the stall window.
@@ -189,6 +220,15 @@ impl StreamProgress {
     /// What a sweep pass at `now` may read, leaving never-tried messages
     /// to the stream for `grace` after it has read up to them.
     pub fn scope(&self, now: DateTime, grace: Duration) -> SweepScope {
+        let _deciding = self.decide();
+        let scope = self.scope_now(now, grace);
+        if scope != SweepScope::Nothing {
+            self.0.swept.store(true, Ordering::Relaxed);
+        }
+        scope
+    }
+
+    fn scope_now(&self, now: DateTime, grace: Duration) -> SweepScope {
         if !self.live() {
             return SweepScope::Before(earlier(now, grace));
         }
@@ -235,25 +275,42 @@ mod tests {
     }
 
     #[test]
-    fn the_sweep_is_kept_out_from_a_pass_start_until_the_window_lapses() {
-        let progress = StreamProgress::new(Duration::from_millis(20));
-        progress.pass_started();
-        assert!(progress.sweep_kept_out());
+    fn a_snapshot_read_beside_a_slow_count_is_fed_unless_the_sweep_read_meanwhile() {
+        let now = at(1_000_000);
+        let slow = StreamProgress::new(Duration::from_millis(20));
+        slow.pass_started();
         std::thread::sleep(Duration::from_millis(30));
         assert!(
-            !progress.sweep_kept_out(),
-            "the window lapsed: by the clock"
+            slow.claim_snapshot(),
+            "the window lapsed, but the sweep read nothing"
         );
+        assert_eq!(
+            slow.scope(now, GRACE),
+            SweepScope::Nothing,
+            "the claimed snapshot keeps the sweep out"
+        );
+
+        let overtaken = StreamProgress::new(Duration::from_millis(20));
+        overtaken.pass_started();
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(overtaken.scope(now, GRACE), SweepScope::Before(at(995_000)));
+        assert!(!overtaken.claim_snapshot(), "the sweep read by the clock");
+
+        let kept_out = StreamProgress::new(Duration::from_secs(60));
+        kept_out.pass_started();
+        assert_eq!(kept_out.scope(now, GRACE), SweepScope::Nothing);
+        assert!(
+            kept_out.claim_snapshot(),
+            "told to read nothing, it read nothing"
+        );
+
         let resumed = StreamProgress::new(Duration::from_secs(60));
         resumed.resumed();
-        assert!(
-            !resumed.sweep_kept_out(),
-            "a resumed stream leaves retries to it"
-        );
+        assert!(!resumed.claim_snapshot(), "no pass: the stream replays");
         let ended = StreamProgress::new(Duration::from_secs(60));
         ended.pass_started();
-        ended.pass_ended(at(1_000_000));
-        assert!(!ended.sweep_kept_out());
+        ended.pass_ended(now);
+        assert!(!ended.claim_snapshot());
     }
 
     #[test]
