@@ -52,7 +52,7 @@ pub(crate) const MAX_REMEMBERED: usize = 100_000;
 /// The most documents a read asks the server for at a time. Left to the
 /// server, a batch is 16 MiB; a thousand is a round trip per thousand
 /// messages, against one mark per 500.
-const READ_BATCH: u32 = 1000;
+pub(crate) const READ_BATCH: u32 = 1000;
 
 /// About how many bytes a read asks the server for at a time. A batch is
 /// held whole while its documents wait for room in the pipeline, beside the

@@ -96,8 +96,31 @@ struct Starting {
     behind: bool,
     /// Documents a read asks for (see [`catch_up::read_batch`]).
     batch: u32,
-    /// A snapshot read for the pass, if `behind` and the read succeeded.
+    /// A snapshot read for the pass, if the pass is to run (`behind`, or
+    /// no stored position) and the read can be fed.
     snapshot: Option<catch_up::Snapshot>,
+}
+
+/// Whether a snapshot read at a start's outset may be fed to the pass
+/// (the sweep's claim aside).
+#[derive(Debug, PartialEq, Eq)]
+enum Fit {
+    /// No pass runs: the stream replays.
+    Unneeded,
+    /// It was read in batches of more documents than their size allows.
+    BatchTooLarge,
+    Fits,
+}
+
+/// Whether a snapshot read `read_at` documents a batch fits a start whose
+/// reads the outbox's documents size at `sized`, where the pass is
+/// `needed` or not.
+fn fit(needed: bool, read_at: u32, sized: u32) -> Fit {
+    match (needed, read_at > sized) {
+        (false, _) => Fit::Unneeded,
+        (true, true) => Fit::BatchTooLarge,
+        (true, false) => Fit::Fits,
+    }
 }
 
 /// Tails the outbox collection's inserts.
@@ -209,13 +232,15 @@ impl ChangeStreamSource {
     ) -> Option<(Events, CaughtUp)> {
         // A stream reopened after a break has only its gap to replay.
         let counting = token.is_some() && carried.is_none() && self.max_replay != u32::MAX;
-        if counting {
-            // A snapshot for the pass is read beside the count, the sweep
-            // kept out meanwhile: what it delivered would still be pending
-            // in the snapshot (one that read after the window lapsed makes
-            // the pass read another).
+        // With no position to resume from, the pass is certain.
+        let passing = token.is_none();
+        if counting || passing {
+            // A snapshot for the pass is read at once (beside the count, if
+            // any), the sweep kept out meanwhile: what it delivered would
+            // still be pending in the snapshot (one that read after the
+            // window lapsed makes the pass read another).
             self.progress.pass_started();
-        } else if token.is_some() && carried.is_none() {
+        } else if carried.is_none() {
             // Until the stream says how far it read, the sweep leaves the
             // never-tried messages alone.
             self.progress.resumed();
@@ -226,7 +251,7 @@ impl ChangeStreamSource {
             snapshot,
         } = tokio::select! {
             _ = shutdown.cancelled() => return None,
-            starting = self.starting(counting) => starting,
+            starting = self.starting(counting, passing) => starting,
         };
         if !behind {
             if let Some(events) = self.open_resuming(token, batch, shutdown).await? {
@@ -255,41 +280,57 @@ impl ChangeStreamSource {
     /// What a start needs to know: the read batch, sized from the outbox's
     /// documents, and, for a resume (`counting`: with a stored token,
     /// under a `max_replay` that asks), whether more is pending than a
-    /// replay should read. The count is asked beside the size and beside a
-    /// snapshot for the catch-up pass it may call for, so that a server
-    /// that reads slowly (SecantusDB walks every pending message for each)
-    /// makes a resume wait for the slowest, not for all in turn; on MongoDB
-    /// the snapshot's first batch is the first entries of an index range. A
-    /// snapshot the start does not use is dropped, its cursor killed: one a
-    /// replay does not need, and one the sweep may have overtaken (the
-    /// count outlasted the stall window and the sweep, going by the clock,
-    /// read meanwhile, so it may have delivered messages the snapshot still
-    /// shows pending; see [`StreamProgress::claim_snapshot`]).
-    async fn starting(&self, counting: bool) -> Starting {
+    /// replay should read; with a snapshot for the catch-up pass if one
+    /// may be called for (`counting`, or `passing`: no stored token).
+    ///
+    /// The size, the count and the snapshot are asked side by side, so that
+    /// a server that reads slowly (SecantusDB walks every pending message
+    /// for each) makes a start wait for the slowest, not for all in turn;
+    /// on MongoDB the size is the collection's metadata and the snapshot's
+    /// first batch the first entries of an index range. The snapshot reads
+    /// the most documents a batch, as usual-sized documents are read; where
+    /// the size says they are larger, it is read again at the size's batch.
+    /// A snapshot the start does not use is dropped, its cursor killed: one
+    /// a replay does not need, one of too large a batch, and one the sweep
+    /// may have overtaken (the count outlasted the stall window and the
+    /// sweep, going by the clock, read meanwhile, so it may have delivered
+    /// messages the snapshot still shows pending; see
+    /// [`StreamProgress::claim_snapshot`]).
+    async fn starting(&self, counting: bool, passing: bool) -> Starting {
         let sizing = catch_up::read_batch(&self.outbox);
-        if !counting {
+        if !counting && !passing {
             return Starting {
                 behind: false,
                 batch: sizing.await,
                 snapshot: None,
             };
         }
-        let reading = async {
-            let batch = sizing.await;
-            (batch, catch_up::Snapshot::read(&self.outbox, batch).await)
-        };
-        let (behind, (batch, snapshot)) = future::join(self.too_far_behind(), reading).await;
+        let counted = async { counting && self.too_far_behind().await };
+        let reading = catch_up::Snapshot::read(&self.outbox, catch_up::READ_BATCH);
+        let (behind, (batch, snapshot)) =
+            future::join(counted, future::join(sizing, reading)).await;
         let snapshot = match snapshot {
-            Ok(snapshot) if behind && self.progress.claim_snapshot() => Some(snapshot),
-            Ok(_) if behind => {
-                tracing::debug!(
-                    "the sweep read while the count ran: the catch-up pass reads its snapshot again"
-                );
-                None
-            }
-            Ok(_) => None,
+            Ok(snapshot) => match fit(behind || passing, snapshot.batch(), batch) {
+                Fit::Unneeded => None,
+                Fit::BatchTooLarge => {
+                    tracing::debug!(
+                        batch,
+                        "the outbox's documents are large: the catch-up pass reads its snapshot \
+                         again, in smaller batches"
+                    );
+                    None
+                }
+                Fit::Fits if self.progress.claim_snapshot() => Some(snapshot),
+                Fit::Fits => {
+                    tracing::debug!(
+                        "the sweep read while the start's reads ran: the catch-up pass reads its \
+                         snapshot again"
+                    );
+                    None
+                }
+            },
             Err(error) => {
-                tracing::debug!(%error, "reading the catch-up pass's snapshot beside the count failed");
+                tracing::debug!(%error, "reading the catch-up pass's snapshot at the start failed");
                 None
             }
         };
@@ -720,6 +761,20 @@ mod tests {
         bytes.extend(element);
         bytes.push(0);
         RawDocumentBuf::from_bytes(bytes).expect("a well-framed document")
+    }
+
+    #[test]
+    fn a_snapshot_read_at_the_outset_is_fed_only_to_a_pass_and_at_its_size() {
+        let most = catch_up::READ_BATCH;
+        assert_eq!(fit(true, most, most), Fit::Fits, "usual documents");
+        assert_eq!(fit(true, most, 41), Fit::BatchTooLarge, "100 KB documents");
+        assert_eq!(fit(false, most, most), Fit::Unneeded, "a replay");
+        assert_eq!(fit(false, most, 41), Fit::Unneeded);
+        assert_eq!(
+            fit(true, 41, most),
+            Fit::Fits,
+            "smaller batches are no harm"
+        );
     }
 
     #[test]
