@@ -949,6 +949,14 @@ impl MarkCount {
         if count >= n as u64 {
             return Ok(Some(Instant::now()));
         }
+        // A count still at nothing is a relay still starting: the question
+        // below is for a count that stopped short at the end, and asked
+        // now it would load the server the relay's start is reading (a
+        // server that reads every pending message to answer it takes
+        // seconds over a million).
+        if count == 0 {
+            return Ok(None);
+        }
         if count != self.last || self.moved_at.is_none() {
             (self.last, self.moved_at) = (count, Some(Instant::now()));
             return Ok(None);
