@@ -930,6 +930,10 @@ impl MarkCount {
     /// collection is asked, and how often it is asked.
     const STILL: Duration = Duration::from_secs(2);
 
+    /// How long a count may stand still at nothing before the collection
+    /// is asked: longer than a relay's start over a large backlog.
+    const STARTING: Duration = Duration::from_secs(60);
+
     /// When the relay had marked all `n`: now, by its own count; or, where
     /// that has stood still short of it, when the collection was found to
     /// hold nothing pending (an end no earlier than the last mark's).
@@ -949,20 +953,23 @@ impl MarkCount {
         if count >= n as u64 {
             return Ok(Some(Instant::now()));
         }
-        // A count still at nothing is a relay still starting: the question
-        // below is for a count that stopped short at the end, and asked
-        // now it would load the server the relay's start is reading (a
-        // server that reads every pending message to answer it takes
-        // seconds over a million).
-        if count == 0 {
-            return Ok(None);
-        }
         if count != self.last || self.moved_at.is_none() {
             (self.last, self.moved_at) = (count, Some(Instant::now()));
             return Ok(None);
         }
-        let recent = |at: Instant| at.elapsed() < Self::STILL;
-        if self.moved_at.is_some_and(recent) || self.asked_at.is_some_and(recent) {
+        // A count still at nothing is most likely a relay still starting:
+        // the question below is for a count that stopped short at the end,
+        // and asked now it would load the server the relay's start is
+        // reading (a server that reads every pending message to answer it
+        // takes seconds over a million).
+        let still = if count == 0 {
+            Self::STARTING
+        } else {
+            Self::STILL
+        };
+        if self.moved_at.is_some_and(|at| at.elapsed() < still)
+            || self.asked_at.is_some_and(|at| at.elapsed() < Self::STILL)
+        {
             return Ok(None);
         }
         let asked_at = Instant::now();
