@@ -244,11 +244,25 @@ pub(crate) fn is_document_error(error: &mongodb::error::Error) -> bool {
     DOCUMENT_CODES.contains(&code)
 }
 
+/// The code of a command's failure, if the server refused a command.
+pub(crate) fn command_code(error: &mongodb::error::Error) -> Option<i32> {
+    match &*error.kind {
+        mongodb::error::ErrorKind::Command(command) => Some(command.code),
+        _ => None,
+    }
+}
+
 /// Whether the server gave up on an operation at its time limit
 /// (MaxTimeMSExpired, 50).
 pub(crate) fn is_max_time_expired(error: &mongodb::error::Error) -> bool {
     const MAX_TIME_MS_EXPIRED: i32 = 50;
-    matches!(&*error.kind, mongodb::error::ErrorKind::Command(c) if c.code == MAX_TIME_MS_EXPIRED)
+    command_code(error) == Some(MAX_TIME_MS_EXPIRED)
+}
+
+/// Whether the server refused an operation to this user (Unauthorized, 13).
+pub(crate) fn is_unauthorized(error: &mongodb::error::Error) -> bool {
+    const UNAUTHORIZED: i32 = 13;
+    command_code(error) == Some(UNAUTHORIZED)
 }
 
 /// Whether a write failed on a unique index (DuplicateKey, 11000).

@@ -8,13 +8,12 @@
 use std::time::Duration;
 
 use bson::{doc, Document};
-use mongodb::error::ErrorKind;
 use mongodb::options::IndexOptions;
 use mongodb::{Collection, Database, IndexModel};
 
 use crate::config::RelayConfig;
 use crate::contract::{contract_schema, field, SubjectRules};
-use crate::error::{CheckKind, Error, Result};
+use crate::error::{command_code, CheckKind, Error, Result};
 
 /// The index the sweep's claims scan: equality on status, then the retry
 /// time, then `_id` for order.
@@ -110,7 +109,7 @@ async fn ensure_ttl(
         Ok(_) => Ok(()),
         Err(e)
             if matches!(
-                code(&e),
+                command_code(&e),
                 Some(INDEX_OPTIONS_CONFLICT | INDEX_KEY_SPECS_CONFLICT)
             ) =>
         {
@@ -136,7 +135,14 @@ async fn drop_index(outbox: &Collection<Document>, name: &str) -> Result<()> {
             tracing::info!(index = name, "retention is off: dropped the TTL index");
             Ok(())
         }
-        Err(e) if matches!(code(&e), Some(INDEX_NOT_FOUND | NAMESPACE_NOT_FOUND)) => Ok(()),
+        Err(e)
+            if matches!(
+                command_code(&e),
+                Some(INDEX_NOT_FOUND | NAMESPACE_NOT_FOUND)
+            ) =>
+        {
+            Ok(())
+        }
         Err(e) => Err(Error::mongo(format!("dropping index {name} failed"), e)),
     }
 }
@@ -169,7 +175,7 @@ pub async fn install_validator(
     };
     match database.run_command(modify.clone()).await {
         Ok(_) => Ok(()),
-        Err(e) if code(&e) == Some(NAMESPACE_NOT_FOUND) => {
+        Err(e) if command_code(&e) == Some(NAMESPACE_NOT_FOUND) => {
             let created = database
                 .create_collection(collection)
                 .validator(validator)
@@ -178,19 +184,12 @@ pub async fn install_validator(
                 .await;
             match created {
                 Ok(()) => Ok(()),
-                Err(e) if code(&e) == Some(NAMESPACE_EXISTS) => {
+                Err(e) if command_code(&e) == Some(NAMESPACE_EXISTS) => {
                     database.run_command(modify).await.map(drop).map_err(failed)
                 }
                 Err(e) => Err(failed(e)),
             }
         }
         Err(e) => Err(failed(e)),
-    }
-}
-
-fn code(error: &mongodb::error::Error) -> Option<i32> {
-    match &*error.kind {
-        ErrorKind::Command(command) => Some(command.code),
-        _ => None,
     }
 }

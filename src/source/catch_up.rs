@@ -26,15 +26,15 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocumentBuf, Timestamp};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawArray, RawDocumentBuf, Timestamp};
 use futures::TryStreamExt;
 use mongodb::options::{CollectionOptions, ReadConcern};
-use mongodb::raw_batch_cursor::SessionRawBatchCursor;
+use mongodb::raw_batch_cursor::{RawBatch, SessionRawBatchCursor};
 use mongodb::{ClientSession, Collection};
 use tokio_util::sync::CancellationToken;
 
 use crate::contract::{field, status, DecodeRules};
-use crate::error::{is_max_time_expired, Error, Result};
+use crate::error::{is_max_time_expired, is_unauthorized, Error, Result};
 use crate::work::{Feed, Work};
 
 use super::progress::StreamProgress;
@@ -78,9 +78,11 @@ static SIZES_UNKNOWN_SAID: AtomicBool = AtomicBool::new(false);
 /// `$collStats` keeps it (a figure the server holds, not a read of the
 /// documents; one for each shard, weighed by its count), from
 /// [`LEAST_READ_BATCH`] to [`READ_BATCH`]. The average is the whole
-/// collection's, kept messages among them. A server that cannot say gets
-/// the most, which MongoDB caps at 16 MiB a batch.
-pub(crate) async fn read_batch(outbox: &Collection<Document>) -> u32 {
+/// collection's, kept messages among them. `None` from a server that
+/// cannot say: a catch-up pass then judges it from the documents it reads
+/// first ([`Snapshot::judged_batch`]), and other reads ask for the most,
+/// which MongoDB caps at 16 MiB a batch.
+pub(crate) async fn read_batch(outbox: &Collection<Document>) -> Option<u32> {
     let stats = async {
         outbox
             .aggregate([doc! { "$collStats": { "storageStats": {} } }])
@@ -90,27 +92,31 @@ pub(crate) async fn read_batch(outbox: &Collection<Document>) -> u32 {
             .await
     };
     match stats.await {
-        Ok(shards) => batch_for(average_size(&shards)),
+        // A server may keep no average (one build says 0).
+        Ok(shards) => average_size(&shards).map(|average| batch_for(Some(average))),
         Err(error) => {
             let why = if is_max_time_expired(&error) {
                 format!(
                     "the server took longer than {} to say it ($collStats)",
                     humantime::format_duration(STATS_TIME)
                 )
+            } else if is_unauthorized(&error) {
+                "the relay's user needs the collStats action on the outbox".to_owned()
             } else {
-                "$collStats failed; the relay's user needs the collStats action on the outbox"
-                    .to_owned()
+                "$collStats failed".to_owned()
             };
             if SIZES_UNKNOWN_SAID.swap(true, Ordering::Relaxed) {
                 tracing::debug!(%error, "could not read the outbox's average document size: {why}");
             } else {
                 tracing::warn!(
                     %error,
-                    "could not read the outbox's average document size: {why}; reading \
-                     {READ_BATCH} documents at a time, up to 16 MiB a batch beside the byte budget"
+                    "could not read the outbox's average document size: {why}; a catch-up pass \
+                     judges its reads' batch from the documents it reads first, and other reads \
+                     ask for {READ_BATCH} documents at a time, up to 16 MiB a batch beside the \
+                     byte budget"
                 );
             }
-            READ_BATCH
+            None
         }
     }
 }
@@ -128,6 +134,14 @@ fn average_size(shards: &[Document]) -> Option<f64> {
         })
         .fold((0.0, 0.0), |(b, c), (bytes, count)| (b + bytes, c + count));
     (count > 0.0).then(|| bytes / count)
+}
+
+/// The batch for documents the size of `documents`' on average; `None`
+/// if there are none.
+fn batch_judged_from(documents: &RawArray) -> Option<u32> {
+    let count = documents.into_iter().count();
+    // The array's own framing, a few bytes a document, is no matter.
+    (count > 0).then(|| batch_for(Some(documents.as_bytes().len() as f64 / count as f64)))
 }
 
 /// A number as the server may write it.
@@ -171,6 +185,8 @@ pub(crate) struct Snapshot {
     before: Option<Timestamp>,
     /// Documents a read asks for (see [`read_batch`]).
     batch: u32,
+    /// The first batch, read with the snapshot and not yet fed.
+    first: Option<RawBatch>,
 }
 
 impl Snapshot {
@@ -202,7 +218,7 @@ impl Snapshot {
             .build();
         // Read a batch at a time, each document straight from the server's
         // reply: the driver's own cursor copies every document out of it.
-        let cursor = database
+        let mut cursor = database
             .collection_with_options::<RawDocumentBuf>(&namespace.coll, options)
             .find(due_filter(taken))
             .sort(doc! { field::ID: 1 })
@@ -211,12 +227,20 @@ impl Snapshot {
             .batch()
             .await
             .map_err(failed)?;
+        // The first batch is in the find's reply: taken now, its documents
+        // can size the pass's reads where the server could not.
+        let first = cursor
+            .stream(&mut session)
+            .try_next()
+            .await
+            .map_err(failed)?;
         Ok(Snapshot {
             session,
             cursor,
             taken,
             before: probe.operation_time(),
             batch,
+            first,
         })
     }
 
@@ -230,6 +254,12 @@ impl Snapshot {
     /// average document size.
     pub fn batch(&self) -> u32 {
         self.batch
+    }
+
+    /// The batch [`read_batch`] would ask for, judged from the documents
+    /// of the snapshot's first batch; `None` if it held none.
+    pub fn judged_batch(&self) -> Option<u32> {
+        batch_judged_from(self.first.as_ref()?.doc_slices().ok()?)
     }
 
     /// The cluster time the snapshot reads at, as the server reports it.
@@ -263,11 +293,15 @@ impl Snapshot {
         let mut queued = VecDeque::new();
         let mut count = 0;
         let failed = |e| Error::mongo("reading pending messages failed", e);
+        let mut first = self.first.take();
         let mut batches = self.cursor.stream(&mut self.session);
         loop {
-            let next = tokio::select! {
-                _ = shutdown.cancelled() => return Ok(None),
-                next = batches.try_next() => next.map_err(failed)?,
+            let next = match first.take() {
+                Some(batch) => Some(batch),
+                None => tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(None),
+                    next = batches.try_next() => next.map_err(failed)?,
+                },
             };
             let Some(batch) = next else {
                 return Ok(Some(Fed {
@@ -320,7 +354,26 @@ pub(crate) struct Fed {
 
 #[cfg(test)]
 mod tests {
+    use bson::{rawdoc, RawArrayBuf};
+
     use super::*;
+
+    #[test]
+    fn a_read_batch_is_judged_from_the_documents_read_where_the_server_cannot_say() {
+        let batch_of = |payload: usize, count: usize| {
+            let mut documents = RawArrayBuf::new();
+            for _ in 0..count {
+                documents.push(rawdoc! { "payload": bson::Binary {
+                    subtype: bson::spec::BinarySubtype::Generic,
+                    bytes: vec![0; payload],
+                } });
+            }
+            batch_judged_from(&documents)
+        };
+        assert_eq!(batch_of(200, 50), Some(READ_BATCH), "small: the most");
+        assert_eq!(batch_of(100_000, 3), Some(41));
+        assert_eq!(batch_of(0, 0), None, "no documents: no judgement");
+    }
 
     #[test]
     fn a_read_batch_holds_about_four_mebibytes_of_documents() {

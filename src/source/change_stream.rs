@@ -232,15 +232,17 @@ impl ChangeStreamSource {
     ) -> Option<(Events, CaughtUp)> {
         // A stream reopened after a break has only its gap to replay.
         let counting = token.is_some() && carried.is_none() && self.max_replay != u32::MAX;
-        // With no position to resume from, the pass is certain.
-        let passing = token.is_none();
+        // With no position to resume from, the pass is certain, and its
+        // snapshot is read at once, unless the sweep has read in this term
+        // (see below).
+        let passing = token.is_none() && !self.progress.sweep_has_read();
         if counting || passing {
             // A snapshot for the pass is read at once (beside the count, if
             // any), the sweep kept out meanwhile: what it delivered would
-            // still be pending in the snapshot (one that read after the
-            // window lapsed makes the pass read another).
+            // still be pending in the snapshot, so if it read at all in this
+            // term (the window lapsed first), the pass reads another.
             self.progress.pass_started();
-        } else if carried.is_none() {
+        } else if token.is_some() && carried.is_none() {
             // Until the stream says how far it read, the sweep leaves the
             // never-tried messages alone.
             self.progress.resumed();
@@ -281,7 +283,8 @@ impl ChangeStreamSource {
     /// documents, and, for a resume (`counting`: with a stored token,
     /// under a `max_replay` that asks), whether more is pending than a
     /// replay should read; with a snapshot for the catch-up pass if one
-    /// may be called for (`counting`, or `passing`: no stored token).
+    /// may be called for (`counting`, or `passing`: no stored token, and
+    /// the sweep has not read in the term).
     ///
     /// The size, the count and the snapshot are asked side by side, so that
     /// a server that reads slowly (SecantusDB walks every pending message
@@ -289,26 +292,31 @@ impl ChangeStreamSource {
     /// on MongoDB the size is the collection's metadata and the snapshot's
     /// first batch the first entries of an index range. The snapshot reads
     /// the most documents a batch, as usual-sized documents are read; where
-    /// the size says they are larger, it is read again at the size's batch.
+    /// the size (or, if the server cannot say it, the snapshot's first
+    /// documents) says they are larger, it is read again at their batch.
     /// A snapshot the start does not use is dropped, its cursor killed: one
     /// a replay does not need, one of too large a batch, and one the sweep
-    /// may have overtaken (the count outlasted the stall window and the
-    /// sweep, going by the clock, read meanwhile, so it may have delivered
-    /// messages the snapshot still shows pending; see
+    /// may have overtaken (the start outlasted the stall window and the
+    /// sweep, going by the clock, has read in this term, so it may have
+    /// delivered messages the snapshot still shows pending; see
     /// [`StreamProgress::claim_snapshot`]).
     async fn starting(&self, counting: bool, passing: bool) -> Starting {
         let sizing = catch_up::read_batch(&self.outbox);
         if !counting && !passing {
             return Starting {
                 behind: false,
-                batch: sizing.await,
+                batch: sizing.await.unwrap_or(catch_up::READ_BATCH),
                 snapshot: None,
             };
         }
         let counted = async { counting && self.too_far_behind().await };
         let reading = catch_up::Snapshot::read(&self.outbox, catch_up::READ_BATCH);
-        let (behind, (batch, snapshot)) =
+        let (behind, (sized, snapshot)) =
             future::join(counted, future::join(sizing, reading)).await;
+        // A server that cannot say the size leaves it to the documents read.
+        let batch = sized
+            .or_else(|| snapshot.as_ref().ok()?.judged_batch())
+            .unwrap_or(catch_up::READ_BATCH);
         let snapshot = match snapshot {
             Ok(snapshot) => match fit(behind || passing, snapshot.batch(), batch) {
                 Fit::Unneeded => None,
@@ -323,8 +331,8 @@ impl ChangeStreamSource {
                 Fit::Fits if self.progress.claim_snapshot() => Some(snapshot),
                 Fit::Fits => {
                     tracing::debug!(
-                        "the sweep read while the start's reads ran: the catch-up pass reads its \
-                         snapshot again"
+                        "the sweep has read in this term: the catch-up pass reads its snapshot \
+                         again"
                     );
                     None
                 }

@@ -23,11 +23,13 @@
 //! stream) has one stall window to pass its first message on; starting
 //! again and again without reading earns it no more.
 //!
-//! A resume reads the pass's snapshot beside the count that says whether
-//! it needs one, and the count may outlast the window. The snapshot is
-//! still fed if the sweep has not read since the term began: the sweep's
-//! scope and the source's claim on its snapshot are decided one at a time
-//! (see [`StreamProgress::claim_snapshot`]), so the two never both go on.
+//! A start reads the pass's snapshot at once, beside the reads that say
+//! whether it needs one and how to read it, and those may outlast the
+//! window. The snapshot is still fed if the sweep has read nothing in the
+//! term: the sweep's scope and the pass's claim on its snapshot are decided
+//! one at a time (see [`StreamProgress::claim_snapshot`]), so a sweep that
+//! read first makes the pass read its snapshot again, and a claim first
+//! keeps the sweep out for a window, which the feed renews as it moves.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -187,9 +189,10 @@ impl StreamProgress {
     /// started: only if the sweep has read nothing in this term, so that
     /// nothing in the snapshot was claimed, published or marked by it
     /// meanwhile. If so, the pass counts as moving from now (its first
-    /// batch is in hand), and the sweep reads nothing until the feed moves
-    /// on. Decided under the same lock as the sweep's scope: a sweep that
-    /// asks first makes the claim fail, one that asks after is kept out.
+    /// batch is in hand): the sweep reads nothing for a window, which the
+    /// feed renews as it moves. Decided under the same lock as the sweep's
+    /// scope: a sweep that asks first makes the claim fail, one that asks
+    /// after is kept out.
     pub fn claim_snapshot(&self) -> bool {
         let _deciding = self.decide();
         let claimed =
@@ -198,6 +201,12 @@ impl StreamProgress {
             self.moved();
         }
         claimed
+    }
+
+    /// Whether the sweep has been given anything to read in this term: a
+    /// snapshot read now could not be claimed.
+    pub fn sweep_has_read(&self) -> bool {
+        self.0.swept.load(Ordering::Relaxed)
     }
 
     fn decide(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -277,9 +286,11 @@ mod tests {
     #[test]
     fn a_snapshot_read_beside_a_slow_count_is_fed_unless_the_sweep_read_meanwhile() {
         let now = at(1_000_000);
-        let slow = StreamProgress::new(Duration::from_millis(20));
+        // A window long enough for the claim and the sweep's question to
+        // come within it on a busy machine.
+        let slow = StreamProgress::new(Duration::from_millis(500));
         slow.pass_started();
-        std::thread::sleep(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(600));
         assert!(
             slow.claim_snapshot(),
             "the window lapsed, but the sweep read nothing"
@@ -293,7 +304,9 @@ mod tests {
         let overtaken = StreamProgress::new(Duration::from_millis(20));
         overtaken.pass_started();
         std::thread::sleep(Duration::from_millis(30));
+        assert!(!overtaken.sweep_has_read());
         assert_eq!(overtaken.scope(now, GRACE), SweepScope::Before(at(995_000)));
+        assert!(overtaken.sweep_has_read());
         assert!(!overtaken.claim_snapshot(), "the sweep read by the clock");
 
         let kept_out = StreamProgress::new(Duration::from_secs(60));
