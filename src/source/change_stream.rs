@@ -236,13 +236,13 @@ impl ChangeStreamSource {
         // snapshot is read at once, unless the sweep has read in this term
         // (see below).
         let passing = token.is_none() && !self.progress.sweep_has_read();
-        if counting || passing {
-            // A snapshot for the pass is read at once (beside the count, if
-            // any), the sweep kept out meanwhile: what it delivered would
-            // still be pending in the snapshot, so if it read at all in this
-            // term (the window lapsed first), the pass reads another.
-            self.progress.pass_started();
-        } else if token.is_some() && carried.is_none() {
+        // A snapshot read at once (beside the count, if any) is read in
+        // the window the term's start gives the source, the sweep kept out
+        // meanwhile: what it delivered would still be pending in the
+        // snapshot, so if it read at all in this term (the window lapsed
+        // first), the snapshot is dropped, and the pass's own start opens
+        // a window for it to read another.
+        if !counting && token.is_some() && carried.is_none() {
             // Until the stream says how far it read, the sweep leaves the
             // never-tried messages alone.
             self.progress.resumed();

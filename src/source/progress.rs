@@ -28,8 +28,9 @@
 //! window. The snapshot is still fed if the sweep has read nothing in the
 //! term: the sweep's scope and the pass's claim on its snapshot are decided
 //! one at a time (see [`StreamProgress::claim_snapshot`]), so a sweep that
-//! read first makes the pass read its snapshot again, and a claim first
-//! keeps the sweep out for a window, which the feed renews as it moves.
+//! read first makes the pass read its snapshot again (in a window its own
+//! start opens), and a claim first keeps the sweep out for a window, which
+//! the feed renews as it moves.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -88,8 +89,9 @@ impl StreamProgress {
     /// for `stall` after each step. Until it says how it starts, the sweep
     /// reads nothing, for one window: a sweep that won the race to the
     /// first pass would otherwise take a batch the catch-up pass reads
-    /// again. The source's own first start opens a window of its own, so
-    /// a slow start-up (a count, a checkpoint read) does not use it up.
+    /// again. The source's own first start (a pass, a resumed stream)
+    /// opens a window of its own, so a slow start-up (the reads that
+    /// decide how it starts) does not use up the pass's.
     pub fn new(stall: Duration) -> Self {
         Self::with(0, true, stall, true)
     }
@@ -324,6 +326,24 @@ mod tests {
         ended.pass_started();
         ended.pass_ended(now);
         assert!(!ended.claim_snapshot());
+    }
+
+    #[test]
+    fn a_start_reads_its_snapshot_in_the_terms_window_and_a_second_in_its_own() {
+        let now = at(1_000_000);
+        let at_once = StreamProgress::new(Duration::from_secs(60));
+        assert!(at_once.claim_snapshot(), "read within the term's window");
+
+        let overtaken = StreamProgress::new(Duration::from_millis(500));
+        std::thread::sleep(Duration::from_millis(600));
+        assert_eq!(overtaken.scope(now, GRACE), SweepScope::Before(at(995_000)));
+        assert!(!overtaken.claim_snapshot());
+        overtaken.pass_started();
+        assert_eq!(
+            overtaken.scope(now, GRACE),
+            SweepScope::Nothing,
+            "the pass's own start gives the second read a window"
+        );
     }
 
     #[test]
