@@ -187,8 +187,8 @@ impl StreamProgress {
         i64::try_from(self.0.epoch.elapsed().as_millis()).unwrap_or(i64::MAX)
     }
 
-    /// Whether the catch-up pass may feed a snapshot read since it
-    /// started: only if the sweep has read nothing in this term, so that
+    /// Whether the catch-up pass may feed a snapshot read at the source's
+    /// start: only if the sweep has read nothing in this term, so that
     /// nothing in the snapshot was claimed, published or marked by it
     /// meanwhile. If so, the pass counts as moving from now (its first
     /// batch is in hand): the sweep reads nothing for a window, which the
