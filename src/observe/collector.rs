@@ -14,11 +14,13 @@
 //! million entries). So after a slow read (the depths, or the oplog's
 //! span) the collector waits [`SLOW_READ_MULTIPLE`] times as long as it
 //! took before making that read again, up to [`LONGEST_WAIT`]; quick reads
-//! are made every interval. For the same reason the first reading of the
-//! depths waits for the relay's first delivery, or for an interval if none
-//! comes: a relay's start-up reads (its held keys, a resume's count, the
-//! catch-up pass's snapshot) come first, and the depths, a count of every
-//! pending entry on any server, would slow them when the server is busiest.
+//! are made every interval. For the same reason the depths are first read
+//! an interval after the start, not at once: a relay's start-up reads (its
+//! held keys, a resume's count, the catch-up pass's snapshot) and the first
+//! of a drain come first, and the depths, a count of every pending entry on
+//! any server, would slow them when the server is busiest. So an operator
+//! who reads the depths rarely (a long `--collect-interval`, where the
+//! server walks the collection to count) is given none in a short drain.
 //! The first round's other reads (the checkpoint, the oplog) are made at
 //! once.
 
@@ -73,9 +75,6 @@ pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
         depths_pace: Pace::due_at("the outbox's depths", Instant::now() + collector.interval),
         oplog_pace: Pace::due_at("the oplog's first and last entries", Instant::now()),
     };
-    let first_delivery = collector.metrics.first_delivery();
-    tokio::pin!(first_delivery);
-    let mut delivered = false;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -84,10 +83,6 @@ pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(collector.interval) => {}
-            () = &mut first_delivery, if !delivered => {
-                delivered = true;
-                state.depths_pace.first_read_now();
-            }
         }
     }
 }
@@ -107,8 +102,6 @@ struct Pace {
     due: Instant,
     /// Whether the last read was slow enough to put the next off.
     slow: bool,
-    /// Whether the read was ever made.
-    made: bool,
 }
 
 impl Pace {
@@ -118,19 +111,11 @@ impl Pace {
             what,
             due,
             slow: false,
-            made: false,
         }
     }
 
     fn is_due(&self) -> bool {
         Instant::now() >= self.due
-    }
-
-    /// Makes a read never made yet due now.
-    fn first_read_now(&mut self) {
-        if !self.made {
-            self.due = self.due.min(Instant::now());
-        }
     }
 
     /// Sets when the read is due again, after one that began at `began`
@@ -139,7 +124,6 @@ impl Pace {
         let took = began.elapsed();
         let wait = wait_before_next(took, interval);
         self.due = began + wait;
-        self.made = true;
         let slow = is_slow(took, interval, self.slow);
         if slow && !self.slow {
             tracing::info!(
@@ -273,8 +257,6 @@ mod tests {
 
     use mongodb::options::ClientOptions;
 
-    use crate::observe::Origin;
-
     /// A round that cannot finish (no server answers, and the driver waits
     /// a minute to say so) does not hold up a stop.
     #[tokio::test]
@@ -308,42 +290,6 @@ mod tests {
             .await
             .expect("the collector stops before its round could end")
             .expect("the collector does not panic");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_first_read_put_off_is_made_at_once_when_asked_and_only_the_first() {
-        let interval = Duration::from_secs(10);
-        let mut pace = Pace::due_at("the depths", Instant::now() + interval);
-        tokio::time::advance(interval / 2).await;
-        assert!(!pace.is_due(), "put off");
-        pace.first_read_now();
-        assert!(pace.is_due(), "due at once");
-        pace.read_ended(Instant::now(), interval);
-        pace.first_read_now();
-        assert!(!pace.is_due(), "made already: due an interval on");
-
-        let mut idle = Pace::due_at("the depths", Instant::now() + interval);
-        tokio::time::advance(interval).await;
-        assert!(idle.is_due(), "due after an interval without a delivery");
-        idle.first_read_now();
-        assert!(idle.is_due());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_first_delivery_is_awaited_once_and_known_after() {
-        let metrics = Metrics::new();
-        let mut first = Box::pin(metrics.first_delivery());
-        assert!(
-            futures::poll!(first.as_mut()).is_pending(),
-            "nothing delivered"
-        );
-        metrics.published(Origin::Sweep, Duration::ZERO, false);
-        assert!(
-            futures::poll!(first.as_mut()).is_ready(),
-            "woken by a delivery"
-        );
-        let later = Box::pin(metrics.first_delivery());
-        assert!(futures::poll!(later).is_ready(), "delivered already");
     }
 
     #[test]

@@ -18,7 +18,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
-use tokio::sync::Notify;
 
 /// Declares an enum used as a label value, written in snake case as
 /// Prometheus labels are.
@@ -185,10 +184,6 @@ struct Inner {
     pause_reason: Mutex<Option<String>>,
     /// A new term's stored holds are being read: nothing is delivered yet.
     holds_unread: AtomicBool,
-    /// The relay has delivered a message since it started, and who waits
-    /// for that (see [`Metrics::first_delivery`]).
-    delivered: AtomicBool,
-    first_delivery: Notify,
     publish_ack: Histogram,
     commit_to_publish: Histogram,
     pending: Gauge,
@@ -238,8 +233,6 @@ impl Metrics {
             delivery_paused: Gauge::default(),
             pause_reason: Mutex::new(None),
             holds_unread: AtomicBool::new(false),
-            delivered: AtomicBool::new(false),
-            first_delivery: Notify::new(),
             publish_ack: Histogram::new(latency_buckets()),
             commit_to_publish: Histogram::new(latency_buckets()),
             pending: Gauge::default(),
@@ -285,19 +278,6 @@ impl Metrics {
         inner.publish_ack.observe(waited.as_secs_f64());
         if duplicate {
             inner.duplicates.inc();
-        }
-        if !inner.delivered.load(Ordering::Relaxed) && !inner.delivered.swap(true, Ordering::AcqRel)
-        {
-            inner.first_delivery.notify_waiters();
-        }
-    }
-
-    /// Resolves once the relay has delivered a message, at once if it has.
-    pub(crate) async fn first_delivery(&self) {
-        // Made before the check, so a delivery in between still wakes it.
-        let notified = self.0.first_delivery.notified();
-        if !self.0.delivered.load(Ordering::Acquire) {
-            notified.await;
         }
     }
 
