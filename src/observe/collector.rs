@@ -15,10 +15,12 @@
 //! span) the collector waits [`SLOW_READ_MULTIPLE`] times as long as it
 //! took before making that read again, up to [`LONGEST_WAIT`]; quick reads
 //! are made every interval. For the same reason the depths are first read
-//! an interval after the start, not at once: a relay's start-up reads (its
-//! held keys, a resume's count, the catch-up pass's snapshot) and the first
-//! of a drain come first, and the depths, a count of every pending entry on
-//! any server, would slow them when the server is busiest. So an operator
+//! an interval after the process starts, not at once: the start-up reads
+//! of a relay that leads from its start (its held keys, a resume's count,
+//! the catch-up pass's snapshot) and the first of a drain come first, and
+//! the depths, a count of every pending entry on any server, would slow
+//! them when the server is busiest. (A standby that takes over later has
+//! had its first read long before.) So an operator
 //! who reads the depths rarely (a long `--collect-interval`, where the
 //! server walks the collection to count) is given none in a short drain.
 //! The first round's other reads (the checkpoint, the oplog) are made at
@@ -69,12 +71,7 @@ enum OplogState {
 /// The round's reads are dropped unfinished, which leaves nothing of the
 /// collector's half-written (its state is set after each read returns).
 pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
-    let mut state = RoundState {
-        outage: Outage::new("MongoDB reading the outbox's depths and checkpoint"),
-        oplog: OplogState::Unknown,
-        depths_pace: Pace::due_at("the outbox's depths", Instant::now() + collector.interval),
-        oplog_pace: Pace::due_at("the oplog's first and last entries", Instant::now()),
-    };
+    let mut state = RoundState::new(collector.interval);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -94,6 +91,20 @@ struct RoundState {
     oplog: OplogState,
     depths_pace: Pace,
     oplog_pace: Pace,
+}
+
+impl RoundState {
+    /// The state of a collector that starts now: the oplog is read in the
+    /// first round, the depths an interval later (see the module's doc).
+    fn new(interval: Duration) -> Self {
+        let now = Instant::now();
+        RoundState {
+            outage: Outage::new("MongoDB reading the outbox's depths and checkpoint"),
+            oplog: OplogState::Unknown,
+            depths_pace: Pace::due_at("the outbox's depths", now + interval),
+            oplog_pace: Pace::due_at("the oplog's first and last entries", now),
+        }
+    }
 }
 
 /// When a read may be made again: after a slow one, later.
@@ -330,6 +341,18 @@ mod tests {
             pace.is_due(),
             "a quick read is due again after the interval"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_depths_are_first_read_an_interval_after_the_start_and_the_oplog_at_once() {
+        let interval = Duration::from_secs(300);
+        let state = RoundState::new(interval);
+        assert!(state.oplog_pace.is_due());
+        assert!(!state.depths_pace.is_due(), "not in the first round");
+        tokio::time::advance(interval - Duration::from_millis(1)).await;
+        assert!(!state.depths_pace.is_due(), "not before the interval");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(state.depths_pace.is_due());
     }
 
     #[test]
