@@ -20,11 +20,10 @@
 //! the catch-up pass's snapshot) and the first of a drain come first, and
 //! the depths, a count of every pending entry on any server, would slow
 //! them when the server is busiest. (A standby that takes over later has
-//! had its first read long before.) So an operator
-//! who reads the depths rarely (a long `--collect-interval`, where the
-//! server walks the collection to count) is given none in a short drain.
-//! The first round's other reads (the checkpoint, the oplog) are made at
-//! once.
+//! had its first read long before.) So an operator who reads the depths
+//! rarely (a long `--collect-interval`, where the server walks the
+//! collection to count) is given none in a short drain. The first round's
+//! other reads (the checkpoint, the oplog) are made at once.
 
 use std::time::Duration;
 
