@@ -107,19 +107,27 @@ struct Starting {
 enum Fit {
     /// No pass runs: the stream replays.
     Unneeded,
+    /// The server did not say when it was taken, so the stream opens from
+    /// whenever it is opened: everything committed between the read and
+    /// the open would be in neither. The pass reads it again just before.
+    Untimed,
     /// It was read in batches of more documents than their size allows.
     BatchTooLarge,
     Fits,
 }
 
-/// Whether a snapshot read `read_at` documents a batch fits a start whose
-/// reads the outbox's documents size at `sized`, where the pass is
-/// `needed` or not.
-fn fit(needed: bool, read_at: u32, sized: u32) -> Fit {
-    match (needed, read_at > sized) {
-        (false, _) => Fit::Unneeded,
-        (true, true) => Fit::BatchTooLarge,
-        (true, false) => Fit::Fits,
+/// Whether a snapshot read `read_at` documents a batch, `timed` (the
+/// server said when it was taken) or not, fits a start whose reads the
+/// outbox's documents size at `sized`, where the pass is `needed` or not.
+fn fit(needed: bool, timed: bool, read_at: u32, sized: u32) -> Fit {
+    if !needed {
+        Fit::Unneeded
+    } else if !timed {
+        Fit::Untimed
+    } else if read_at > sized {
+        Fit::BatchTooLarge
+    } else {
+        Fit::Fits
     }
 }
 
@@ -236,10 +244,11 @@ impl ChangeStreamSource {
         // snapshot is read at once, unless the sweep has read in this term
         // (see below).
         let passing = token.is_none() && !self.progress.sweep_has_read();
-        // A snapshot read at once (beside the count, if any) is read in
+        // A start that may read a snapshot at once (a first start, or a
+        // resume that counts) opens no window here: the snapshot is read in
         // the window the term's start gives the source, the sweep kept out
-        // meanwhile: what it delivered would still be pending in the
-        // snapshot, so if it read at all in this term (the window lapsed
+        // meanwhile, since what it delivered would still be pending in the
+        // snapshot. If the sweep read at all in this term (the window lapsed
         // first), the snapshot is dropped, and the pass's own start opens
         // a window for it to read another.
         if !counting && token.is_some() && carried.is_none() {
@@ -295,7 +304,9 @@ impl ChangeStreamSource {
     /// the size (or, if the server cannot say it, the snapshot's first
     /// documents) says they are larger, it is read again at their batch.
     /// A snapshot the start does not use is dropped, its cursor killed: one
-    /// a replay does not need, one of too large a batch, and one the sweep
+    /// a replay does not need (cut short, if the count and the size come
+    /// first, so that a replay does not wait for it), one the server did not
+    /// say the time of, one of too large a batch, and one the sweep
     /// may have overtaken (the start outlasted the stall window and the
     /// sweep, going by the clock, has read in this term, so it may have
     /// delivered messages the snapshot still shows pending; see
@@ -310,33 +321,34 @@ impl ChangeStreamSource {
             };
         }
         let counted = async { counting && self.too_far_behind().await };
-        let reading = catch_up::Snapshot::read(&self.outbox, catch_up::READ_BATCH);
-        let (behind, (sized, snapshot)) =
-            future::join(counted, future::join(sizing, reading)).await;
+        let mut reading = pin!(catch_up::Snapshot::read(&self.outbox, catch_up::READ_BATCH));
+        let (behind, sized, read) =
+            match future::select(pin!(future::join(counted, sizing)), reading.as_mut()).await {
+                Either::Left(((behind, sized), _)) => (behind, sized, None),
+                Either::Right((read, asking)) => {
+                    let (behind, sized) = asking.await;
+                    (behind, sized, Some(read))
+                }
+            };
+        // A replay of a known size has no use for the snapshot: its read is
+        // cut short here, and the stream opens without waiting for it.
+        let snapshot = match (read, sized) {
+            (Some(read), _) => read,
+            (None, Some(batch)) if !behind && !passing => {
+                return Starting {
+                    behind,
+                    batch,
+                    snapshot: None,
+                };
+            }
+            (None, _) => reading.await,
+        };
         // A server that cannot say the size leaves it to the documents read.
         let batch = sized
             .or_else(|| snapshot.as_ref().ok()?.judged_batch())
             .unwrap_or(catch_up::READ_BATCH);
         let snapshot = match snapshot {
-            Ok(snapshot) => match fit(behind || passing, snapshot.batch(), batch) {
-                Fit::Unneeded => None,
-                Fit::BatchTooLarge => {
-                    tracing::debug!(
-                        batch,
-                        "the outbox's documents are large: the catch-up pass reads its snapshot \
-                         again, in smaller batches"
-                    );
-                    None
-                }
-                Fit::Fits if self.progress.claim_snapshot() => Some(snapshot),
-                Fit::Fits => {
-                    tracing::debug!(
-                        "the sweep has read in this term: the catch-up pass reads its snapshot \
-                         again"
-                    );
-                    None
-                }
-            },
+            Ok(snapshot) => self.usable(snapshot, behind || passing, batch),
             Err(error) => {
                 tracing::debug!(%error, "reading the catch-up pass's snapshot at the start failed");
                 None
@@ -347,6 +359,29 @@ impl ChangeStreamSource {
             batch,
             snapshot,
         }
+    }
+
+    /// A snapshot read at the start, if the pass is `needed` and may feed
+    /// it as read (see [`Fit`]), and the sweep has not overtaken it.
+    fn usable(
+        &self,
+        snapshot: catch_up::Snapshot,
+        needed: bool,
+        batch: u32,
+    ) -> Option<catch_up::Snapshot> {
+        let timed = snapshot.start().is_some();
+        let again = match fit(needed, timed, snapshot.batch(), batch) {
+            Fit::Unneeded => return None,
+            Fit::Fits if self.progress.claim_snapshot() => return Some(snapshot),
+            Fit::Fits => "the sweep may have read past it",
+            Fit::Untimed => "the server did not say when it was taken",
+            Fit::BatchTooLarge => "the outbox's documents are large, and read in smaller batches",
+        };
+        tracing::debug!(
+            batch,
+            "the catch-up pass reads its snapshot again, just before it opens the stream: {again}"
+        );
+        None
     }
 
     /// Whether more due messages are pending than a resumed stream should
@@ -774,15 +809,25 @@ mod tests {
     #[test]
     fn a_snapshot_read_at_the_outset_is_fed_only_to_a_pass_and_at_its_size() {
         let most = catch_up::READ_BATCH;
-        assert_eq!(fit(true, most, most), Fit::Fits, "usual documents");
-        assert_eq!(fit(true, most, 41), Fit::BatchTooLarge, "100 KB documents");
-        assert_eq!(fit(false, most, most), Fit::Unneeded, "a replay");
-        assert_eq!(fit(false, most, 41), Fit::Unneeded);
+        assert_eq!(fit(true, true, most, most), Fit::Fits, "usual documents");
         assert_eq!(
-            fit(true, 41, most),
+            fit(true, true, most, 41),
+            Fit::BatchTooLarge,
+            "100 KB documents"
+        );
+        assert_eq!(fit(false, true, most, most), Fit::Unneeded, "a replay");
+        assert_eq!(fit(false, true, most, 41), Fit::Unneeded);
+        assert_eq!(
+            fit(true, true, 41, most),
             Fit::Fits,
             "smaller batches are no harm"
         );
+        assert_eq!(
+            fit(true, false, most, most),
+            Fit::Untimed,
+            "a snapshot with no time is read again just before the stream opens"
+        );
+        assert_eq!(fit(false, false, most, most), Fit::Unneeded);
     }
 
     #[test]
