@@ -148,9 +148,14 @@ impl CompletionStage {
     /// What a verdict that holds no claim requires of `lockId`: no claim,
     /// or in a term a claim older than the term, a former leader's. The
     /// term's sweep clears those before its first claim, and its stream
-    /// does not wait for that: a verdict must not miss its message for a claim about to go
-    /// (a refusal that missed would leave its key held in the term's order
-    /// and nothing in the collection saying so).
+    /// does not wait for that: a verdict must not miss its message for a
+    /// claim about to go (a refusal that missed would leave its key held
+    /// in the term's order and nothing in the collection saying so).
+    ///
+    /// "Older" is read off the claim id's seconds, which come from the
+    /// former leader's clock, against this relay's: hosts whose clocks
+    /// differ by more than the lease's margin may see a former leader's
+    /// last claims as this term's (see docs/operating.md, Clocks).
     fn unclaimed(&self) -> Bson {
         match self.claims_before {
             Some(term_began) => doc! { "$not": { "$gte": term_began } }.into(),
