@@ -304,8 +304,8 @@ impl ChangeStreamSource {
     /// the size (or, if the server cannot say it, the snapshot's first
     /// documents) says they are larger, it is read again at their batch.
     /// A snapshot the start does not use is dropped, its cursor killed: one
-    /// a replay does not need (cut short, if the count and the size come
-    /// first, so that a replay does not wait for it), one the server did not
+    /// a replay does not need (a replay does not wait for it, if the count
+    /// and the size come first), one the server did not
     /// say the time of, one of too large a batch, and one the sweep
     /// may have overtaken (the start outlasted the stall window and the
     /// sweep, going by the clock, has read in this term, so it may have
@@ -321,7 +321,9 @@ impl ChangeStreamSource {
             };
         }
         let counted = async { counting && self.too_far_behind().await };
-        let mut reading = pin!(catch_up::Snapshot::read(&self.outbox, catch_up::READ_BATCH));
+        let outbox = self.outbox.clone();
+        let mut reading =
+            Box::pin(async move { catch_up::Snapshot::read(&outbox, catch_up::READ_BATCH).await });
         let (behind, sized, read) =
             match future::select(pin!(future::join(counted, sizing)), reading.as_mut()).await {
                 Either::Left(((behind, sized), _)) => (behind, sized, None),
@@ -330,11 +332,15 @@ impl ChangeStreamSource {
                     (behind, sized, Some(read))
                 }
             };
-        // A replay of a known size has no use for the snapshot: its read is
-        // cut short here, and the stream opens without waiting for it.
+        // A replay of a known size has no use for the snapshot: the stream
+        // opens without waiting for it. The read is left to end on its own
+        // (for at most as long as a count may take) and then dropped, so
+        // that the cursor it opened is killed rather than left to the
+        // server's idle timeout.
         let snapshot = match (read, sized) {
             (Some(read), _) => read,
             (None, Some(batch)) if !behind && !passing => {
+                tokio::spawn(async move { drop(tokio::time::timeout(COUNT_LIMIT, reading).await) });
                 return Starting {
                     behind,
                     batch,
@@ -373,7 +379,7 @@ impl ChangeStreamSource {
         let again = match fit(needed, timed, snapshot.batch(), batch) {
             Fit::Unneeded => return None,
             Fit::Fits if self.progress.claim_snapshot() => return Some(snapshot),
-            Fit::Fits => "the sweep may have read past it",
+            Fit::Fits => "the pass could not claim it (the sweep may have read past it)",
             Fit::Untimed => "the server did not say when it was taken",
             Fit::BatchTooLarge => "the outbox's documents are large, and read in smaller batches",
         };
