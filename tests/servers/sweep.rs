@@ -569,24 +569,18 @@ async fn a_drain_publishes_each_message_once_though_the_sweep_finds_it_due() {
     env.drop().await;
 }
 
-#[tokio::test]
-async fn a_relay_far_behind_its_stored_position_catches_up_from_the_collection() {
-    let env = TestEnv::new().await;
-    let mut config = env.config();
-    // The sweep takes no never-tried message: whatever the stream does
-    // not bring, only a catch-up pass delivers.
-    config.grace_period = Duration::from_secs(3600);
-    config.max_replay = 10;
+/// Runs a relay until it has stored a position, then writes a message
+/// made pending by an update (which a change stream of inserts does not
+/// bring); returns its id.
+async fn stored_position_then_a_revived_message(env: &TestEnv, config: &RelayConfig) -> ObjectId {
     let relay = RunningRelay::start(config.clone()).await;
-    write_orders(&env, 1).await;
+    write_orders(env, 1).await;
     env.wait_count(doc! { "status": "processed" }, 1).await;
     relay.stop().await.unwrap();
     assert!(
         env.checkpoint_token().await.is_some(),
         "a position is stored"
     );
-
-    // Made pending by an update, which the stream does not bring.
     let outbox = env.outbox();
     let revived = ObjectId::new();
     outbox
@@ -602,6 +596,50 @@ async fn a_relay_far_behind_its_stored_position_catches_up_from_the_collection()
         )
         .await
         .unwrap();
+    revived
+}
+
+#[tokio::test]
+async fn a_relay_near_its_stored_position_replays_the_stream_rather_than_catching_up() {
+    let env = TestEnv::new().await;
+    let mut config = env.config();
+    // The sweep takes no never-tried message: whatever the stream does
+    // not bring stays pending unless a catch-up pass delivers it.
+    config.grace_period = Duration::from_secs(3600);
+    config.max_replay = 10;
+    // Made pending by an update, which the stream does not bring: a pass
+    // would deliver it, a replay does not.
+    let revived = stored_position_then_a_revived_message(&env, &config).await;
+    // Fewer pending than the relay replays.
+    backlog(&env, 3).await;
+    let relay = RunningRelay::start(config).await;
+    env.wait_count(doc! { "status": "processed" }, 4).await;
+    relay.stop().await.unwrap();
+    let left = env
+        .outbox()
+        .find_one(doc! { "_id": revived })
+        .await
+        .unwrap()
+        .expect("the revived message is there");
+    assert_eq!(
+        left.get_str("status").ok(),
+        Some("pending"),
+        "the replay, not a catch-up pass, delivered the backlog"
+    );
+    assert_eq!(env.stream_count().await, 4, "each message stored once");
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_relay_far_behind_its_stored_position_catches_up_from_the_collection() {
+    let env = TestEnv::new().await;
+    let mut config = env.config();
+    // The sweep takes no never-tried message: whatever the stream does
+    // not bring, only a catch-up pass delivers.
+    config.grace_period = Duration::from_secs(3600);
+    config.max_replay = 10;
+    // Made pending by an update, which the stream does not bring.
+    stored_position_then_a_revived_message(&env, &config).await;
     // More pending than the relay replays.
     backlog(&env, 20).await;
     let relay = RunningRelay::start(config).await;
