@@ -305,12 +305,11 @@ impl ChangeStreamSource {
     /// documents) says they are larger, it is read again at their batch.
     /// A snapshot the start does not use is dropped, its cursor killed: one
     /// a replay does not need (a replay does not wait for it, if the count
-    /// and the size come first), one the server did not
-    /// say the time of, one of too large a batch, and one the sweep
-    /// may have overtaken (the start outlasted the stall window and the
-    /// sweep, going by the clock, has read in this term, so it may have
-    /// delivered messages the snapshot still shows pending; see
-    /// [`StreamProgress::claim_snapshot`]).
+    /// and the size come first), one the server did not say the time of,
+    /// one of too large a batch, and one the sweep may have overtaken (the
+    /// start outlasted the stall window and the sweep, going by the clock,
+    /// has read in this term, so it may have delivered messages the
+    /// snapshot still shows pending; see [`StreamProgress::claim_snapshot`]).
     async fn starting(&self, counting: bool, passing: bool) -> Starting {
         let sizing = catch_up::read_batch(&self.outbox);
         if !counting && !passing {
