@@ -189,6 +189,8 @@ struct Inner {
     pending: Gauge,
     failed_depth: Gauge,
     oldest_pending_age: FloatGauge,
+    /// When the depths were last read, in seconds since the Unix epoch.
+    depths_read: FloatGauge,
     held_keys: Gauge,
     oldest_held_age: FloatGauge,
     stream_lag: FloatGauge,
@@ -238,6 +240,7 @@ impl Metrics {
             pending: Gauge::default(),
             failed_depth: Gauge::default(),
             oldest_pending_age: FloatGauge::default(),
+            depths_read: FloatGauge::default(),
             held_keys: Gauge::default(),
             oldest_held_age: FloatGauge::default(),
             stream_lag: FloatGauge::default(),
@@ -397,6 +400,9 @@ impl Metrics {
             oldest_pending.map_or(0, |t| t.timestamp_millis()),
             Ordering::Relaxed,
         );
+        inner
+            .depths_read
+            .set(DateTime::now().timestamp_millis() as f64 / 1000.0);
     }
 
     /// How many keys wait on a refused or held message, and when the oldest
@@ -617,6 +623,13 @@ impl Inner {
             Unit::Seconds,
             self.oldest_pending_age.clone(),
         );
+        registry.register_with_unit(
+            "depths_read_timestamp",
+            "When the pending and failed depths were last read, in Unix time (0 before the \
+             first read, until which those gauges read 0)",
+            Unit::Seconds,
+            self.depths_read.clone(),
+        );
         registry.register(
             "held_keys",
             "Keys whose messages wait on a refused or held message of the key (on the leader)",
@@ -669,6 +682,26 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The value `render` gives `name`, a gauge or counter without labels.
+    fn value(metrics: &Metrics, name: &str) -> Option<f64> {
+        metrics.render().lines().find_map(|line| {
+            let (metric, value) = line.split_once(' ')?;
+            (metric == name).then(|| value.parse().ok())?
+        })
+    }
+
+    #[test]
+    fn the_depths_say_when_they_were_read_and_zero_before_the_first_read() {
+        let metrics = Metrics::new();
+        let read_at = "outbox_depths_read_timestamp_seconds";
+        assert_eq!(value(&metrics, read_at), Some(0.0));
+        let before = DateTime::now().timestamp_millis() as f64 / 1000.0;
+        metrics.depths(7, 2, None);
+        assert_eq!(value(&metrics, "outbox_pending_messages"), Some(7.0));
+        let read = value(&metrics, read_at).expect("the read time is rendered");
+        assert!(read >= before, "{read} is before {before}");
+    }
 
     #[test]
     fn a_term_reading_its_held_keys_is_not_ready_to_deliver() {

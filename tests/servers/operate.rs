@@ -89,6 +89,10 @@ async fn endpoints_report_deliveries_depths_and_roles() {
     assert_eq!(metrics["outbox_publish_ack_seconds_count"], 5.0);
     assert_eq!(metrics["outbox_commit_to_publish_seconds_count"], 5.0);
     assert_eq!(metrics["outbox_pending_messages"], 0.0);
+    assert!(
+        metrics["outbox_depths_read_timestamp_seconds"] > 0.0,
+        "the depths were read"
+    );
     assert_eq!(metrics["outbox_leader"], 1.0);
     assert!(metrics["outbox_lease_term"] >= 1.0);
     for gauge in [
