@@ -333,9 +333,9 @@ impl ChangeStreamSource {
             };
         // A replay of a known size has no use for the snapshot: the stream
         // opens without waiting for it. The read is left to end on its own
-        // (for at most as long as a count may take) and then dropped, so
-        // that the cursor it opened is killed rather than left to the
-        // server's idle timeout.
+        // (for at most another `COUNT_LIMIT`) and then dropped, so that the
+        // cursor it opened is killed rather than left to the server's idle
+        // timeout.
         let snapshot = match (read, sized) {
             (Some(read), _) => read,
             (None, Some(batch)) if !behind && !passing => {
