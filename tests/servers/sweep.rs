@@ -569,10 +569,16 @@ async fn a_drain_publishes_each_message_once_though_the_sweep_finds_it_due() {
     env.drop().await;
 }
 
-/// Runs a relay until it has stored a position, then writes a message
-/// made pending by an update (which a change stream of inserts does not
-/// bring); returns its id.
-async fn stored_position_then_a_revived_message(env: &TestEnv, config: &RelayConfig) -> ObjectId {
+/// A relay's settings that replay at most 10 pending messages, and whose
+/// sweep takes no never-tried message (whatever the stream does not bring
+/// stays pending unless a catch-up pass delivers it), run until it has
+/// stored a position; then a message made pending by an update, which a
+/// change stream of inserts does not bring. Returns the settings and the
+/// message's id.
+async fn stored_position_then_a_revived_message(env: &TestEnv) -> (RelayConfig, ObjectId) {
+    let mut config = env.config();
+    config.grace_period = Duration::from_secs(3600);
+    config.max_replay = 10;
     let relay = RunningRelay::start(config.clone()).await;
     write_orders(env, 1).await;
     env.wait_count(doc! { "status": "processed" }, 1).await;
@@ -596,20 +602,14 @@ async fn stored_position_then_a_revived_message(env: &TestEnv, config: &RelayCon
         )
         .await
         .unwrap();
-    revived
+    (config, revived)
 }
 
 #[tokio::test]
 async fn a_relay_near_its_stored_position_replays_the_stream_rather_than_catching_up() {
     let env = TestEnv::new().await;
-    let mut config = env.config();
-    // The sweep takes no never-tried message: whatever the stream does
-    // not bring stays pending unless a catch-up pass delivers it.
-    config.grace_period = Duration::from_secs(3600);
-    config.max_replay = 10;
-    // Made pending by an update, which the stream does not bring: a pass
-    // would deliver it, a replay does not.
-    let revived = stored_position_then_a_revived_message(&env, &config).await;
+    // A pass would deliver the revived message, a replay does not.
+    let (config, revived) = stored_position_then_a_revived_message(&env).await;
     // Fewer pending than the relay replays.
     backlog(&env, 3).await;
     let relay = RunningRelay::start(config).await;
@@ -633,13 +633,8 @@ async fn a_relay_near_its_stored_position_replays_the_stream_rather_than_catchin
 #[tokio::test]
 async fn a_relay_far_behind_its_stored_position_catches_up_from_the_collection() {
     let env = TestEnv::new().await;
-    let mut config = env.config();
-    // The sweep takes no never-tried message: whatever the stream does
-    // not bring, only a catch-up pass delivers.
-    config.grace_period = Duration::from_secs(3600);
-    config.max_replay = 10;
-    // Made pending by an update, which the stream does not bring.
-    stored_position_then_a_revived_message(&env, &config).await;
+    // Only a catch-up pass delivers the revived message.
+    let (config, _) = stored_position_then_a_revived_message(&env).await;
     // More pending than the relay replays.
     backlog(&env, 20).await;
     let relay = RunningRelay::start(config).await;
