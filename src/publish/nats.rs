@@ -29,6 +29,9 @@ pub struct NatsPublisher {
     probed: Arc<Mutex<HashMap<String, (Instant, Health)>>>,
 }
 
+/// Room for unacknowledged publishes in a client the relay did not connect.
+const DEFAULT_ROOM: usize = 4096;
+
 /// How long one probe's answer stands, so a run of failing messages costs
 /// the broker one API request a second, not one a message.
 const PROBE_REUSE: Duration = Duration::from_secs(1);
@@ -81,7 +84,11 @@ impl NatsPublisher {
             .connect_observed(denials.clone(), Some(metrics.clone()))
             .await?;
         metrics.watch_nats(client.clone());
-        let mut publisher = Self::from_client(client, config.nats_mode, config.ack_timeout);
+        // Room in the client for what the relay's stages may await at once:
+        // the stream's window and a sweep pass's. A send that finds no room
+        // waits in its own future, never in a stage's loop.
+        let room = config.max_in_flight.saturating_mul(2);
+        let mut publisher = Self::with_room(client, config.nats_mode, config.ack_timeout, room);
         publisher.denials = denials;
         publisher.own_subjects = Some(format!("{}.>", config.subject_prefix));
         Ok(publisher)
@@ -90,12 +97,23 @@ impl NatsPublisher {
     /// Wraps a connected client. (Publish permission denials are recognised
     /// only on a connection made by [`NatsPublisher::connect`].)
     pub fn from_client(client: async_nats::Client, mode: NatsMode, ack_timeout: Duration) -> Self {
+        Self::with_room(client, mode, ack_timeout, DEFAULT_ROOM)
+    }
+
+    /// A client with room for `room` unacknowledged JetStream publishes:
+    /// a publish beyond waits until an acknowledgement gives room back.
+    fn with_room(
+        client: async_nats::Client,
+        mode: NatsMode,
+        ack_timeout: Duration,
+        room: usize,
+    ) -> Self {
         let jetstream = match mode {
             NatsMode::Jetstream => Some(
                 jetstream::ContextBuilder::new()
                     .timeout(ack_timeout)
                     .backpressure_on_inflight(true)
-                    .max_ack_inflight(4096)
+                    .max_ack_inflight(room.max(1))
                     .build(client.clone()),
             ),
             NatsMode::Core => None,

@@ -12,15 +12,24 @@
 //! every work before it has its verdict ([`Positions`]), so the checkpoint
 //! never passes a message that is not done.
 //!
+//! The stage's loop never waits on the broker. A send that must wait (for
+//! room in the client, say) is one branch of the loop beside the answers
+//! of what is in flight, which are what make that room; everything a
+//! message does after its first send (its answer, a second try) happens in
+//! its own future, beside the others.
+//!
 //! A failure is either the broker's (it takes no message: delivery pauses,
 //! no attempt is charged) or the message's (it is refused: an attempt is
 //! charged and every other message goes on). Where the publisher cannot
-//! tell which (nothing took the subject, a timeout), the stage asks
-//! [`Publisher::probe`] about the stream of the message's subject: if the
-//! broker takes messages there, the message is sent once more, and a second
-//! failure is its own; if not, it is an outage and delivery pauses, reported
-//! to readiness. A message in doubt keeps its turn until it is settled, so
-//! no later message of its key is sent before it is.
+//! tell which (nothing took the subject, a timeout), the message asks
+//! [`Publisher::probe`] about the stream of its subject: if the broker
+//! takes messages there, the message is sent once more, and a second
+//! failure is its own; if not, it is an outage and delivery pauses,
+//! reported to readiness. One message at a time asks ([`Pause`]), so an
+//! outage is probed by one message while the others wait for its answer,
+//! and the stage takes no new work until the broker is back. A message in
+//! doubt keeps its turn until it is settled, so no later message of its key
+//! is sent before it is; messages of other keys go on meanwhile.
 //!
 //! A refusal the publisher reports directly (a permission denied, say) may
 //! still be the broker refusing everything; the stage cannot know, so it
@@ -38,7 +47,7 @@ use bson::DateTime;
 use futures::future::{self, BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
 use mongodb::change_stream::event::ResumeToken;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::{Ack, Health, PublishError, Publisher};
@@ -58,28 +67,28 @@ struct Attempt {
     own: bool,
     /// Not sent: an earlier message of its key holds the key.
     parked: bool,
-    /// The message's turn in its key's line, kept while its answer is in
-    /// doubt, so the next message of the key waits for it.
+    /// The message's turn in its key's line, held until its answer is
+    /// final (see [`Attempt::conclude`]), so the next message of the key
+    /// waits for it.
     turn: Option<Turn>,
 }
 
 impl Attempt {
-    fn new(
+    /// The answer `result` to work sent at `started`, its turn still held.
+    fn answered(
         work: Work,
         result: Result<Ack, PublishError>,
         started: Instant,
         turn: Option<Turn>,
     ) -> Self {
-        let mut attempt = Attempt {
+        Attempt {
             work,
             result,
             waited: started.elapsed(),
             own: false,
             parked: false,
             turn,
-        };
-        attempt.conclude();
-        attempt
+        }
     }
 
     /// Work that was not sent, because an earlier message holds its key.
@@ -111,19 +120,21 @@ impl Attempt {
             )
     }
 
-    /// Ends the message's turn once its answer is no longer in doubt.
+    /// Ends the message's turn with its final answer, letting the next
+    /// message of its key go. The one place a sent message's turn ends:
+    /// called once the answer is no longer in doubt.
     fn conclude(&mut self) {
+        let Some(turn) = self.turn.take() else {
+            return;
+        };
         let broken = matches!(self.work.message.as_ref().map(|m| &m.message), Some(Err(_)));
         let outcome = match &self.result {
             _ if broken => Outcome::Failed,
-            _ if self.in_doubt() => return,
             Ok(_) => Outcome::Delivered,
             Err(PublishError::Invalid(_)) => Outcome::Failed,
             Err(_) => Outcome::Refused,
         };
-        if let Some(turn) = self.turn.take() {
-            turn.finish(outcome);
-        }
+        turn.finish(outcome);
     }
 
     /// The verdict, recorded in the metrics if the broker took the message.
@@ -156,55 +167,286 @@ impl Attempt {
     }
 }
 
-/// Attempts under way, each with its work's place in the stage's input.
-type InFlight = FuturesUnordered<BoxFuture<'static, (u64, Attempt)>>;
+/// What became of a message in flight: its attempt, or `None` if the relay
+/// stopped at once while its answer was in doubt (it gets no verdict and
+/// stays pending; its turn, dropped, holds its key).
+type Landed = Option<Attempt>;
 
-/// How many messages in flight wait for their key's turn, unsent.
+/// Messages in flight, each with its work's place in the stage's input.
+type InFlight = FuturesUnordered<BoxFuture<'static, (u64, Landed)>>;
+
+/// How many messages in flight are aside from the window: waiting, unsent,
+/// for their key's turn, or settling an answer in doubt.
 ///
-/// `--max-in-flight` bounds what is on the wire; messages waiting behind an
-/// earlier one of their key are not on the wire, so they do not count
-/// against it, and a hot key cannot fill the window and hold back other
-/// keys. Up to [`Waiting::PER_SENT`] times as many may wait: the look-ahead
-/// past a hot key, in bounded memory.
+/// `--max-in-flight` bounds what is sent and awaited on a first try; a
+/// message waiting behind an earlier one of its key is not on the wire,
+/// and one settling a doubt waits on its own answer, so neither counts
+/// against it: a hot key, or a few messages whose answers never come,
+/// cannot fill the window and hold back other keys. Up to
+/// [`Aside::PER_SENT`] times as many may be aside: the look-ahead past
+/// them, in bounded memory.
 #[derive(Default, Clone)]
-struct Waiting(Arc<WaitingCount>);
+struct Aside(Arc<AsideCount>);
 
 #[derive(Default)]
-struct WaitingCount {
+struct AsideCount {
     count: AtomicUsize,
-    /// Woken when a wait ends: there may be room again.
-    ended: Notify,
+    /// Woken when a message steps aside or comes back: the room changed.
+    changed: Notify,
 }
 
-impl Waiting {
+impl Aside {
     const PER_SENT: usize = 16;
 
-    /// One message waiting, until the slot is dropped.
-    fn take(&self) -> WaitingSlot {
+    /// One message aside, until the slot is dropped.
+    fn take(&self) -> AsideSlot {
         self.0.count.fetch_add(1, Ordering::Relaxed);
-        WaitingSlot(self.0.clone())
+        self.0.changed.notify_one();
+        AsideSlot(self.0.clone())
     }
 
     /// Whether the stage may take more work: room on the wire, and room
-    /// for one more to wait.
+    /// for one more aside.
     fn room(&self, in_flight: usize, max_in_flight: usize) -> bool {
-        let waiting = self.0.count.load(Ordering::Relaxed).min(in_flight);
-        let most_waiting = max_in_flight.saturating_mul(Self::PER_SENT);
-        in_flight - waiting < max_in_flight && waiting < most_waiting
+        let aside = self.0.count.load(Ordering::Relaxed).min(in_flight);
+        let most_aside = max_in_flight.saturating_mul(Self::PER_SENT);
+        in_flight - aside < max_in_flight && aside < most_aside
     }
 
-    /// Waits until a message stops waiting.
-    async fn one_ended(&self) {
-        self.0.ended.notified().await;
+    /// Waits until a message steps aside or comes back.
+    async fn changed(&self) {
+        self.0.changed.notified().await;
     }
 }
 
-struct WaitingSlot(Arc<WaitingCount>);
+struct AsideSlot(Arc<AsideCount>);
 
-impl Drop for WaitingSlot {
+impl Drop for AsideSlot {
     fn drop(&mut self) {
         self.0.count.fetch_sub(1, Ordering::Relaxed);
-        self.0.ended.notify_one();
+        self.0.changed.notify_one();
+    }
+}
+
+/// A pause of delivery while the broker takes nothing, shared by the
+/// messages of one stage.
+///
+/// Rules: one message at a time asks the broker (it holds the lock while
+/// it asks, and while it waits out a backoff step after an outage answer);
+/// the others wait for the lock rather than each ask and send again, so an
+/// outage costs one probe and one send a step, not one a message. The
+/// stage is paused from an answer that the broker takes nothing until an
+/// answer that it takes messages: meanwhile it takes no new work, and
+/// readiness says why.
+struct Pause {
+    asking: tokio::sync::Mutex<Paused>,
+    /// Whether delivery is paused, for the stage's loop.
+    paused: watch::Sender<bool>,
+}
+
+/// The state the asking message holds.
+struct Paused {
+    outage: Outage,
+    /// Reported to readiness while delivery is paused.
+    reported: Option<PausedDelivery>,
+}
+
+impl Pause {
+    fn new() -> Self {
+        Pause {
+            asking: tokio::sync::Mutex::new(Paused {
+                outage: Outage::new("NATS publishing"),
+                reported: None,
+            }),
+            paused: watch::Sender::new(false),
+        }
+    }
+}
+
+impl Paused {
+    /// The broker takes nothing (`why`, as readiness says it; `error`, as
+    /// the log does): delivery pauses.
+    fn broker_away(&mut self, why: &str, error: &str, metrics: &Metrics, pause: &Pause) {
+        self.outage.failed(&error);
+        self.reported
+            .get_or_insert_with(|| metrics.pause_delivery(why));
+        pause.paused.send_replace(true);
+    }
+
+    /// The broker takes messages: delivery goes on.
+    fn broker_back(&mut self, pause: &Pause) {
+        if self.reported.take().is_some() {
+            self.outage.recovered();
+        }
+        pause.paused.send_replace(false);
+    }
+}
+
+/// What every message in flight shares: where it goes, when to stop, the
+/// window it may step aside from, and the pause it waits out with the others.
+#[derive(Clone)]
+struct Flight {
+    publisher: Arc<dyn Publisher>,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+    abandon: CancellationToken,
+    aside: Aside,
+    pause: Arc<Pause>,
+}
+
+impl Flight {
+    /// Puts the work's message (if any) on the wire now, and returns the
+    /// future of its answer, its turn still held.
+    async fn put(
+        &self,
+        work: Work,
+        turn: Option<Turn>,
+        started: Instant,
+    ) -> BoxFuture<'static, Attempt> {
+        let sent = match work.message.as_ref().map(|m| &m.message) {
+            Some(Ok(message)) => Some(self.publisher.send(message).await),
+            _ => None,
+        };
+        match sent {
+            Some(Ok(ack)) => ack
+                .map(move |result| Attempt::answered(work, result, started, turn))
+                .boxed(),
+            Some(Err(error)) => {
+                future::ready(Attempt::answered(work, Err(error), started, turn)).boxed()
+            }
+            None => {
+                future::ready(Attempt::answered(work, Ok(Ack::default()), started, turn)).boxed()
+            }
+        }
+    }
+
+    /// Awaits an answer, settles it if it is in doubt, and ends the
+    /// message's turn with it.
+    async fn land(self, answer: BoxFuture<'static, Attempt>) -> Landed {
+        let mut attempt = answer.await;
+        if attempt.in_doubt() {
+            attempt = self.settle(attempt).await?;
+        }
+        attempt.conclude();
+        Some(attempt)
+    }
+
+    /// The life in flight of work that waits for its key's turn: then it
+    /// is sent or parked. Aside from the window (`slot`) while it waits.
+    async fn after_turn(
+        self,
+        work: Work,
+        mut turn: Turn,
+        started: Instant,
+        slot: AsideSlot,
+    ) -> Landed {
+        turn.wait().await;
+        drop(slot);
+        match turn.admit() {
+            Admission::Park(ticket) => Some(Attempt::parked(work, ticket)),
+            // Stopping at once: nothing more goes on the wire, and without
+            // a verdict the work stays as it is (its turn, dropped, holds
+            // its key).
+            Admission::Send if self.abandon.is_cancelled() => None,
+            Admission::Send => {
+                let answer = self.put(work, Some(turn), started).await;
+                self.land(answer).await
+            }
+        }
+    }
+
+    /// Tries one attempt again until its failure is no longer in doubt:
+    /// delivered, refused, or found to be its own. `None` if the relay
+    /// stopped first. Aside from the window meanwhile.
+    ///
+    /// A failure is the message's own only if it fails again after the
+    /// probe found its destination taking messages: a failure from before
+    /// (the acknowledgements in flight when the broker went away) says
+    /// nothing about the message, so the message is first sent again.
+    /// Where the broker is away, this message keeps asking, and sending
+    /// again, at every backoff step, and holds the [`Pause`] until the
+    /// broker is back: the others wait for it.
+    async fn settle(&self, mut attempt: Attempt) -> Landed {
+        let _aside = self.aside.take();
+        let mut backoff = reconnect_backoff();
+        let mut asking = None;
+        let mut sent_while_taken = false;
+        while attempt.in_doubt() {
+            // Stopping at once: what is in doubt stays so, and pending.
+            if self.abandon.is_cancelled() {
+                return None;
+            }
+            let (Err(error), Some(Ok(message))) = (
+                &attempt.result,
+                attempt.work.message.as_ref().map(|m| &m.message),
+            ) else {
+                break;
+            };
+            let (error, subject) = (error.clone(), message.subject.clone());
+            let mut held = match asking.take() {
+                Some(held) => held,
+                None => tokio::select! {
+                    biased;
+                    _ = self.abandon.cancelled() => return None,
+                    held = self.pause.asking.lock() => held,
+                },
+            };
+            match self.publisher.probe(&subject).await {
+                Health::Takes if sent_while_taken => {
+                    held.broker_back(&self.pause);
+                    attempt.result = Err(PublishError::Refused(format!(
+                        "{error}, while the broker takes other messages"
+                    )));
+                    attempt.own = true;
+                    break;
+                }
+                Health::Takes => {
+                    held.broker_back(&self.pause);
+                    sent_while_taken = true;
+                }
+                Health::TakesOthers(why) => {
+                    held.broker_back(&self.pause);
+                    attempt.result = Err(PublishError::Refused(format!("{error} ({why})")));
+                    break;
+                }
+                Health::TakesNone(why) => {
+                    sent_while_taken = false;
+                    let logged = format!("{error} ({why})");
+                    held.broker_away(&why, &logged, &self.metrics, &self.pause);
+                }
+                Health::Unknown => {
+                    sent_while_taken = false;
+                    let error = error.to_string();
+                    held.broker_away(&error, &error, &self.metrics, &self.pause);
+                }
+            }
+            if !sent_while_taken {
+                if !self.wait(&mut backoff).await {
+                    return None;
+                }
+                // The broker is away: keep asking, the others waiting.
+                asking = Some(held);
+            }
+            if self.abandon.is_cancelled() {
+                return None;
+            }
+            let answer = self.put(attempt.work, attempt.turn, Instant::now()).await;
+            attempt = answer.await;
+        }
+        // Settled after the broker was found away: it answers again.
+        if let Some(mut held) = asking {
+            held.broker_back(&self.pause);
+        }
+        Some(attempt)
+    }
+
+    /// Waits the next backoff step. False if the relay must stop publishing.
+    async fn wait(&self, backoff: &mut ExponentialBackoff) -> bool {
+        tokio::select! {
+            biased;
+            _ = self.abandon.cancelled() => false,
+            resumed = pause(backoff, &self.shutdown) => resumed,
+        }
     }
 }
 
@@ -248,6 +490,14 @@ impl Positions {
     }
 }
 
+/// A message's life in flight once it is on the wire (or, for one that
+/// waits for its key's turn, once it is taken): its answer and whatever
+/// settling it takes, with its work's place in the stage's input.
+struct Life(BoxFuture<'static, (u64, Landed)>);
+
+/// The send of the newest work under way, which ends in its [`Life`].
+type Sending = BoxFuture<'static, Life>;
+
 /// Drives a [`Publisher`] from a channel of work to a channel of verdicts.
 pub(crate) struct PublishStage {
     pub publisher: Arc<dyn Publisher>,
@@ -256,10 +506,10 @@ pub(crate) struct PublishStage {
     /// published; only waiting out a broker outage ends at once.
     pub shutdown: CancellationToken,
     /// The stop at once (the lease is lost, or the grace time is over):
-    /// no queued work is taken and nothing is sent again; acknowledgements
-    /// already due are collected up to the first message still in doubt.
-    /// What has no verdict stays pending for the next leader (JetStream
-    /// drops a repeat of one that did arrive).
+    /// no queued work is taken and nothing is sent again; answers already
+    /// due are collected until one is found still in doubt. What has no
+    /// verdict stays pending for the next leader (JetStream drops a repeat
+    /// of one that did arrive).
     pub abandon: CancellationToken,
     pub metrics: Metrics,
     /// When the relay last delivered anything, for the completion stage.
@@ -273,42 +523,63 @@ impl PublishStage {
         if !self.stored_holds_known().await {
             return;
         }
+        let flight = self.flight();
+        let mut paused = flight.pause.paused.subscribe();
         let mut in_flight = InFlight::new();
+        let mut sending: Option<Sending> = None;
         let mut positions = Positions::default();
-        let waiting = Waiting::default();
         let mut input_open = true;
-        let mut outage = Outage::new("NATS publishing");
-        while input_open || !in_flight.is_empty() {
-            let room = waiting.room(in_flight.len(), self.max_in_flight);
+        while input_open || sending.is_some() || !in_flight.is_empty() {
+            let under_way = in_flight.len() + usize::from(sending.is_some());
+            let room = flight.aside.room(under_way, self.max_in_flight);
+            let paused_now = *paused.borrow_and_update();
             tokio::select! {
                 biased;
-                _ = self.abandon.cancelled(), if input_open => input_open = false,
-                // A wait that ended inside an attempt may have made room.
-                _ = waiting.one_ended(), if input_open && !room => {}
-                Some((place, attempt)) = in_flight.next(), if !in_flight.is_empty() => {
-                    let attempt = if attempt.in_doubt() {
-                        match self.settle(attempt, &mut outage).await {
-                            Some(attempt) => attempt,
-                            None => return,
-                        }
-                    } else {
-                        attempt
-                    };
+                // Stopping at once: a send not yet on the wire is dropped,
+                // and its work stays pending.
+                _ = self.abandon.cancelled(), if input_open || sending.is_some() => {
+                    input_open = false;
+                    sending = None;
+                }
+                // A message that stepped aside, or came back, changed the room.
+                _ = flight.aside.changed(), if input_open && !room => {}
+                _ = paused.changed(), if input_open && paused_now => {}
+                Some((place, landed)) = in_flight.next(), if !in_flight.is_empty() => {
+                    let Some(attempt) = landed else { return };
                     if !self.forward(attempt, place, &mut positions, &output).await {
                         return;
                     }
                 }
-                work = input.recv(), if input_open && room => {
+                Life(life) = async {
+                    match sending.as_mut() {
+                        Some(send) => send.await,
+                        None => std::future::pending().await,
+                    }
+                }, if sending.is_some() => {
+                    sending = None;
+                    in_flight.push(life);
+                }
+                work = input.recv(), if input_open && room && !paused_now && sending.is_none() => {
                     match work {
                         Some(work) => {
                             let place = positions.enter();
-                            let attempt = self.start(work, &waiting).await;
-                            in_flight.push(attempt.map(move |attempt| (place, attempt)).boxed());
+                            sending = Some(self.start(&flight, place, work));
                         }
                         None => input_open = false,
                     }
                 }
             }
+        }
+    }
+
+    fn flight(&self) -> Flight {
+        Flight {
+            publisher: self.publisher.clone(),
+            metrics: self.metrics.clone(),
+            shutdown: self.shutdown.clone(),
+            abandon: self.abandon.clone(),
+            aside: Aside::default(),
+            pause: Arc::new(Pause::new()),
         }
     }
 
@@ -354,35 +625,34 @@ impl PublishStage {
         }
     }
 
-    /// Takes the work's turn in its key's line, and sends it if nothing of
-    /// its key is before it; returns the future of its attempt.
-    async fn start(&self, work: Work, waiting: &Waiting) -> BoxFuture<'static, Attempt> {
+    /// Takes the work's turn in its key's line, and returns its send: the
+    /// message goes on the wire now if nothing of its key is before it
+    /// (sends keep the input's order), and later, in its life in flight,
+    /// if something is.
+    fn start(&self, flight: &Flight, place: u64, work: Work) -> Sending {
         let started = Instant::now();
-        let Some(mut turn) = self.turn(&work) else {
-            return put(&*self.publisher, work, None, started).await;
-        };
-        if turn.first() {
-            return match turn.admit() {
-                Admission::Park(ticket) => future::ready(Attempt::parked(work, ticket)).boxed(),
-                Admission::Send => put(&*self.publisher, work, Some(turn), started).await,
-            };
-        }
-        let (publisher, abandon) = (self.publisher.clone(), self.abandon.clone());
-        let slot = waiting.take();
-        async move {
-            turn.wait().await;
-            drop(slot);
-            match turn.admit() {
-                Admission::Park(ticket) => Attempt::parked(work, ticket),
-                // Stopping at once: nothing more goes on the wire, and
-                // without a verdict the work stays as it is (its turn,
-                // dropped, holds its key).
-                Admission::Send if abandon.is_cancelled() => {
-                    let stopping = PublishError::Unavailable("the relay is stopping".into());
-                    Attempt::new(work, Err(stopping), started, None)
-                }
-                Admission::Send => put(&*publisher, work, Some(turn), started).await.await,
+        let in_place =
+            move |landed: BoxFuture<'static, Landed>| Life(landed.map(move |l| (place, l)).boxed());
+        let flight = flight.clone();
+        let turn = match self.turn(&work).map(|mut turn| (turn.first(), turn)) {
+            None => None,
+            Some((false, turn)) => {
+                // Aside from now on, so the stage's room counts it at once.
+                let slot = flight.aside.take();
+                let waiting = flight.after_turn(work, turn, started, slot).boxed();
+                return future::ready(in_place(waiting)).boxed();
             }
+            Some((true, mut turn)) => match turn.admit() {
+                Admission::Park(ticket) => {
+                    let parked = future::ready(Some(Attempt::parked(work, ticket))).boxed();
+                    return future::ready(in_place(parked)).boxed();
+                }
+                Admission::Send => Some(turn),
+            },
+        };
+        async move {
+            let answer = flight.put(work, turn, started).await;
+            in_place(flight.land(answer).boxed())
         }
         .boxed()
     }
@@ -394,101 +664,6 @@ impl PublishStage {
         let decoded = work.message.as_ref()?;
         let key = decoded.key.as_deref()?;
         Some(order.enter(key, &decoded.id, work.release))
-    }
-
-    /// Tries one attempt again until its failure is no longer in doubt:
-    /// delivered, refused, or found to be its own. `None` if the relay
-    /// stopped first.
-    ///
-    /// A failure is the message's own only if it fails again after the
-    /// probe found its destination taking messages: a failure from before
-    /// (the acknowledgements in flight when the broker went away) says
-    /// nothing about the message, so the message is first sent again.
-    async fn settle(&self, mut attempt: Attempt, outage: &mut Outage) -> Option<Attempt> {
-        let mut backoff = reconnect_backoff();
-        let mut paused: Option<PausedDelivery> = None;
-        let mut sent_while_taken = false;
-        while attempt.in_doubt() {
-            // Stopping at once: what is in doubt stays so, and pending.
-            if self.abandon.is_cancelled() {
-                return None;
-            }
-            let (Err(error), Some(Ok(message))) = (
-                &attempt.result,
-                attempt.work.message.as_ref().map(|m| &m.message),
-            ) else {
-                break;
-            };
-            match self.publisher.probe(&message.subject).await {
-                Health::Takes if sent_while_taken => {
-                    attempt.result = Err(PublishError::Refused(format!(
-                        "{error}, while the broker takes other messages"
-                    )));
-                    attempt.own = true;
-                    break;
-                }
-                Health::Takes => sent_while_taken = true,
-                Health::TakesOthers(why) => {
-                    attempt.result = Err(PublishError::Refused(format!("{error} ({why})")));
-                    break;
-                }
-                Health::TakesNone(why) => {
-                    sent_while_taken = false;
-                    outage.failed(&format!("{error} ({why})"));
-                    paused.get_or_insert_with(|| self.metrics.pause_delivery(why));
-                }
-                Health::Unknown => {
-                    sent_while_taken = false;
-                    outage.failed(error);
-                    paused.get_or_insert_with(|| self.metrics.pause_delivery(error.to_string()));
-                }
-            }
-            if !sent_while_taken && !self.wait(&mut backoff).await {
-                return None;
-            }
-            if self.abandon.is_cancelled() {
-                return None;
-            }
-            let started = Instant::now();
-            attempt = put(&*self.publisher, attempt.work, attempt.turn, started)
-                .await
-                .await;
-        }
-        attempt.conclude();
-        if paused.is_some() {
-            outage.recovered();
-        }
-        Some(attempt)
-    }
-
-    /// Waits the next backoff step. False if the relay must stop publishing.
-    async fn wait(&self, backoff: &mut ExponentialBackoff) -> bool {
-        tokio::select! {
-            biased;
-            _ = self.abandon.cancelled() => false,
-            resumed = pause(backoff, &self.shutdown) => resumed,
-        }
-    }
-}
-
-/// Puts the work's message (if any) on the wire now and returns the future
-/// of its attempt, which ends the message's turn once its answer is final.
-async fn put(
-    publisher: &dyn Publisher,
-    work: Work,
-    turn: Option<Turn>,
-    started: Instant,
-) -> BoxFuture<'static, Attempt> {
-    let sent = match work.message.as_ref().map(|m| &m.message) {
-        Some(Ok(message)) => Some(publisher.send(message).await),
-        _ => None,
-    };
-    match sent {
-        Some(Ok(ack)) => ack
-            .map(move |result| Attempt::new(work, result, started, turn))
-            .boxed(),
-        Some(Err(error)) => future::ready(Attempt::new(work, Err(error), started, turn)).boxed(),
-        None => future::ready(Attempt::new(work, Ok(Ack::default()), started, turn)).boxed(),
     }
 }
 

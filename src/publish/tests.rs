@@ -17,7 +17,7 @@ use std::time::Duration;
 use bson::{doc, oid::ObjectId, Bson};
 use bytes::Bytes;
 use futures::future::{self, BoxFuture, FutureExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -46,6 +46,9 @@ enum Reply {
     AckFails(PublishError),
     /// The acknowledgement waits until the test releases it.
     Hold,
+    /// The acknowledgement fails after a while (of the paused clock), as
+    /// one that never comes times out.
+    AckFailsAfter(Duration, PublishError),
 }
 
 #[derive(Default)]
@@ -57,6 +60,10 @@ struct Script {
     answers: VecDeque<Health>,
     health: Option<Health>,
     held: HashMap<String, VecDeque<oneshot::Sender<Result<Ack, PublishError>>>>,
+    /// Room for unacknowledged sends, where the broker's client has a
+    /// limit: a send waits for room, and its acknowledgement, once
+    /// awaited to its end, gives the room back (as async-nats does).
+    slots: Option<Arc<Semaphore>>,
     sends: Vec<String>,
     probes: Vec<String>,
 }
@@ -91,6 +98,11 @@ impl FakeBroker {
 
     fn answer_probes(&self, answers: impl IntoIterator<Item = Health>) {
         self.script().answers.extend(answers);
+    }
+
+    /// Gives the broker's client room for only `slots` unacknowledged sends.
+    fn limit_unacknowledged(&self, slots: usize) {
+        self.script().slots = Some(Arc::new(Semaphore::new(slots)));
     }
 
     /// The probe's answer once the scripted ones are used up.
@@ -128,6 +140,48 @@ impl Publisher for FakeBroker {
         &'a self,
         message: &'a OutboxMessage,
     ) -> BoxFuture<'a, Result<AckFuture, PublishError>> {
+        let slots = self.script().slots.clone();
+        let Some(slots) = slots else {
+            return future::ready(self.scripted(message)).boxed();
+        };
+        async move {
+            let slot = slots
+                .acquire_owned()
+                .await
+                .expect("the test never closes the slots");
+            let ack = self.scripted(message)?;
+            Ok(ack
+                .map(move |answer| {
+                    drop(slot);
+                    answer
+                })
+                .boxed())
+        }
+        .boxed()
+    }
+
+    fn max_payload(&self) -> usize {
+        usize::MAX
+    }
+
+    fn probe<'a>(&'a self, subject: &'a str) -> BoxFuture<'a, Health> {
+        let health = {
+            let mut script = self.script();
+            script.probes.push(subject.to_owned());
+            script
+                .answers
+                .pop_front()
+                .or_else(|| script.health.clone())
+                .unwrap_or(Health::Takes)
+        };
+        let _ = self.probed.send(subject.to_owned());
+        future::ready(health).boxed()
+    }
+}
+
+impl FakeBroker {
+    /// Sends `message` as the script says, and reports the send.
+    fn scripted(&self, message: &OutboxMessage) -> Result<AckFuture, PublishError> {
         let subject = message.subject.clone();
         let result = {
             let mut script = self.script();
@@ -158,28 +212,13 @@ impl Publisher for FakeBroker {
                         .boxed();
                     Ok(ack)
                 }
+                Reply::AckFailsAfter(after, error) => {
+                    Ok(tokio::time::sleep(after).map(move |()| Err(error)).boxed())
+                }
             }
         };
         let _ = self.sent.send(subject);
-        future::ready(result).boxed()
-    }
-
-    fn max_payload(&self) -> usize {
-        usize::MAX
-    }
-
-    fn probe<'a>(&'a self, subject: &'a str) -> BoxFuture<'a, Health> {
-        let health = {
-            let mut script = self.script();
-            script.probes.push(subject.to_owned());
-            script
-                .answers
-                .pop_front()
-                .or_else(|| script.health.clone())
-                .unwrap_or(Health::Takes)
-        };
-        let _ = self.probed.send(subject.to_owned());
-        future::ready(health).boxed()
+        result
     }
 }
 
@@ -1183,4 +1222,106 @@ async fn abandoning_before_the_stored_holds_are_known_sends_nothing_and_ends() {
         "the source is told the stage took no more"
     );
     assert_eq!(broker.sends(), Vec::<String>::new());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_window_wider_than_the_clients_room_waits_for_room_without_stalling() {
+    // The client takes two unacknowledged sends; the stage may have eight
+    // in flight. The third send waits for room, which only the first
+    // acknowledgements, awaited by the stage, give back.
+    let (broker, mut stage) = start(8);
+    broker.limit_unacknowledged(2);
+    broker.by_default(Reply::Hold);
+    let subjects: Vec<String> = (0..6).map(|n| format!("m{n}")).collect();
+    stage
+        .feed(subjects.iter().map(|subject| message(subject)))
+        .await;
+    assert_eq!(stage.sends_until_idle().await, ["m0", "m1"]);
+
+    let mut answered = 0;
+    while answered < subjects.len() {
+        for subject in broker.sends().iter().skip(answered) {
+            broker.release(subject, Ok(Ack::default()));
+            answered += 1;
+        }
+        assert!(
+            answered == subjects.len() || !stage.sends_until_idle().await.is_empty(),
+            "a send waiting for room goes once an answer gives room back"
+        );
+    }
+    let verdicts = stage.verdicts(subjects.len()).await;
+    assert!(
+        verdicts.iter().all(|(_, v)| *v == Verdict::Delivered),
+        "{verdicts:?}"
+    );
+    assert_eq!(broker.sends(), subjects, "sent once each, in order");
+}
+
+#[tokio::test(start_paused = true)]
+async fn messages_whose_answers_never_come_settle_beside_the_others() {
+    let ack_timeout = Duration::from_secs(3);
+    let (broker, mut stage) = start(8);
+    let timed_out = || PublishError::Unavailable("timed out".into());
+    let silent = ["n1", "n2", "n3", "n4"];
+    for subject in silent {
+        let never = Reply::AckFailsAfter(ack_timeout, timed_out());
+        broker.reply(subject, [never.clone(), never]);
+    }
+    broker.health(Health::Takes);
+    stage.feed(silent.map(message)).await;
+    // Past the first timeouts: the silent messages are being sent again.
+    tokio::time::sleep(ack_timeout + Duration::from_millis(500)).await;
+
+    let others: Vec<String> = (1..=10).map(|n| format!("g{n}")).collect();
+    stage
+        .feed(others.iter().map(|subject| message(subject)))
+        .await;
+    let verdicts = stage.verdicts(others.len()).await;
+    assert_eq!(
+        names(&verdicts),
+        others,
+        "the others are delivered while the silent ones wait on their second try"
+    );
+    assert!(verdicts.iter().all(|(_, v)| *v == Verdict::Delivered));
+
+    let settled = stage.verdicts(silent.len()).await;
+    for (name, verdict) in &settled {
+        assert!(
+            matches!(verdict, Verdict::Refused { own: true, .. }),
+            "{name}: failing again while the broker takes others is its own: {verdict:?}"
+        );
+    }
+    for subject in silent {
+        assert_eq!(
+            broker.sends_to(subject),
+            2,
+            "{subject}: sent once more, not more"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_in_doubt_holds_back_only_its_own_key() {
+    let ack_timeout = Duration::from_secs(3);
+    let (broker, mut stage, order) = start_keyed(8, true);
+    let never = || Reply::AckFailsAfter(ack_timeout, PublishError::Unavailable("timed out".into()));
+    broker.reply("k1", [never(), never()]);
+    broker.health(Health::Takes);
+    stage.feed([keyed("k1", "k"), keyed("k2", "k")]).await;
+    tokio::time::sleep(ack_timeout + Duration::from_millis(500)).await;
+    stage.feed([keyed("g1", "g"), keyed("g2", "g")]).await;
+
+    let verdicts = stage.verdicts(4).await;
+    assert_eq!(
+        names(&verdicts),
+        ["g1", "g2", "k1", "k2"],
+        "key g goes on while k1 settles; k2 waits for k1"
+    );
+    assert!(matches!(verdicts[2].1, Verdict::Refused { own: true, .. }));
+    assert_eq!(verdicts[3].1, Verdict::Parked, "k1 holds its key now");
+    assert_eq!(broker.sends_to("k2"), 0);
+    assert_eq!(
+        holding(&order),
+        [("k".to_owned(), Bson::ObjectId(named("k1")))]
+    );
 }
