@@ -8,7 +8,7 @@
 //! owner and term: a leader that has been replaced cannot move the token
 //! backwards, even if a rolled-back write left two relays with one term.
 
-use bson::{doc, DateTime, Document};
+use bson::{doc, Bson, DateTime, Document, RawDocumentBuf};
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::{Collection, Database};
 
@@ -48,26 +48,50 @@ impl CheckpointStore {
         self
     }
 
-    /// The whole checkpoint document (token, position time, lease), if any.
+    /// The whole checkpoint document (token, position time, lease), if
+    /// any. One the driver cannot read (a string that is not UTF-8) is a
+    /// stored state no retry mends.
     pub async fn document(&self) -> Result<Option<Document>> {
+        let Some(raw) = self.raw().await? else {
+            return Ok(None);
+        };
+        Document::try_from(raw.as_ref()).map(Some).map_err(|e| {
+            Error::StoredState(format!(
+                "the checkpoint {:?} cannot be read ({e}); delete it, and the relay starts \
+                 from the pending messages",
+                self.id
+            ))
+        })
+    }
+
+    /// The checkpoint document as stored.
+    async fn raw(&self) -> Result<Option<RawDocumentBuf>> {
         self.collection
+            .clone_with_type::<RawDocumentBuf>()
             .find_one(doc! { "_id": &self.id })
             .await
             .map_err(|e| Error::mongo("reading the checkpoint failed", e))
     }
 
-    /// The stored token, if any.
+    /// The stored token, if any; read alone, so that no other field of the
+    /// document can keep it from being used.
     pub async fn load(&self) -> Result<Option<ResumeToken>> {
-        let found = self.document().await?;
-        let Some(token) = found.and_then(|d| d.get("token").cloned()) else {
+        let Some(raw) = self.raw().await? else {
             return Ok(None);
         };
-        bson::from_bson(token).map(Some).map_err(|e| {
+        let unreadable = |e: &dyn std::fmt::Display| {
             Error::StoredState(format!(
                 "the checkpoint {:?} holds no readable resume token ({e})",
                 self.id
             ))
-        })
+        };
+        let token = match raw.get("token") {
+            Ok(Some(token)) => token,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(unreadable(&e)),
+        };
+        let token = Bson::try_from(token.to_raw_bson()).map_err(|e| unreadable(&e))?;
+        bson::from_bson(token).map(Some).map_err(|e| unreadable(&e))
     }
 
     /// Stores a token reached at `at` (the commit time of its event, or

@@ -22,7 +22,7 @@
 
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, DateTime, Document};
+use bson::{doc, oid::ObjectId, DateTime, RawDocumentBuf};
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use tokio::time::Instant;
@@ -71,7 +71,9 @@ pub struct Term(pub i64);
 #[derive(Debug, Clone)]
 pub struct Lease {
     database: Database,
-    documents: Collection<Document>,
+    /// Read as stored: a field the driver cannot read (a string that is
+    /// not UTF-8) must not keep every relay from leading.
+    documents: Collection<RawDocumentBuf>,
     id: String,
     owner: String,
     timing: LeaseTiming,
@@ -154,7 +156,7 @@ impl Lease {
             .return_document(ReturnDocument::After)
             .await;
         match taken {
-            Ok(Some(document)) if document.get_str("owner") == Ok(&self.owner) => {
+            Ok(Some(document)) if document.get_str("owner") == Ok(self.owner.as_str()) => {
                 let term = Term(
                     document
                         .get_i64("term")
@@ -257,7 +259,7 @@ impl Lease {
             .await
             .map_err(|e| Error::mongo("reading the lease failed", e))?;
         let expires = lease
-            .and_then(|d| d.get_datetime("expiresAt").ok().copied())
+            .and_then(|d| d.get_datetime("expiresAt").ok())
             .unwrap_or(now);
         let left = expires
             .timestamp_millis()

@@ -39,6 +39,8 @@
 //! - [`admin`]: the `status` and `dlq` commands;
 //! - [`bench`](mod@bench): the latency and drain benchmark;
 //! - `retry`: waiting out a server, shared by every stage;
+//! - `unreadable`: finding and changing a document whose `_id` or
+//!   `attempts` the driver cannot read (a string that is not UTF-8);
 //! - [`error`]: the library's error kinds.
 
 pub mod admin;
@@ -62,7 +64,10 @@ pub mod relay;
 mod retry;
 pub mod setup;
 pub mod source;
+#[cfg(test)]
+mod testing;
 mod time;
+mod unreadable;
 mod work;
 pub mod writer;
 

@@ -434,6 +434,7 @@ mod tests {
             message: Err(ContractViolation::new("not sent")),
             attempts: None,
             key: Some(key.to_owned()),
+            stored: None,
         }
     }
 

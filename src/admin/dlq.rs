@@ -8,13 +8,14 @@
 //! ones, a discard removes it, and the leader's next sweep notices. Each change matches `status: "failed"`,
 //! so a message replayed or discarded twice at once is changed only once.
 
-use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocument, RawDocumentBuf};
 use futures::TryStreamExt;
 use mongodb::Collection;
 use serde::Serialize;
 
 use crate::contract::{field, status};
 use crate::error::{Error, Result};
+use crate::unreadable::RawField;
 
 /// The field a replay moves the last error into.
 pub const ERROR_HISTORY: &str = "errorHistory";
@@ -58,24 +59,37 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
-    fn from_document(document: &Document) -> Self {
+    /// One failed message as stored: what the driver cannot read of it (a
+    /// string that is not UTF-8) is shown as near as can be, not an error.
+    fn from_raw(document: &RawDocument) -> Self {
+        let value = |name: &str| RawField::of(document, name).and_then(|f| f.as_bson());
         DeadLetter {
-            id: match document.get(field::ID) {
-                Some(Bson::ObjectId(id)) => id.to_hex(),
-                Some(other) => other.to_string(),
+            id: match RawField::of(document, field::ID) {
+                Some(id) => match id.as_bson() {
+                    Some(Bson::ObjectId(id)) => id.to_hex(),
+                    Some(other) => other.to_string(),
+                    None => id.lossy(),
+                },
                 None => "(no _id)".to_owned(),
             },
-            message_type: document.get_str(field::TYPE).ok().map(str::to_owned),
-            failed_at: document
-                .get_datetime(field::FAILED_AT)
-                .ok()
-                .and_then(|t| t.try_to_rfc3339_string().ok()),
-            attempts: match document.get(field::ATTEMPTS) {
-                Some(Bson::Int32(n)) => i64::from(*n),
-                Some(Bson::Int64(n)) => *n,
+            message_type: RawField::of(document, field::TYPE).map(|t| match t.as_bson() {
+                Some(Bson::String(name)) => name,
+                Some(other) => other.to_string(),
+                None => t.lossy(),
+            }),
+            failed_at: match value(field::FAILED_AT) {
+                Some(Bson::DateTime(at)) => at.try_to_rfc3339_string().ok(),
+                _ => None,
+            },
+            attempts: match value(field::ATTEMPTS) {
+                Some(Bson::Int32(n)) => i64::from(n),
+                Some(Bson::Int64(n)) => n,
                 _ => 0,
             },
-            last_error: document.get_str(field::LAST_ERROR).ok().map(str::to_owned),
+            last_error: match value(field::LAST_ERROR) {
+                Some(Bson::String(error)) => Some(error),
+                _ => None,
+            },
         }
     }
 }
@@ -95,7 +109,8 @@ pub async fn list(
     limit: u32,
 ) -> Result<Vec<DeadLetter>> {
     let failed = |e| Error::mongo("listing failed messages failed", e);
-    let documents: Vec<Document> = outbox
+    let documents: Vec<RawDocumentBuf> = outbox
+        .clone_with_type::<RawDocumentBuf>()
         .find(selection.filter())
         .sort(doc! { field::FAILED_AT: -1, field::ID: -1 })
         .limit(i64::from(limit))
@@ -105,7 +120,10 @@ pub async fn list(
         .try_collect()
         .await
         .map_err(failed)?;
-    Ok(documents.iter().map(DeadLetter::from_document).collect())
+    Ok(documents
+        .iter()
+        .map(|document| DeadLetter::from_raw(document))
+        .collect())
 }
 
 /// Puts the selected failed messages back to `pending`; returns how many.
@@ -113,6 +131,7 @@ pub async fn replay(outbox: &Collection<Document>, selection: &Selection) -> Res
     let failed = |e| Error::mongo("replaying failed messages failed", e);
     let now = DateTime::now();
     let found = outbox
+        .clone_with_type::<RawDocumentBuf>()
         .find(selection.filter())
         .projection(doc! {
             field::ID: 1, field::LAST_ERROR: 1, field::FAILED_AT: 1, field::ATTEMPTS: 1,
@@ -127,18 +146,30 @@ pub async fn replay(outbox: &Collection<Document>, selection: &Selection) -> Res
         .await
 }
 
+/// Replays one failed message as stored. One whose `_id` the driver
+/// cannot read is left failed, with a warning: it would fail again at once,
+/// and a replay of the rest must not stop at it.
 async fn replay_one(
     outbox: &Collection<Document>,
-    document: Document,
+    document: RawDocumentBuf,
     now: DateTime,
 ) -> Result<u64> {
-    let Some(id) = document.get(field::ID).cloned() else {
+    let value = |name: &str| RawField::of(&document, name).and_then(|f| f.as_bson());
+    let Some(id) = RawField::of(&document, field::ID) else {
+        return Ok(0);
+    };
+    let Some(id) = id.as_bson() else {
+        tracing::warn!(
+            id = %id.lossy(),
+            "not replayed: the message's _id is not UTF-8, so it would fail again at once; \
+             correct it, or remove it with dlq discard"
+        );
         return Ok(0);
     };
     let history = doc! {
-        "error": document.get(field::LAST_ERROR).cloned().unwrap_or(Bson::Null),
-        "failedAt": document.get(field::FAILED_AT).cloned().unwrap_or(Bson::Null),
-        "attempts": document.get(field::ATTEMPTS).cloned().unwrap_or(Bson::Int32(0)),
+        "error": value(field::LAST_ERROR).unwrap_or(Bson::Null),
+        "failedAt": value(field::FAILED_AT).unwrap_or(Bson::Null),
+        "attempts": value(field::ATTEMPTS).unwrap_or(Bson::Int32(0)),
         "replayedAt": now,
     };
     let update = doc! {
@@ -166,4 +197,28 @@ pub async fn discard(outbox: &Collection<Document>, selection: &Selection) -> Re
         .await
         .map(|result| result.deleted_count)
         .map_err(|e| Error::mongo("discarding failed messages failed", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::unreadable::tests::with_string;
+
+    #[test]
+    fn a_dead_letter_whose_fields_are_not_utf8_is_listed_as_near_as_can_be() {
+        let at = DateTime::from_millis(1_700_000_000_000);
+        let rest =
+            doc! { "type": "order.placed", "attempts": 3, "failedAt": at, "lastError": "no" };
+        let listed = DeadLetter::from_raw(&with_string("_id", b"ab\xff", &rest));
+        assert_eq!(listed.id, "\"ab\u{fffd}\"");
+        assert_eq!(listed.message_type.as_deref(), Some("order.placed"));
+        assert_eq!(listed.attempts, 3);
+        assert_eq!(listed.last_error.as_deref(), Some("no"));
+        assert!(listed.failed_at.is_some());
+        let id = ObjectId::new();
+        let odd_type = with_string("type", b"t\xfe", &doc! { "_id": id });
+        let listed = DeadLetter::from_raw(&odd_type);
+        assert_eq!(listed.id, id.to_hex());
+        assert_eq!(listed.message_type.as_deref(), Some("\"t\u{fffd}\""));
+    }
 }

@@ -7,7 +7,7 @@
 //! stay cheap on large collections. Only `status` counts processed
 //! messages, which is a scan of their index range.
 
-use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocumentBuf};
 use futures::TryStreamExt;
 use mongodb::{Client, Collection, Database};
 use serde::Serialize;
@@ -17,6 +17,7 @@ use crate::config::RelayConfig;
 use crate::contract::{field, status};
 use crate::error::{Error, Result};
 use crate::order::{count_of, held_keys, HeldKey};
+use crate::unreadable::RawField;
 
 /// Pending and failed depths, and the oldest pending message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,7 +201,9 @@ pub struct FailedType {
 /// Failed messages grouped by type, most numerous first.
 pub async fn failed_by_type(outbox: &Collection<Document>) -> Result<Vec<FailedType>> {
     let failed = |e| Error::mongo("grouping failed messages failed", e);
-    let groups: Vec<Document> = outbox
+    // As stored: a type that is not UTF-8 is one group's oddity, not the
+    // whole command's failure.
+    let groups: Vec<RawDocumentBuf> = outbox
         .aggregate([
             doc! { "$match": { field::STATUS: status::FAILED } },
             doc! { "$sort": { field::FAILED_AT: -1 } },
@@ -212,6 +215,7 @@ pub async fn failed_by_type(outbox: &Collection<Document>) -> Result<Vec<FailedT
             } },
             doc! { "$sort": { "count": -1, "_id": 1 } },
         ])
+        .with_type::<RawDocumentBuf>()
         .await
         .map_err(failed)?
         .try_collect()
@@ -219,14 +223,27 @@ pub async fn failed_by_type(outbox: &Collection<Document>) -> Result<Vec<FailedT
         .map_err(failed)?;
     Ok(groups
         .iter()
-        .map(|group| FailedType {
-            message_type: match group.get("_id") {
-                Some(Bson::String(name)) => name.clone(),
-                _ => "(no type)".to_owned(),
-            },
-            count: count_of(group.get("count")),
-            last_error: group.get_str("lastError").ok().map(str::to_owned),
-            last_failed_at: group.get_datetime("lastFailedAt").ok().copied(),
+        .map(|group| {
+            let value = |name: &str| RawField::of(group, name).and_then(|f| f.as_bson());
+            FailedType {
+                message_type: match RawField::of(group, "_id") {
+                    Some(name) => match name.as_bson() {
+                        Some(Bson::String(name)) => name,
+                        Some(_) => "(no type)".to_owned(),
+                        None => name.lossy(),
+                    },
+                    None => "(no type)".to_owned(),
+                },
+                count: count_of(value("count").as_ref()),
+                last_error: match value("lastError") {
+                    Some(Bson::String(error)) => Some(error),
+                    _ => None,
+                },
+                last_failed_at: match value("lastFailedAt") {
+                    Some(Bson::DateTime(at)) => Some(at),
+                    _ => None,
+                },
+            }
         })
         .collect())
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 
-use super::{still_ours, unlock, CompletionStage};
+use super::{still_ours, unlock, CompletionStage, Target};
 use crate::contract::{field, status, ContractViolation, Decoded};
 use crate::observe::FailureKind;
 use crate::order::PARKED;
@@ -230,7 +230,8 @@ impl CompletionStage {
             // and skipped, like any document no write can change.
             Fate::Parked(update) => &[update],
         };
-        self.write_one(&message.id, filter, fallbacks).await
+        let target = Target::of(message, filter);
+        self.write_one(&message.id, target, fallbacks).await
     }
 }
 

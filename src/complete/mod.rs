@@ -26,7 +26,8 @@ use std::collections::HashMap;
 use std::future::IntoFuture;
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocumentBuf};
+use futures::future::{BoxFuture, FutureExt, TryFutureExt};
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::Collection;
 use tokio::sync::mpsc;
@@ -35,14 +36,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::CheckpointStore;
 use crate::config::RetryPolicy;
-use crate::contract::{field, status};
+use crate::contract::{field, status, Decoded};
 use crate::error::{brief, is_document_error};
 use crate::observe::Metrics;
 use crate::order::KeyOrder;
 use crate::retry::{until_ok, until_settled};
+use crate::unreadable;
 use crate::work::{Finished, LastDelivery, Tally, Unmarkable, Verdict};
 
 mod fate;
+#[cfg(test)]
+mod tests;
 
 use fate::Retry;
 
@@ -197,9 +201,9 @@ impl CompletionStage {
             "$set": { field::STATUS: status::PROCESSED, field::PROCESSED_AT: now },
             "$unset": unlock(),
         };
-        let filter = still_ours(doc! { "$in": &ids }, claim);
+        let filter = Target::Filter(still_ours(doc! { "$in": &ids }, claim));
         match self
-            .write("MongoDB marking processed", filter, &update)
+            .write("MongoDB marking processed", &filter, &update)
             .await?
         {
             Ok(marked) => self.metrics.processed(marked),
@@ -207,7 +211,7 @@ impl CompletionStage {
                 // The smallest change that records the delivery.
                 let least = doc! { "$set": { field::STATUS: status::PROCESSED } };
                 for id in ids {
-                    let filter = still_ours(doc! { "$eq": &id }, claim);
+                    let filter = Target::Filter(still_ours(doc! { "$eq": &id }, claim));
                     if self.write_one(&id, filter, &[&update, &least]).await? {
                         self.metrics.processed(1);
                     }
@@ -220,11 +224,11 @@ impl CompletionStage {
     /// Applies the first of `updates` the document takes. A document that
     /// takes none is recorded as unmarkable. Returns whether a document
     /// matched; `None` if the relay gave up waiting for MongoDB.
-    async fn write_one(&self, id: &Bson, filter: Document, updates: &[&Document]) -> Option<bool> {
+    async fn write_one(&self, id: &Bson, target: Target, updates: &[&Document]) -> Option<bool> {
         let mut last_error = None;
         for update in updates {
             match self
-                .write("MongoDB recording a verdict", filter.clone(), update)
+                .write("MongoDB recording a verdict", &target, update)
                 .await?
             {
                 Ok(changed) => return Some(changed > 0),
@@ -242,21 +246,58 @@ impl CompletionStage {
     async fn write(
         &self,
         what: &'static str,
-        filter: Document,
+        target: &Target,
         update: &Document,
     ) -> Option<Result<u64, mongodb::error::Error>> {
-        let written = until_settled(
-            what,
-            &self.abandon,
-            || {
-                self.outbox
+        let attempt = || -> BoxFuture<'_, mongodb::error::Result<u64>> {
+            match target {
+                Target::Filter(filter) => self
+                    .outbox
                     .update_many(filter.clone(), update.clone())
                     .into_future()
-            },
-            is_document_error,
-        )
-        .await?;
-        Some(written.map(|result| result.modified_count))
+                    .map_ok(|result| result.modified_count)
+                    .boxed(),
+                Target::Stored(filter) => {
+                    unreadable::update_one(&self.outbox, filter.clone(), update).boxed()
+                }
+            }
+        };
+        until_settled(what, &self.abandon, attempt, is_document_error).await
+    }
+}
+
+/// The documents a write changes.
+enum Target {
+    /// Those a filter matches.
+    Filter(Document),
+    /// The one document a filter of its `_id` and `attempts` as stored
+    /// matches, where the driver cannot read them (see `unreadable`).
+    Stored(RawDocumentBuf),
+}
+
+impl Target {
+    /// `filter`, whose `_id` and `attempts` conditions are replaced by
+    /// the values as stored where the message has them.
+    fn of(message: &Decoded, mut filter: Document) -> Target {
+        let Some(stored) = &message.stored else {
+            return Target::Filter(filter);
+        };
+        filter.remove(field::ID);
+        filter.remove(field::ATTEMPTS);
+        let fields = [
+            (field::ID, stored.id.as_ref()),
+            (field::ATTEMPTS, stored.attempts.as_ref()),
+        ];
+        match unreadable::filter(&fields, &filter) {
+            Ok(raw) => Target::Stored(raw),
+            // Not to be: the fields came from a document. A filter that
+            // matches nothing leaves the document unmarkable.
+            Err(error) => {
+                tracing::warn!(id = %message.id, %error, "cannot name an unreadable document");
+                filter.insert(field::ID, doc! { "$in": [] });
+                Target::Filter(filter)
+            }
+        }
     }
 }
 

@@ -20,6 +20,8 @@ use bytes::Bytes;
 pub use schema::contract_schema;
 pub use subject::{pattern_matches, validate_subject, SubjectRules, MAX_SUBJECT_CHARS};
 
+use crate::unreadable::RawField;
+
 /// Document field names. The relay owns `status` and everything after it.
 pub mod field {
     pub const ID: &str = "_id";
@@ -137,6 +139,17 @@ pub struct Decoded {
     /// its key's messages (and holds the key as a dead letter with
     /// `--on-dead-letter hold`).
     pub key: Option<String>,
+    /// The `_id` and `attempts` as stored, where the driver cannot read
+    /// one of them: `id` then holds a stand-in, and writes find the
+    /// document by these instead (see `unreadable`).
+    pub(crate) stored: Option<StoredFields>,
+}
+
+/// A document's `_id` and `attempts` as stored, byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredFields {
+    pub id: Option<RawField>,
+    pub attempts: Option<RawField>,
 }
 
 impl Decoded {
@@ -194,17 +207,21 @@ impl DecodeRules {
                 self.decode_with(&document, payload)
             }
             Err(error) => {
-                let field = |name: &str| {
-                    let value = raw.get(name).ok().flatten()?;
-                    Bson::try_from(value.to_raw_bson()).ok()
-                };
+                let id = RawField::of(raw, field::ID);
+                let attempts = RawField::of(raw, field::ATTEMPTS);
+                let unreadable = [&id, &attempts]
+                    .into_iter()
+                    .any(|field| field.as_ref().is_some_and(|f| !f.readable()));
                 Decoded {
-                    id: field(field::ID).unwrap_or(Bson::Null),
+                    id: id.as_ref().map_or(Bson::Null, |id| {
+                        id.as_bson().unwrap_or_else(|| id.stand_in())
+                    }),
                     message: Err(ContractViolation::new(format!(
                         "the document cannot be read as BSON: {error}"
                     ))),
-                    attempts: field(field::ATTEMPTS),
+                    attempts: attempts.as_ref().and_then(RawField::as_bson),
                     key: raw.get_str(field::KEY).ok().map(str::to_owned),
+                    stored: unreadable.then_some(StoredFields { id, attempts }),
                 }
             }
         }
@@ -225,6 +242,7 @@ impl DecodeRules {
             message,
             attempts: document.get(field::ATTEMPTS).cloned(),
             key: document.get_str(field::KEY).ok().map(str::to_owned),
+            stored: None,
         }
     }
 
@@ -453,6 +471,36 @@ mod tests {
 
     fn decode(document: Document) -> Result<OutboxMessage, ContractViolation> {
         rules().decode(&document).message
+    }
+
+    #[test]
+    fn a_document_whose_id_is_not_utf8_keeps_its_id_and_attempts_as_stored() {
+        let raw = crate::unreadable::tests::not_utf8(b"ab\xff");
+        let decoded = rules().decode_raw(&raw);
+        assert!(decoded.message.is_err(), "it cannot be delivered");
+        assert!(
+            crate::unreadable::is_stand_in(&decoded.id),
+            "a stand-in tells it apart, not Null: {:?}",
+            decoded.id
+        );
+        let stored = decoded.stored.expect("its fields as stored");
+        let id = stored.id.expect("its _id");
+        assert!(!id.readable());
+        assert_eq!(id.stand_in(), decoded.id);
+        assert_eq!(
+            stored.attempts.and_then(|a| a.as_bson()),
+            Some(Bson::Int32(2))
+        );
+        assert_eq!(decoded.attempts, Some(Bson::Int32(2)));
+    }
+
+    #[test]
+    fn a_broken_document_whose_id_and_attempts_read_is_addressed_as_usual() {
+        let document = doc! { "_id": ObjectId::new(), "type": 5, "attempts": 1 };
+        let raw = bson::RawDocumentBuf::from_document(&document).expect("raw");
+        let decoded = rules().decode_raw(&raw);
+        assert!(decoded.message.is_err());
+        assert!(decoded.stored.is_none());
     }
 
     #[test]

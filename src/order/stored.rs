@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocument, RawDocumentBuf};
 use futures::TryStreamExt;
 use mongodb::Collection;
 
@@ -47,11 +47,18 @@ pub struct Holder {
 
 /// Reads the held keys from the outbox collection, oldest first. A dead
 /// letter marked `holdsKey` counts only where dead letters hold their keys.
+///
+/// Read as stored, so that no one document can fail the read: a holder
+/// whose key the driver cannot read (a string that is not UTF-8) holds no
+/// key the relay can name, and is delivered or failed in its turn like an
+/// unkeyed message; parked messages of such a key are reported, since
+/// nothing can release them.
 pub async fn held_keys(
     outbox: &Collection<Document>,
     dead_letters: DeadLetters,
 ) -> Result<Vec<HeldKey>> {
     let failed = |e| Error::mongo("reading held keys failed", e);
+    let outbox = outbox.clone_with_type::<RawDocumentBuf>();
     let mut keys: BTreeMap<String, HeldKey> = BTreeMap::new();
     let mut holders = outbox
         .find(holders_filter(dead_letters))
@@ -59,29 +66,30 @@ pub async fn held_keys(
         .await
         .map_err(failed)?;
     while let Some(document) = holders.try_next().await.map_err(failed)? {
-        let (Ok(key), Ok(id)) = (
-            document.get_str(field::KEY),
-            document.get_object_id(field::ID),
-        ) else {
-            continue;
-        };
-        let dead_letter = document.get_str(field::STATUS) == Ok(status::FAILED);
-        let held = entry(&mut keys, key, id.timestamp());
-        held.holders.push(Holder { id, dead_letter });
+        if let Some((key, holder)) = holder(&document) {
+            entry(&mut keys, key, holder.id.timestamp())
+                .holders
+                .push(holder);
+        }
     }
-    let groups: Vec<Document> = outbox
+    let mut groups = outbox
         .aggregate(parked_groups())
         .allow_disk_use(true)
-        .await
-        .map_err(failed)?
-        .try_collect()
+        .with_type::<RawDocumentBuf>()
         .await
         .map_err(failed)?;
-    for group in &groups {
-        let (Ok(key), Ok(first)) = (group.get_str("_id"), group.get_object_id("first")) else {
-            continue;
-        };
-        entry(&mut keys, key, first.timestamp()).parked += count_of(group.get("count"));
+    while let Some(group) = groups.try_next().await.map_err(failed)? {
+        match parked_group(&group) {
+            Some(Ok((key, first, count))) => {
+                entry(&mut keys, key, first.timestamp()).parked += count;
+            }
+            Some(Err(first)) => tracing::warn!(
+                first = %first,
+                "messages are parked under a key that is not UTF-8, which nothing releases: \
+                 delete them, or set their key and unset nextAttemptAt"
+            ),
+            None => {}
+        }
     }
     let mut held: Vec<HeldKey> = keys.into_values().collect();
     for key in &mut held {
@@ -91,6 +99,29 @@ pub async fn held_keys(
     }
     held.sort_by_key(|h| h.since);
     Ok(held)
+}
+
+/// A holder as read: its key, and itself; `None` if its key or `_id`
+/// cannot be read as the holders' filter asks.
+fn holder(document: &RawDocument) -> Option<(&str, Holder)> {
+    let key = document.get_str(field::KEY).ok()?;
+    let id = document.get_object_id(field::ID).ok()?;
+    let dead_letter = document.get_str(field::STATUS) == Ok(status::FAILED);
+    Some((key, Holder { id, dead_letter }))
+}
+
+/// A group of parked messages as read: its key, its earliest `_id` and
+/// how many; `Err` with the earliest `_id` where the key cannot be read.
+fn parked_group(
+    group: &RawDocument,
+) -> Option<std::result::Result<(&str, ObjectId, u64), ObjectId>> {
+    let first = group.get_object_id("first").ok()?;
+    let Ok(key) = group.get_str("_id") else {
+        return Some(Err(first));
+    };
+    let count = group.get("count").ok().flatten();
+    let count = count.and_then(|c| Bson::try_from(c.to_raw_bson()).ok());
+    Some(Ok((key, first, count_of(count.as_ref()))))
 }
 
 /// The held key `key` of `keys`, made if new, waiting since `since` at least.
@@ -171,5 +202,43 @@ pub(crate) fn count_of(value: Option<&Bson>) -> u64 {
         Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
         Some(Bson::Double(n)) => *n as u64,
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::unreadable::tests::with_string;
+
+    #[test]
+    fn a_holder_whose_key_is_not_utf8_fails_only_itself() {
+        let id = ObjectId::new();
+        let bad = with_string("key", b"k\xff", &doc! { "_id": id, "status": "pending" });
+        assert!(
+            bson::from_slice::<Document>(bad.as_bytes()).is_err(),
+            "read as values, it would fail the whole read"
+        );
+        let read: RawDocumentBuf = bson::from_slice(bad.as_bytes()).expect("read as stored");
+        assert!(
+            holder(&read).is_none(),
+            "it holds no key the relay can name"
+        );
+        let good = RawDocumentBuf::from_document(&doc! {
+            "_id": id, "key": "k", "status": "failed",
+        })
+        .expect("raw");
+        let (key, holder) = holder(&good).expect("a holder");
+        assert_eq!((key, holder.id, holder.dead_letter), ("k", id, true));
+    }
+
+    #[test]
+    fn a_parked_group_whose_key_is_not_utf8_is_told_by_its_first_id() {
+        let first = ObjectId::new();
+        let bad = with_string("_id", b"k\xff", &doc! { "first": first, "count": 2 });
+        assert_eq!(parked_group(&bad), Some(Err(first)));
+        let good =
+            RawDocumentBuf::from_document(&doc! { "_id": "k", "first": first, "count": 2_i64 })
+                .expect("raw");
+        assert_eq!(parked_group(&good), Some(Ok(("k", first, 2))));
     }
 }

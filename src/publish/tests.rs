@@ -309,6 +309,7 @@ fn message(subject: &str) -> Work {
             message: Ok(message),
             attempts: None,
             key: None,
+            stored: None,
         },
         None,
     )
@@ -346,6 +347,7 @@ fn broken(name: &str, why: &str) -> Work {
             message: Err(ContractViolation::new(why)),
             attempts: None,
             key: None,
+            stored: None,
         },
         None,
     )

@@ -800,15 +800,7 @@ mod tests {
     /// A document whose `_id` is a string of bytes that are not UTF-8, as a
     /// raw writer can make.
     fn not_utf8() -> RawDocumentBuf {
-        let value = b"bad\xff\xfeid\0";
-        let mut element = vec![0x02];
-        element.extend_from_slice(b"_id\0");
-        element.extend_from_slice(&(value.len() as i32).to_le_bytes());
-        element.extend_from_slice(value);
-        let mut bytes = ((element.len() + 5) as i32).to_le_bytes().to_vec();
-        bytes.extend(element);
-        bytes.push(0);
-        RawDocumentBuf::from_bytes(bytes).expect("a well-framed document")
+        crate::unreadable::tests::not_utf8(b"bad\xff\xfeid")
     }
 
     #[test]

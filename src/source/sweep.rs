@@ -38,6 +38,7 @@ use crate::order::{held_keys, stored::parked_messages, KeyOrder, Parks, PARKED};
 use crate::pipeline::Pipeline;
 use crate::retry::Outage;
 use crate::time::{earlier, later, object_id_at};
+use crate::unreadable::{self, RawField};
 use crate::work::{id_key, Tally, Work};
 
 use super::progress::{StreamProgress, SweepScope};
@@ -389,9 +390,12 @@ impl Sweeper {
         let failed = |e| Error::mongo("sweep: reading the messages holding keys failed", e);
         for holders in order.holders().chunks(RELEASE_KEYS) {
             let ids: Vec<&Bson> = holders.iter().map(|(_, id, _)| id).collect();
-            let found: Vec<Document> = self
+            // As stored: a field the driver cannot read fails one holder's
+            // check (it no longer holds), not the read.
+            let found: Vec<RawDocumentBuf> = self
                 .pipeline
                 .outbox
+                .clone_with_type::<RawDocumentBuf>()
                 .find(doc! { field::ID: { "$in": ids } })
                 .projection(
                     doc! { field::STATUS: 1, field::HOLDS_KEY: 1, field::NEXT_ATTEMPT_AT: 1 },
@@ -401,9 +405,9 @@ impl Sweeper {
                 .try_collect()
                 .await
                 .map_err(failed)?;
-            let states: HashMap<String, &Document> = found
+            let states: HashMap<String, &RawDocumentBuf> = found
                 .iter()
-                .filter_map(|d| Some((id_key(d.get(field::ID)?), d)))
+                .filter_map(|d| Some((id_key(&raw_id(d)?), d)))
                 .collect();
             for (key, id, version) in holders {
                 let holds = states.get(&id_key(id)).is_some_and(|document| {
@@ -411,7 +415,7 @@ impl Sweeper {
                         // Parked, it waits behind its key rather than holds it.
                         status::PENDING => {
                             !self.pipeline.unmarkable.contains(id)
-                                && document.get_datetime(field::NEXT_ATTEMPT_AT) != Ok(&PARKED)
+                                && document.get_datetime(field::NEXT_ATTEMPT_AT) != Ok(PARKED)
                         }
                         status::FAILED => {
                             order.dead_letters_hold()
@@ -618,6 +622,12 @@ impl Sweeper {
     ) -> Result<(HashSet<String>, HashSet<String>)> {
         let (mut claimed, mut unclaimable) = (HashSet::new(), HashSet::new());
         for id in ids {
+            // No filter can name an `_id` the driver cannot read: such a
+            // document goes without a claim, fenced as it is completed.
+            if unreadable::is_stand_in(id) {
+                unclaimable.insert(id_key(id));
+                continue;
+            }
             let mut one = filter.clone();
             one.insert(field::ID, doc! { "$eq": id });
             let held = doc! { field::ID: { "$eq": id }, field::LOCK_ID: claim };
@@ -782,8 +792,26 @@ fn due(last: &Mutex<Option<Instant>>, interval: Duration) -> bool {
     true
 }
 
-/// A document's `_id`, whatever its type.
+/// A document's `_id`, whatever its type; one the driver cannot read (a
+/// string that is not UTF-8) as its stand-in (see `unreadable`).
 fn raw_id(document: &RawDocumentBuf) -> Option<Bson> {
-    let id = document.get(field::ID).ok().flatten()?;
-    Bson::try_from(id.to_raw_bson()).ok()
+    let readable = document.get(field::ID).ok().flatten();
+    if let Some(id) = readable.and_then(|id| Bson::try_from(id.to_raw_bson()).ok()) {
+        return Some(id);
+    }
+    RawField::of(document, field::ID).map(|id| id.stand_in())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pending_document_whose_id_is_not_utf8_is_a_candidate_not_skipped() {
+        let document = crate::unreadable::tests::not_utf8(b"ab\xff");
+        let id = raw_id(&document).expect("an _id to tell it by");
+        assert!(unreadable::is_stand_in(&id), "{id:?}");
+        let readable = RawDocumentBuf::from_document(&doc! { "_id": 7 }).expect("raw");
+        assert_eq!(raw_id(&readable), Some(Bson::Int32(7)));
+    }
 }

@@ -1,0 +1,107 @@
+//! The completion stage against a real MongoDB-compatible server, for the
+//! writes no scripted collection can stand in for: a document named by its
+//! `_id` and `attempts` as stored, byte for byte.
+
+use std::time::Duration;
+
+use bson::{doc, oid::ObjectId, Bson, Document, RawDocumentBuf};
+use mongodb::Collection;
+use tokio_util::sync::CancellationToken;
+
+use super::CompletionStage;
+use crate::config::RelayConfig;
+use crate::contract::{ContractViolation, DecodeRules, StoredFields};
+use crate::observe::Metrics;
+use crate::unreadable::RawField;
+use crate::work::{Finished, LastDelivery, Unmarkable, Verdict, Work};
+
+fn stage(outbox: Collection<Document>) -> CompletionStage {
+    let config = RelayConfig::new("mongodb://unused", "unused");
+    CompletionStage {
+        outbox,
+        checkpoints: None,
+        batch_size: 10,
+        checkpoint_interval: Duration::from_secs(1),
+        retry: config.retry(),
+        abandon: CancellationToken::new(),
+        metrics: Metrics::new(),
+        unmarkable: Unmarkable::default(),
+        deliveries: LastDelivery::default(),
+        order: None,
+        claims_before: None,
+    }
+}
+
+/// The document `id` read back as stored, and decoded as if the driver
+/// could not read its `_id` and `attempts`: addressed by their bytes.
+async fn as_unreadable(outbox: &Collection<Document>, id: ObjectId) -> Work {
+    let raw: RawDocumentBuf = outbox
+        .clone_with_type::<RawDocumentBuf>()
+        .find_one(doc! { "_id": id })
+        .await
+        .expect("read")
+        .expect("the document");
+    let mut decoded = DecodeRules::any_relay().decode_raw(&raw);
+    decoded.stored = Some(StoredFields {
+        id: RawField::of(&raw, "_id"),
+        attempts: RawField::of(&raw, "attempts"),
+    });
+    Work::from_collection(decoded, None)
+}
+
+#[tokio::test]
+async fn a_document_named_by_its_stored_bytes_is_failed_and_the_fences_still_hold() {
+    let database = crate::testing::database().await;
+    let outbox = database.collection::<Document>("outbox");
+    let (broken, counted_since) = (ObjectId::new(), ObjectId::new());
+    outbox
+        .insert_many([
+            doc! { "_id": broken, "payload": 1, "status": "pending", "attempts": 3 },
+            doc! { "_id": counted_since, "payload": 1, "status": "pending", "attempts": 3 },
+        ])
+        .await
+        .expect("insert");
+    let violation = ContractViolation::new("type must be a non-empty string");
+    let broken_work = as_unreadable(&outbox, broken).await;
+    let stale_work = as_unreadable(&outbox, counted_since).await;
+    // Another processor counted an attempt since this one read it.
+    outbox
+        .update_one(
+            doc! { "_id": counted_since },
+            doc! { "$inc": { "attempts": 1 } },
+        )
+        .await
+        .expect("update");
+
+    let stage = stage(outbox.clone());
+    let batch = [broken_work, stale_work].map(|work| Finished {
+        work,
+        verdict: Verdict::Rejected(violation.clone()),
+    });
+    let tally = stage.record(&batch).await.expect("recorded");
+
+    assert_eq!(tally.failed, 1, "only the document still as it was read");
+    let failed = outbox
+        .find_one(doc! { "_id": broken })
+        .await
+        .expect("read")
+        .expect("the document");
+    assert_eq!(failed.get_str("status"), Ok("failed"));
+    assert_eq!(
+        failed.get_str("lastError"),
+        Ok(violation.to_string().as_str())
+    );
+    let untouched = outbox
+        .find_one(doc! { "_id": counted_since })
+        .await
+        .expect("read")
+        .expect("the document");
+    assert_eq!(untouched.get_str("status"), Ok("pending"));
+    assert_eq!(untouched.get("attempts"), Some(&Bson::Int32(4)));
+    assert_eq!(
+        stage.unmarkable.len(),
+        0,
+        "a fence that does not match is no refusal"
+    );
+    database.drop().await.expect("drop");
+}
