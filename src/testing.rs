@@ -1,10 +1,15 @@
 //! What the library's own tests share: a database of a test's own on the
-//! server `scripts/services.sh` starts.
+//! server `scripts/services.sh` starts, and a publisher that takes every
+//! message at once.
 
 use std::time::Duration;
 
 use bson::oid::ObjectId;
+use futures::future::{self, BoxFuture, FutureExt};
 use mongodb::Database;
+
+use crate::contract::OutboxMessage;
+use crate::publish::{Ack, AckFuture, PublishError, Publisher};
 
 /// A database of the test's own, with the relay's read and write concerns.
 pub(crate) async fn database() -> Database {
@@ -14,4 +19,21 @@ pub(crate) async fn database() -> Database {
         .unwrap_or_else(|e| panic!("this test needs a MongoDB replica set: {e}"));
     let name = format!("t{}", ObjectId::new().to_hex());
     crate::connect::coordinated(&client.database(&name), Duration::from_secs(10))
+}
+
+/// A broker that takes every message at once.
+pub(crate) struct TakesAll;
+
+impl Publisher for TakesAll {
+    fn send<'a>(
+        &'a self,
+        _message: &'a OutboxMessage,
+    ) -> BoxFuture<'a, Result<AckFuture, PublishError>> {
+        let ack: AckFuture = future::ready(Ok(Ack::default())).boxed();
+        future::ready(Ok(ack)).boxed()
+    }
+
+    fn max_payload(&self) -> usize {
+        usize::MAX
+    }
 }

@@ -381,11 +381,23 @@ impl Budget {
 
     /// Waits until `bytes` fit. Work larger than the whole budget waits
     /// for all of it, and then goes alone.
-    async fn reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
-        let wanted = u32::try_from(bytes)
-            .unwrap_or(u32::MAX)
-            .clamp(1, self.bytes);
+    pub async fn reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let wanted = self.wanted(bytes);
         self.permits.clone().acquire_many_owned(wanted).await.ok()
+    }
+
+    /// `bytes`, if they fit now. For one who holds some of the budget
+    /// already, and must not wait for what it holds itself.
+    pub fn try_reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let wanted = self.wanted(bytes);
+        self.permits.clone().try_acquire_many_owned(wanted).ok()
+    }
+
+    /// What `bytes` take of the budget: all of it at the most.
+    fn wanted(&self, bytes: usize) -> u32 {
+        u32::try_from(bytes)
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.bytes)
     }
 }
 
@@ -412,12 +424,15 @@ impl Feed {
     }
 
     /// Sends `work`, counting its message as under way until the work is
-    /// dropped (after its verdict is recorded).
+    /// dropped (after its verdict is recorded). Work charged to the budget
+    /// already (as it was read) is not charged again.
     pub async fn send(&self, mut work: Work) -> Result<(), Closed> {
         if let Some(message) = &work.message {
             work.underway = Some(self.underway.enter(message));
         }
-        work.reserved = Some(self.budget.reserve(work.size()).await.ok_or(Closed)?);
+        if work.reserved.is_none() {
+            work.reserved = Some(self.budget.reserve(work.size()).await.ok_or(Closed)?);
+        }
         self.sender.send(work).await.map_err(|_| Closed)
     }
 }

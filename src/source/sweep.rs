@@ -110,8 +110,11 @@ pub(crate) struct Read {
     truncated: bool,
     /// This pass's claim is left on documents it did not complete.
     left_claimed: bool,
-    /// Bytes of the documents claimed.
+    /// Bytes of the messages claimed, as the budget counts them.
     bytes: usize,
+    /// A read stopped because the relay's byte budget had no room for
+    /// more while the pass held some: it took all it could.
+    out_of_room: bool,
     /// The pass reads parked messages back to release their keys: those
     /// go first by their key's own rules, whatever else of the key is
     /// under way (the newer messages that will be parked behind them).
@@ -244,51 +247,45 @@ impl Sweeper {
         reads: impl IntoIterator<Item = ((Document, Document), bool)>,
         claim: ObjectId,
         read: &mut Read,
-    ) -> Result<Vec<(RawDocumentBuf, Option<ObjectId>)>> {
+    ) -> Result<Vec<Work>> {
         let now = DateTime::now();
-        let mut documents = Vec::new();
+        let mut works = Vec::new();
         for (query, always) in reads {
-            let room = self.batch_size - documents.len();
+            let room = self.batch_size - works.len();
             let bytes = self.max_pass_bytes.saturating_sub(read.bytes);
-            if room == 0 || bytes == 0 || !(always || self.misfits_due()) {
+            if room == 0 || bytes == 0 || read.out_of_room || !(always || self.misfits_due()) {
                 break;
             }
             let claimed = self.claim(query, claim, now, room, bytes, read).await?;
-            read.bytes += claimed
-                .iter()
-                .map(|(d, _)| d.as_bytes().len())
-                .sum::<usize>();
-            documents.extend(claimed);
+            read.bytes += claimed.iter().map(Work::size).sum::<usize>();
+            works.extend(claimed);
         }
-        Ok(documents)
+        Ok(works)
     }
 
     /// Publishes and completes what a pass claimed.
-    async fn deliver(
-        &self,
-        documents: Vec<(RawDocumentBuf, Option<ObjectId>)>,
-        release: bool,
-        read: &mut Read,
-    ) -> Result<Pass> {
-        let claimed = documents.len() as u64;
+    async fn deliver(&self, works: Vec<Work>, release: bool, read: &mut Read) -> Result<Pass> {
+        let read_count = works.len();
+        let claimed = read_count as u64;
         if claimed == 0 {
             return Ok(Pass::default());
         }
         let running = self.pipeline.start(None);
         let mut left = 0;
         let mut own_keys = HashSet::new();
-        for (document, claim) in &documents {
-            let decoded = self.rules.decode_raw(document);
-            if self.taken_meanwhile(&decoded, &mut own_keys, read) {
+        for mut work in works {
+            let Some(decoded) = &work.message else {
+                continue;
+            };
+            if self.taken_meanwhile(decoded, &mut own_keys, read) {
                 // Should this fail, the pass's release below covers it.
-                if let Err(error) = self.release_one(&decoded.id, *claim).await {
+                if let Err(error) = self.release_one(&decoded.id, work.claim).await {
                     tracing::debug!(%error, "could not give back one claim at once");
                     read.left_claimed = true;
                 }
                 left += 1;
                 continue;
             }
-            let mut work = Work::from_collection(decoded, *claim);
             work.release = release;
             if running.input.send(work).await.is_err() {
                 break;
@@ -306,7 +303,8 @@ impl Sweeper {
         // Only a pass that finished what it claimed may be followed at once:
         // one that was cut short (a stop, a broker that takes nothing) would
         // otherwise claim and release the same messages in a tight loop.
-        let whole = documents.len() == self.batch_size || read.bytes >= self.max_pass_bytes;
+        let whole =
+            read_count == self.batch_size || read.bytes >= self.max_pass_bytes || read.out_of_room;
         Ok(Pass {
             tally,
             claimed,
@@ -470,6 +468,12 @@ impl Sweeper {
     /// Reads up to `limit` documents matching `filter`, in `sort` order, and
     /// about `max_bytes` of them at most (the first always); skips messages
     /// no write can change, and messages under way.
+    ///
+    /// Each is decoded as it is read, its document dropped, and its work
+    /// charged to the relay's byte budget at once, so that what a pass
+    /// holds is what the budget counts. A pass holding nothing waits for
+    /// room; one holding some stops reading where the budget has none, as
+    /// waiting could wait for its own.
     async fn candidates(
         &self,
         filter: &Document,
@@ -477,7 +481,7 @@ impl Sweeper {
         limit: usize,
         max_bytes: usize,
         read: &mut Read,
-    ) -> Result<Vec<RawDocumentBuf>> {
+    ) -> Result<Vec<Work>> {
         let unmarkable = &self.pipeline.unmarkable;
         let failed = |e| Error::mongo("sweep: reading due messages failed", e);
         let mut cursor = self
@@ -511,16 +515,28 @@ impl Sweeper {
                 read.blocked.extend(key.map(str::to_owned));
                 continue;
             }
-            bytes += document.as_bytes().len();
-            candidates.push(document);
+            let mut work = Work::from_collection(self.rules.decode_raw(&document), None);
+            drop(document);
+            let holding = read.bytes > 0 || !candidates.is_empty();
+            let budget = &self.pipeline.budget;
+            work.reserved = match holding {
+                false => budget.reserve(work.size()).await,
+                true => budget.try_reserve(work.size()),
+            };
+            if work.reserved.is_none() {
+                read.out_of_room = true;
+                break;
+            }
+            bytes += work.size();
+            candidates.push(work);
         }
         // The server's limit counts skipped documents too: reaching it
         // leaves more unread.
-        read.truncated |= !exhausted || fetched >= limit + unmarkable.len();
+        read.truncated |= read.out_of_room || !exhausted || fetched >= limit + unmarkable.len();
         read.keys.extend(
             candidates
                 .iter()
-                .filter_map(|d| Some(d.get_str(field::KEY).ok()?.to_owned())),
+                .filter_map(|work| work_key(work).map(str::to_owned)),
         );
         Ok(candidates)
     }
@@ -543,14 +559,14 @@ impl Sweeper {
         limit: usize,
         max_bytes: usize,
         read: &mut Read,
-    ) -> Result<Vec<(RawDocumentBuf, Option<ObjectId>)>> {
+    ) -> Result<Vec<Work>> {
         let candidates = self
             .candidates(&filter, sort, limit, max_bytes, read)
             .await?;
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: Vec<Bson> = candidates.iter().filter_map(raw_id).collect();
+        let ids: Vec<Bson> = candidates.iter().filter_map(work_id).cloned().collect();
         // A claim is live only if taken within the lock timeout of now, on
         // either side (clocks differ): a `lockedAt` far in the future, or an
         // array of dates, which no processor wrote, must not hide a message.
@@ -584,9 +600,9 @@ impl Sweeper {
         };
         Ok(candidates
             .into_iter()
-            .filter_map(|document| {
-                let id = id_key(&raw_id(&document)?);
-                let message_key = document.get_str(field::KEY).ok().map(str::to_owned);
+            .filter_map(|mut work| {
+                let id = id_key(work_id(&work)?);
+                let message_key = work_key(&work).map(str::to_owned);
                 if message_key
                     .as_ref()
                     .is_some_and(|k| read.blocked.contains(k))
@@ -595,13 +611,14 @@ impl Sweeper {
                     return None;
                 }
                 match (ours.contains(&id), unclaimable.contains(&id)) {
-                    (true, _) => Some((document, Some(claim))),
-                    (false, true) => Some((document, None)),
+                    (true, _) => work.claim = Some(claim),
+                    (false, true) => work.claim = None,
                     (false, false) => {
                         read.blocked.extend(message_key);
-                        None
+                        return None;
                     }
                 }
+                Some(work)
             })
             .collect())
     }
@@ -792,6 +809,16 @@ fn due(last: &Mutex<Option<Instant>>, interval: Duration) -> bool {
     true
 }
 
+/// The `_id` of the message a work carries.
+fn work_id(work: &Work) -> Option<&Bson> {
+    work.message.as_ref().map(|decoded| &decoded.id)
+}
+
+/// The key of the message a work carries, if it is a string.
+fn work_key(work: &Work) -> Option<&str> {
+    work.message.as_ref()?.key.as_deref()
+}
+
 /// A document's `_id`, whatever its type; one the driver cannot read (a
 /// string that is not UTF-8) as its stand-in (see `unreadable`).
 fn raw_id(document: &RawDocumentBuf) -> Option<Bson> {
@@ -804,7 +831,97 @@ fn raw_id(document: &RawDocumentBuf) -> Option<Bson> {
 
 #[cfg(test)]
 mod tests {
+    use bson::Binary;
+    use tokio::time::timeout;
+
     use super::*;
+    use crate::config::RelayConfig;
+    use crate::contract::SubjectRules;
+    use crate::observe::Metrics;
+    use crate::work::{Budget, LastDelivery, Underway, Unmarkable};
+
+    /// A sweeper over `outbox` whose messages go to a broker that takes
+    /// them all, sharing `budget` with whatever else holds it.
+    fn sweeper(
+        outbox: mongodb::Collection<Document>,
+        budget: Budget,
+        max_pass_bytes: usize,
+    ) -> Sweeper {
+        let config = RelayConfig::new("mongodb://unused", "unused");
+        let pipeline = Pipeline {
+            publisher: Arc::new(crate::testing::TakesAll),
+            outbox,
+            max_in_flight: 16,
+            batch_size: 100,
+            checkpoint_interval: Duration::from_secs(1),
+            retry: config.retry(),
+            metrics: Metrics::new(),
+            unmarkable: Unmarkable::default(),
+            budget,
+            underway: Underway::default(),
+            deliveries: LastDelivery::default(),
+            order: None,
+            claims_before: None,
+            shutdown: CancellationToken::new(),
+            abandon: CancellationToken::new(),
+        };
+        Sweeper {
+            rules: DecodeRules::new(SubjectRules::anything_unreserved(), usize::MAX),
+            pipeline,
+            batch_size: 100,
+            lock_timeout: Duration::from_secs(60),
+            grace_period: Duration::ZERO,
+            progress: StreamProgress::without_stream(),
+            max_pass_bytes,
+            misfits_read: Arc::default(),
+            holds_read: Arc::default(),
+            holds_interval: Duration::from_secs(60),
+            dead_letters: DeadLetters::Release,
+            claims_cleared: Arc::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pass_holds_no_more_than_the_budget_has_room_for() {
+        let database = crate::testing::database().await;
+        let outbox = database.collection::<Document>("outbox");
+        const KIB: usize = 1024;
+        let payload = Binary {
+            subtype: bson::spec::BinarySubtype::Generic,
+            bytes: vec![7; 200 * KIB],
+        };
+        let messages: Vec<Document> = (0..8)
+            .map(|_| doc! { "_id": ObjectId::new(), "type": "t", "status": "pending", "payload": payload.clone() })
+            .collect();
+        outbox.insert_many(messages).await.expect("insert");
+        // The relay's budget is 1 MiB, of which something else (the
+        // stream's pipeline, say) holds all but 300 KiB: room for one.
+        let budget = Budget::new(1024 * 1024);
+        let elsewhere = budget.reserve(1024 * 1024 - 300 * KIB).await.expect("held");
+        let sweeper = sweeper(outbox.clone(), budget, 1024 * 1024);
+
+        let pass = timeout(Duration::from_secs(30), sweeper.pass())
+            .await
+            .expect("a pass does not wait for room it holds itself")
+            .expect("a pass");
+        assert_eq!(pass.claimed, 1, "one fits beside what is held elsewhere");
+        assert_eq!(pass.tally.delivered, 1);
+        assert!(
+            pass.full,
+            "it took all it could: the next pass comes at once"
+        );
+
+        drop(elsewhere);
+        let rest = timeout(Duration::from_secs(30), sweeper.drain())
+            .await
+            .expect("the rest in time")
+            .expect("a drain");
+        assert_eq!(
+            rest.delivered, 7,
+            "with room, each pass takes 1 MiB's worth"
+        );
+        database.drop().await.expect("drop");
+    }
 
     #[test]
     fn a_pending_document_whose_id_is_not_utf8_is_a_candidate_not_skipped() {
