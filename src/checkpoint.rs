@@ -8,6 +8,8 @@
 //! owner and term: a leader that has been replaced cannot move the token
 //! backwards, even if a rolled-back write left two relays with one term.
 
+use std::sync::{Arc, Mutex};
+
 use bson::{doc, Bson, DateTime, Document, RawDocumentBuf};
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::{Collection, Database};
@@ -25,6 +27,37 @@ pub struct CheckpointStore {
     collection: Collection<Document>,
     id: String,
     fence: Option<(String, Term)>,
+    /// Where the term's newest recorded position is kept in memory.
+    place: Option<KeptPlace>,
+}
+
+/// The newest position a term's stream recorded (every message before it
+/// has its verdict written), kept in memory for this relay's next term.
+///
+/// A relay that leads again right after losing the lease, with no other
+/// relay leading between (its new term is the next number), resumes from
+/// it rather than from the stored checkpoint (written less often), and
+/// without counting what is pending: nothing but its own abandoned work
+/// has happened since, so the stream replays only the gap.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KeptPlace(Arc<Mutex<Option<(Term, ResumeToken)>>>);
+
+impl KeptPlace {
+    fn record(&self, term: Term, token: &ResumeToken) {
+        if let Ok(mut kept) = self.0.lock() {
+            *kept = Some((term, token.clone()));
+        }
+    }
+
+    /// The position the term just before `term` kept, if this relay led
+    /// it; taken, so that it serves one term.
+    pub fn take_before(&self, term: Term) -> Option<ResumeToken> {
+        let mut kept = self.0.lock().ok()?;
+        match kept.take() {
+            Some((kept_by, token)) if kept_by.0.checked_add(1) == Some(term.0) => Some(token),
+            _ => None,
+        }
+    }
 }
 
 impl CheckpointStore {
@@ -34,6 +67,7 @@ impl CheckpointStore {
             collection: database.collection(checkpoint_collection),
             id: format!("{}.{}", database.name(), outbox),
             fence: None,
+            place: None,
         }
     }
 
@@ -46,6 +80,21 @@ impl CheckpointStore {
     pub fn fenced(mut self, owner: &str, term: Term) -> Self {
         self.fence = Some((owner.to_owned(), term));
         self
+    }
+
+    /// The same store, also keeping each position recorded in `place`
+    /// (a fenced store's, for its term).
+    pub(crate) fn keeping(mut self, place: KeptPlace) -> Self {
+        self.place = Some(place);
+        self
+    }
+
+    /// A position whose messages all have their verdicts written: kept in
+    /// memory at once, stored at the next save.
+    pub(crate) fn recorded(&self, token: &ResumeToken) {
+        if let (Some(place), Some((_, term))) = (&self.place, &self.fence) {
+            place.record(*term, token);
+        }
     }
 
     /// The whole checkpoint document (token, position time, lease), if
@@ -121,5 +170,25 @@ impl CheckpointStore {
             }
         };
         Ok(saved.matched_count > 0 || saved.upserted_id.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(data: &str) -> ResumeToken {
+        bson::from_bson(bson::Bson::Document(doc! { "_data": data })).expect("a token")
+    }
+
+    #[test]
+    fn a_place_is_kept_for_the_next_term_alone_and_once() {
+        let place = KeptPlace::default();
+        place.record(Term(4), &token("01"));
+        place.record(Term(4), &token("02"));
+        assert_eq!(place.take_before(Term(6)), None, "another relay led term 5");
+        place.record(Term(6), &token("03"));
+        assert_eq!(place.take_before(Term(7)), Some(token("03")));
+        assert_eq!(place.take_before(Term(7)), None, "taken");
     }
 }

@@ -28,13 +28,7 @@ pub(crate) async fn connect_mongodb_observed(
     uri: &str,
     metrics: Option<&Metrics>,
 ) -> Result<Client> {
-    let shown = redact::uri(uri);
-    let mut options = ClientOptions::parse(uri).await.map_err(|e| {
-        Error::Config(format!(
-            "mongodb-uri {shown} is not a valid connection string: {}",
-            crate::error::brief(&e)
-        ))
-    })?;
+    let (mut options, shown) = parsed(uri).await?;
     options
         .app_name
         .get_or_insert_with(|| "outbox-relay".to_owned());
@@ -73,6 +67,37 @@ pub(crate) async fn connect_mongodb_observed(
         ));
     }
     Ok(client)
+}
+
+/// A client of its own for coordination (the lease and the checkpoint),
+/// to the server `uri` names, which [`connect_mongodb`] has checked: its
+/// few connections are never busy with the relay's reads and marks, so a
+/// renewal waits in no queue of the relay's own making. (A server that
+/// runs one operation at a time, as SecantusDB does with a slow read, still
+/// makes it wait: see docs/developing.md.)
+pub(crate) async fn connect_mongodb_for_coordination(uri: &str) -> Result<Client> {
+    let (mut options, shown) = parsed(uri).await?;
+    let app_name = options.app_name.as_deref().unwrap_or("outbox-relay");
+    options.app_name = Some(format!("{app_name} (coordination)"));
+    options
+        .server_selection_timeout
+        .get_or_insert(Duration::from_secs(10));
+    options.max_pool_size = Some(2);
+    options.min_pool_size = Some(1);
+    Client::with_options(options).map_err(|e| Error::mongo(format!("cannot use {shown}"), e))
+}
+
+/// The options a connection string gives, and the string as it may be
+/// shown (its secrets masked).
+async fn parsed(uri: &str) -> Result<(ClientOptions, String)> {
+    let shown = redact::uri(uri);
+    let options = ClientOptions::parse(uri).await.map_err(|e| {
+        Error::Config(format!(
+            "mongodb-uri {shown} is not a valid connection string: {}",
+            crate::error::brief(&e)
+        ))
+    })?;
+    Ok((options, shown))
 }
 
 /// The handle every read and write of the relay goes through: write concern

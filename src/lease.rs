@@ -64,7 +64,7 @@ impl LeaseTiming {
 }
 
 /// A lease held with a term.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Term(pub i64);
 
 /// One relay's view of the lease on one outbox.
@@ -215,6 +215,7 @@ impl Lease {
         lost: CancellationToken,
         stop: CancellationToken,
     ) -> Held {
+        let mut warned = false;
         loop {
             let next = (Instant::now() + self.timing.renew_interval).min(held.deadline);
             tokio::select! {
@@ -224,14 +225,18 @@ impl Lease {
             if Instant::now() >= held.deadline {
                 tracing::error!(
                     term = held.term.0,
-                    "could not renew the lease in time: stopping delivery"
+                    lease = ?self.timing.duration,
+                    "could not renew the lease in time: stopping delivery until this relay leads \
+                     again; if the server answers slowly rather than not at all, raise \
+                     --lease-duration"
                 );
                 lost.cancel();
                 return held;
             }
+            let began = Instant::now();
             let attempt = tokio::time::timeout_at(held.deadline, self.renew(&mut held)).await;
             match attempt {
-                Ok(Ok(true)) => {}
+                Ok(Ok(true)) => warned |= self.slow_renewal(began.elapsed(), warned),
                 Ok(Ok(false)) => {
                     tracing::warn!(
                         term = held.term.0,
@@ -244,6 +249,25 @@ impl Lease {
                 Err(_) => {} // the deadline check above ends it
             }
         }
+    }
+
+    /// Warns, unless it has (`warned`), when a renewal took more than a
+    /// third of the lease: a little slower and the lease is lost, and with
+    /// it a term's work. Returns whether it warned.
+    fn slow_renewal(&self, took: std::time::Duration, warned: bool) -> bool {
+        let lease = self.timing.duration;
+        if warned || took <= lease / 3 {
+            return false;
+        }
+        tracing::warn!(
+            ?took,
+            ?lease,
+            "renewing the lease took more than a third of it: a renewal that takes the rest \
+             loses the lease, and the relay stops delivering until it leads again; raise \
+             --lease-duration (keeping --lease-renew-interval at most half of it), or find what \
+             keeps the server from answering"
+        );
+        true
     }
 
     /// The database server's clock.

@@ -15,11 +15,12 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::CheckpointStore;
 use crate::complete::CompletionStage;
 use crate::config::RetryPolicy;
+use crate::lease::Term;
 use crate::observe::Metrics;
 use crate::order::KeyOrder;
 use crate::publish::stage::PublishStage;
 use crate::publish::Publisher;
-use crate::work::{Budget, Feed, LastDelivery, Tally, Underway, Unmarkable};
+use crate::work::{Acknowledged, Budget, Feed, LastDelivery, Tally, Underway, Unmarkable};
 
 /// Everything a publish stage and a completion stage need: one recipe for
 /// the change stream's long-lived pipeline and for each sweep pass.
@@ -43,6 +44,10 @@ pub(crate) struct Pipeline {
     /// Claims made before the term began (below this id) are a former
     /// leader's, and no verdict waits for them; `None` outside a term.
     pub claims_before: Option<ObjectId>,
+    /// The term the pipelines publish in; `None` outside a term.
+    pub term: Option<Term>,
+    /// What NATS acknowledged to the relay and is not marked yet.
+    pub acknowledged: Acknowledged,
     /// The graceful stop: sources read nothing new, what was read is
     /// published and recorded, and waits for the broker end.
     pub shutdown: CancellationToken,
@@ -71,6 +76,8 @@ impl Pipeline {
             metrics: self.metrics.clone(),
             deliveries: self.deliveries.clone(),
             order: self.order.clone(),
+            term: self.term,
+            acknowledged: self.acknowledged.clone(),
         };
         let complete = CompletionStage {
             outbox: self.outbox.clone(),
@@ -84,6 +91,7 @@ impl Pipeline {
             deliveries: self.deliveries.clone(),
             order: self.order.clone(),
             claims_before: self.claims_before,
+            acknowledged: self.acknowledged.clone(),
         };
         let publishing = tokio::spawn(publish.run(work, finished_tx));
         let done = tokio::spawn(async move {

@@ -21,13 +21,14 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use mongodb::change_stream::event::ResumeToken;
 use mongodb::Database;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint::CheckpointStore;
+use crate::checkpoint::{CheckpointStore, KeptPlace};
 use crate::config::{RelayConfig, RelayMode};
-use crate::connect::{connect_mongodb_observed, coordinated};
+use crate::connect::{connect_mongodb_for_coordination, connect_mongodb_observed, coordinated};
 use crate::contract::{DecodeRules, SubjectRules};
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Term};
@@ -41,19 +42,27 @@ use crate::source::change_stream::{ChangeStreamSource, Prepare};
 use crate::source::progress::StreamProgress;
 use crate::source::sweep::Sweeper;
 use crate::time::object_id_at;
-use crate::work::{Budget, LastDelivery, Tally, Underway, Unmarkable};
+use crate::work::{Acknowledged, Budget, LastDelivery, Tally, Underway, Unmarkable};
 
 /// A connected relay, ready to run.
 pub struct Relay {
     config: RelayConfig,
     subject_rules: SubjectRules,
     database: Database,
+    /// Where the lease and the checkpoint are kept: a client of its own
+    /// where the relay connects itself (see
+    /// [`Relay::with_coordination`]).
+    coordination: Database,
     publisher: Arc<dyn Publisher>,
     metrics: Metrics,
     unmarkable: Unmarkable,
     budget: Budget,
     underway: Underway,
     deliveries: LastDelivery,
+    /// Where this relay's last term stopped, for its next (see `KeptPlace`).
+    place: KeptPlace,
+    /// What NATS acknowledged and is not marked yet, across terms.
+    acknowledged: Acknowledged,
 }
 
 impl Relay {
@@ -68,14 +77,18 @@ impl Relay {
         config.validate()?;
         let client = connect_mongodb_observed(&config.mongodb_uri, Some(&metrics)).await?;
         let database = client.database(&config.database);
+        let coordination = connect_mongodb_for_coordination(&config.mongodb_uri)
+            .await?
+            .database(&config.database);
         let nats = NatsPublisher::connect(&config, &metrics).await?;
         if let Some(name) = &config.create_stream {
             StreamSetup::for_relay(name, &config)
-                .ensure(nats.client())
+                .ensure(&nats.client())
                 .await?;
         }
-        crate::check::jetstream(nats.client(), &config).await?;
-        let mut relay = Self::with_publisher(config, database, Arc::new(nats))?;
+        crate::check::jetstream(&nats.client(), &config).await?;
+        let mut relay = Self::with_publisher(config, database, Arc::new(nats))?
+            .with_coordination(&coordination);
         relay.metrics = metrics;
         relay.prepare().await?;
         Ok(relay)
@@ -95,6 +108,7 @@ impl Relay {
         Ok(Relay {
             subject_rules: config.subject_rules()?,
             budget: Budget::new(u32::try_from(config.max_buffered_bytes.0).unwrap_or(u32::MAX)),
+            coordination: database.clone(),
             config,
             database,
             publisher,
@@ -102,7 +116,18 @@ impl Relay {
             unmarkable: Unmarkable::default(),
             underway: Underway::default(),
             deliveries: LastDelivery::default(),
+            place: KeptPlace::default(),
+            acknowledged: Acknowledged::default(),
         })
+    }
+
+    /// Keeps the lease and the checkpoint through `database` (a handle on
+    /// the same database by a client of its own, say), so that renewing
+    /// the lease never waits for a connection behind the relay's own reads
+    /// and marks. Without it they share the relay's handle.
+    pub fn with_coordination(mut self, database: &Database) -> Self {
+        self.coordination = coordinated(database, self.config.lease_duration);
+        self
     }
 
     /// The relay's metrics and readiness.
@@ -187,6 +212,11 @@ impl Relay {
             let keeper = tokio::spawn(lease.clone().keep(held, lost.clone(), keeper_stop.clone()));
             self.serve_term(pipeline, lease.owner(), held.term, &term_over, &lost)
                 .await;
+            if !shutdown.is_cancelled() {
+                // The next leader publishes what this term left unanswered:
+                // nothing of this term may reach NATS after it.
+                self.publisher.end_term().await;
+            }
             keeper_stop.cancel();
             let held = keeper.await.unwrap_or(held);
             self.metrics.leading(None);
@@ -224,6 +254,7 @@ impl Relay {
             abandon: lost.clone(),
             order: Some(order.clone()),
             claims_before,
+            term: Some(term),
             ..pipeline.clone()
         };
         let interval = match self.config.mode {
@@ -321,24 +352,22 @@ impl Relay {
         term_over: &CancellationToken,
     ) {
         let config = &self.config;
-        let checkpoints = CheckpointStore::for_config(&self.database, config).fenced(owner, term);
-        let loaded = until_settled(
-            "MongoDB reading the checkpoint",
-            term_over,
-            || checkpoints.load(),
-            |error| matches!(error, Error::StoredState(_)),
-        )
-        .await;
-        let token = match loaded {
-            None => return,
-            Some(Ok(token)) => token,
-            // No retry mends a stored token that cannot be read; the
-            // catch-up pass that follows a missing token delivers all that
-            // is pending, and the next checkpoint replaces the bad one.
-            Some(Err(error)) => {
-                tracing::error!(%error, "starting from the pending messages instead");
-                None
+        let checkpoints = CheckpointStore::for_config(&self.coordination, config)
+            .fenced(owner, term)
+            .keeping(self.place.clone());
+        let kept = self.place.take_before(term);
+        let token = match &kept {
+            Some(token) => {
+                tracing::info!(
+                    term = term.0,
+                    "leading again right after this relay's own term: resuming where it stopped"
+                );
+                Some(token.clone())
             }
+            None => match self.stored_position(&checkpoints, term_over).await {
+                Some(token) => token,
+                None => return,
+            },
         };
         let stream = term_pipeline.start(Some(checkpoints));
         let source = ChangeStreamSource {
@@ -351,10 +380,37 @@ impl Relay {
             metrics: self.metrics.clone(),
             prepare: self.preparation(),
             progress,
+            keeps_place: kept.is_some(),
         };
         source.run(token, stream.input, term_over.clone()).await;
         if let Err(error) = stream.done.await {
             tracing::error!(%error, "the stream's pipeline stopped unexpectedly");
+        }
+    }
+
+    /// The stored position the term's stream starts after; `None` if the
+    /// term ended first.
+    async fn stored_position(
+        &self,
+        checkpoints: &CheckpointStore,
+        term_over: &CancellationToken,
+    ) -> Option<Option<ResumeToken>> {
+        let loaded = until_settled(
+            "MongoDB reading the checkpoint",
+            term_over,
+            || checkpoints.load(),
+            |error| matches!(error, Error::StoredState(_)),
+        )
+        .await?;
+        match loaded {
+            Ok(token) => Some(token),
+            // No retry mends a stored token that cannot be read; the
+            // catch-up pass that follows a missing token delivers all that
+            // is pending, and the next checkpoint replaces the bad one.
+            Err(error) => {
+                tracing::error!(%error, "starting from the pending messages instead");
+                Some(None)
+            }
         }
     }
 
@@ -389,6 +445,7 @@ impl Relay {
             Some(order) => {
                 let pipeline = Pipeline {
                     order: Some(order),
+                    term: Some(held.term),
                     ..self.pipeline(deadline.clone(), lost.clone())
                 };
                 let sweeper = self.sweeper(pipeline, StreamProgress::without_stream());
@@ -421,7 +478,7 @@ impl Relay {
     fn lease(&self) -> Lease {
         let config = &self.config;
         Lease::new(
-            &self.database,
+            &self.coordination,
             &config.checkpoint_collection,
             &config.collection,
             config.lease_timing(),
@@ -481,6 +538,8 @@ impl Relay {
             deliveries: self.deliveries.clone(),
             order: None,
             claims_before: None,
+            term: None,
+            acknowledged: self.acknowledged.clone(),
             shutdown,
             abandon,
         }

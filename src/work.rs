@@ -10,7 +10,7 @@
 //! This module is a leaf: the stages and the code that assembles them
 //! (`pipeline`) import it, and it imports none of them.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +20,7 @@ use mongodb::change_stream::event::ResumeToken;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use crate::contract::{ContractViolation, Decoded};
+use crate::lease::Term;
 use crate::observe::{Metrics, Origin};
 use crate::order::ParkTicket;
 
@@ -226,6 +227,103 @@ impl Unmarkable {
 
     pub fn len(&self) -> usize {
         self.0.lock().map_or(0, |remembered| remembered.order.len())
+    }
+}
+
+/// Messages NATS acknowledged to this process whose `processed` mark is
+/// not written yet, each with the term that published it.
+///
+/// An entry normally lives from the acknowledgement to the mark, moments
+/// later. What a term that ended leaves here (the lease was lost before the
+/// marks were written: MongoDB was away longer than the lease, say) is
+/// stored in the stream and still pending in the collection, and will be
+/// read again. Rules: read again in the term that published it, or in this
+/// relay's next term with no other leader between (the term after), nothing
+/// else has touched it, so it is marked without being published again;
+/// read again after another leader led, it is published again (that leader
+/// may have changed it) and counted, a repeat the operator can see.
+/// Bounded: past [`Acknowledged::LIMIT`] the oldest term's are forgotten.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Acknowledged(Arc<Mutex<AckedIds>>);
+
+#[derive(Debug, Default)]
+struct AckedIds {
+    terms: HashMap<ObjectId, Term>,
+    by_term: BTreeMap<Term, HashSet<ObjectId>>,
+}
+
+/// What an acknowledged message read again calls for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Again {
+    /// Not acknowledged to this process, or already marked.
+    Unseen,
+    /// Acknowledged in this term or the one just before: stored, and
+    /// untouched since; mark it, publish nothing.
+    Stored,
+    /// Acknowledged before another leader led: publish it again.
+    Republish,
+}
+
+impl Acknowledged {
+    /// The most messages remembered.
+    pub const LIMIT: usize = 100_000;
+
+    fn ids(&self) -> std::sync::MutexGuard<'_, AckedIds> {
+        // Ids only: a panic elsewhere while it was held leaves them whole.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// NATS acknowledged `id`, published in `term`.
+    pub fn record(&self, id: ObjectId, term: Term) {
+        let mut ids = self.ids();
+        if ids.terms.insert(id, term).is_none() {
+            ids.by_term.entry(term).or_default().insert(id);
+        }
+        if ids.terms.len() > Self::LIMIT {
+            if let Some((_, oldest)) = ids.by_term.pop_first() {
+                for id in oldest {
+                    ids.terms.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// The marks of `marked` are written.
+    pub fn marked<'a>(&self, marked: impl IntoIterator<Item = &'a Bson>) {
+        let mut ids = self.ids();
+        if ids.terms.is_empty() {
+            return;
+        }
+        for id in marked {
+            let Bson::ObjectId(id) = id else { continue };
+            if let Some(term) = ids.terms.remove(id) {
+                if let Some(of_term) = ids.by_term.get_mut(&term) {
+                    of_term.remove(id);
+                    if of_term.is_empty() {
+                        ids.by_term.remove(&term);
+                    }
+                }
+            }
+        }
+    }
+
+    /// What `id`, read again in `term`, calls for.
+    pub fn again(&self, id: &Bson, term: Option<Term>) -> Again {
+        let Bson::ObjectId(id) = id else {
+            return Again::Unseen;
+        };
+        let ids = self.ids();
+        let Some(acknowledged_in) = ids.terms.get(id) else {
+            return Again::Unseen;
+        };
+        let untouched = term.is_some_and(|term| {
+            term == *acknowledged_in || acknowledged_in.0.checked_add(1) == Some(term.0)
+        });
+        if untouched {
+            Again::Stored
+        } else {
+            Again::Republish
+        }
     }
 }
 

@@ -42,7 +42,7 @@ use crate::observe::Metrics;
 use crate::order::KeyOrder;
 use crate::retry::{until_ok, until_settled};
 use crate::unreadable;
-use crate::work::{Finished, LastDelivery, Tally, Unmarkable, Verdict};
+use crate::work::{Acknowledged, Finished, LastDelivery, Tally, Unmarkable, Verdict};
 
 mod fate;
 #[cfg(test)]
@@ -71,6 +71,8 @@ pub(crate) struct CompletionStage {
     /// Claims below this id were made before the term began (see
     /// `CompletionStage::unclaimed`); `None` outside a term.
     pub claims_before: Option<ObjectId>,
+    /// What NATS acknowledged and is not marked yet: told of each mark.
+    pub acknowledged: Acknowledged,
 }
 
 /// A stream position waiting to be written, with the time it was reached.
@@ -111,6 +113,9 @@ impl CompletionStage {
                 .rev()
                 .find_map(|f| Some((f.work.token.clone()?, f.work.at)))
             {
+                if let Some(checkpoints) = &self.checkpoints {
+                    checkpoints.recorded(&position.0);
+                }
                 unsaved = Some(position);
             }
             if saved_at.elapsed() >= self.checkpoint_interval {
@@ -202,10 +207,13 @@ impl CompletionStage {
             "$unset": unlock(),
         };
         let filter = Target::Filter(still_ours(doc! { "$in": &ids }, claim));
-        match self
+        let written = self
             .write("MongoDB marking processed", &filter, &update)
-            .await?
-        {
+            .await?;
+        // Written, or found another's: in either case none is to be
+        // published again.
+        self.acknowledged.marked(&ids);
+        match written {
             Ok(marked) => self.metrics.processed(marked),
             Err(_) => {
                 // The smallest change that records the delivery.

@@ -29,6 +29,7 @@ fn stage(outbox: Collection<Document>) -> CompletionStage {
         deliveries: LastDelivery::default(),
         order: None,
         claims_before: None,
+        acknowledged: Default::default(),
     }
 }
 

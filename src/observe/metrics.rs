@@ -180,6 +180,9 @@ struct Inner {
     stream_ended: Counter,
     unmarkable: Counter,
     dead_letters_held: Counter,
+    republish_avoided: Counter,
+    republished: Counter,
+    resent: Counter,
     delivery_paused: Gauge,
     pause_reason: Mutex<Option<String>>,
     /// A new term's stored holds are being read: nothing is delivered yet.
@@ -232,6 +235,9 @@ impl Metrics {
             stream_ended: Counter::default(),
             unmarkable: Counter::default(),
             dead_letters_held: Counter::default(),
+            republish_avoided: Counter::default(),
+            republished: Counter::default(),
+            resent: Counter::default(),
             delivery_paused: Gauge::default(),
             pause_reason: Mutex::new(None),
             holds_unread: AtomicBool::new(false),
@@ -329,6 +335,23 @@ impl Metrics {
     }
 
     /// A message could not be written at all (not even marked failed).
+    /// A message NATS had acknowledged to this relay, read again before
+    /// its mark was written, was marked without being published again.
+    pub(crate) fn republish_avoided(&self) {
+        self.0.republish_avoided.inc();
+    }
+
+    /// A message NATS had acknowledged to this relay was published again
+    /// (another leader led since; see `work::Acknowledged`).
+    pub(crate) fn republished(&self) {
+        self.0.republished.inc();
+    }
+
+    /// A message whose answer was in doubt was sent again.
+    pub(crate) fn resent(&self) {
+        self.0.resent.inc();
+    }
+
     pub(crate) fn unmarkable(&self) {
         self.0.unmarkable.inc();
     }
@@ -583,6 +606,24 @@ impl Inner {
             "Messages the relay could not update at all (not even to mark them failed), left \
              pending and skipped",
             self.unmarkable.clone(),
+        );
+        registry.register(
+            "republish_avoided",
+            "Messages NATS had acknowledged to this relay, read again before their mark was \
+             written (a term lost, then led again), marked without being published again",
+            self.republish_avoided.clone(),
+        );
+        registry.register(
+            "republished",
+            "Messages NATS had acknowledged to this relay, published again because another \
+             relay led in between: repeats JetStream stores twice past its duplicate window",
+            self.republished.clone(),
+        );
+        registry.register(
+            "resent",
+            "Messages sent again because their first answer was in doubt (a timeout, a lost \
+             connection, an outage): JetStream drops the repeat within its duplicate window",
+            self.resent.clone(),
         );
         registry.register(
             "dead_letters_held",

@@ -79,27 +79,39 @@ impl NatsConnection {
     /// Connects, logging connection changes; the client then reconnects
     /// by itself for as long as it lives.
     pub async fn connect(&self) -> Result<async_nats::Client> {
-        self.connect_observed(Denials::default(), None).await
+        self.open(&Session::default(), false).await
     }
 
-    /// [`NatsConnection::connect`], noting publish permission denials and
-    /// counting reconnections.
-    pub(crate) async fn connect_observed(
+    /// Connects for `session`: noting publish permission denials, counting
+    /// reconnections, and never reconnecting once the session is retired.
+    /// `in_background`: returns at once, the first connection made (and
+    /// made again) behind; for a connection that replaces one whose server
+    /// was checked already.
+    pub(crate) async fn open(
         &self,
-        denials: Denials,
-        metrics: Option<Metrics>,
+        session: &Session,
+        in_background: bool,
     ) -> Result<async_nats::Client> {
         let servers = self.servers()?;
-        let options = self
-            .authenticated(self.tls(watched(denials, metrics))?)
-            .await?;
-        options
-            .name("outbox-relay")
+        let options = self.authenticated(self.tls(watched(session))?).await?;
+        let retired = session.retired.clone();
+        let options = options
+            .name(&session.name)
             .connection_timeout(self.timeout)
+            // A dead connection is noticed within three pings, so that what
+            // is sent meanwhile waits in the client, not in a socket.
+            .ping_interval(
+                self.timeout
+                    .clamp(Duration::from_secs(1), Duration::from_secs(60)),
+            )
             .max_reconnects(None)
-            .connect(servers)
-            .await
-            .map_err(|e| self.refused(e))
+            .reconnect_delay_callback(move |attempts| reconnect_delay(attempts, &retired));
+        let options = if in_background {
+            options.retry_on_initial_connect()
+        } else {
+            options
+        };
+        options.connect(servers).await.map_err(|e| self.refused(e))
     }
 
     /// The server list, without the credentials the URLs may carry (they
@@ -248,16 +260,61 @@ fn is_tls_refusal(error: &async_nats::ConnectError) -> bool {
     false
 }
 
+/// One connection's name and what it reports to, and whether it is
+/// retired: a retired connection never connects again, so what its client
+/// holds queued is never sent (see `NatsPublisher`).
+#[derive(Clone)]
+pub(crate) struct Session {
+    pub name: String,
+    pub denials: Denials,
+    pub metrics: Option<Metrics>,
+    pub retired: Arc<AtomicBool>,
+}
+
+impl Default for Session {
+    fn default() -> Self {
+        Session {
+            name: "outbox-relay".to_owned(),
+            denials: Denials::default(),
+            metrics: None,
+            retired: Arc::default(),
+        }
+    }
+}
+
+/// How long a connection waits before its next try: as the client does by
+/// default (at once, then doubling from 2 ms to 4 s), or, retired, as long
+/// as a timer can wait (the process ends first), which is the only way the
+/// client offers to never send what it holds.
+fn reconnect_delay(attempts: usize, retired: &AtomicBool) -> Duration {
+    if retired.load(Ordering::Acquire) {
+        return Duration::from_secs(u64::from(u32::MAX));
+    }
+    if attempts <= 1 {
+        return Duration::ZERO;
+    }
+    let doubled = 2_u64.saturating_pow(u32::try_from(attempts - 1).unwrap_or(u32::MAX));
+    Duration::from_millis(doubled).min(Duration::from_secs(4))
+}
+
 /// Connection options that log connection changes once each, count
 /// reconnections and note publish permission denials.
-fn watched(denials: Denials, metrics: Option<Metrics>) -> ConnectOptions {
+fn watched(session: &Session) -> ConnectOptions {
+    let (denials, metrics) = (session.denials.clone(), session.metrics.clone());
+    let retired = session.retired.clone();
     // Only a connection that follows a disconnection is a reconnection.
     let disconnected = Arc::new(AtomicBool::new(false));
     ConnectOptions::new().event_callback(move |event| {
         let (denials, metrics) = (denials.clone(), metrics.clone());
-        let disconnected = disconnected.clone();
+        let (disconnected, retired) = (disconnected.clone(), retired.clone());
         async move {
             match event {
+                Event::Disconnected if retired.load(Ordering::Acquire) => {
+                    tracing::info!(
+                        "a former term's connection to NATS is gone; it does not reconnect, \
+                         and what it held is not sent"
+                    );
+                }
                 Event::Disconnected => {
                     disconnected.store(true, Ordering::Relaxed);
                     tracing::warn!("disconnected from NATS; reconnecting");

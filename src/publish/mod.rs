@@ -106,4 +106,13 @@ pub trait Publisher: Send + Sync + 'static {
         let _ = subject;
         Box::pin(std::future::ready(Health::Unknown))
     }
+
+    /// The relay's term as leader ended (it lost the lease, or stops):
+    /// nothing sent during it may reach the broker from now on, since the
+    /// next leader publishes the same messages. A publisher that holds
+    /// sends queued while it reconnects drops or disowns what it still
+    /// holds before this returns. The default holds nothing.
+    fn end_term(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
 }

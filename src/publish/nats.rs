@@ -1,15 +1,27 @@
 //! The NATS publisher: JetStream with acknowledgements, or core NATS.
+//!
+//! The NATS client queues what it is given while it reconnects, and sends
+//! it once it is connected again, however long that takes. What a leader
+//! sent in a term that has ended must not reach NATS after the next leader
+//! published the same messages (past JetStream's duplicate window, or after
+//! later messages of their keys), so a connection is never carried from one
+//! term to the next while something sent on it has no answer: at a term's
+//! end ([`Publisher::end_term`]) such a connection is retired (it never
+//! connects again, so what its client holds is never sent) and a new one
+//! is opened. What the operating system had taken for sending before the
+//! term ended is beyond reach (see docs/guarantees.md).
 
 use std::collections::HashMap;
 use std::error::Error as _;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, context::PublishErrorKind, ErrorCode};
 use async_nats::HeaderMap;
 use futures::future::{BoxFuture, FutureExt};
 
-use super::connection::NatsConnection;
+use super::connection::{NatsConnection, Session};
 use super::{Ack, AckFuture, Health, PublishError, Publisher};
 use crate::config::{NatsMode, RelayConfig};
 use crate::contract::{ContractViolation, OutboxMessage};
@@ -17,16 +29,100 @@ use crate::error::{Error, Result};
 use crate::observe::Metrics;
 
 /// Publishes to NATS, acknowledged by JetStream or flushed on core NATS.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct NatsPublisher {
-    client: async_nats::Client,
-    jetstream: Option<jetstream::Context>,
+    /// The connection in use.
+    link: Arc<RwLock<Arc<Link>>>,
+    /// How to open another, where the relay connected itself; `None` for
+    /// a client it was given, which is never retired.
+    reopen: Option<Arc<Reopen>>,
+    mode: NatsMode,
     ack_timeout: Duration,
+    /// Room in the client for unacknowledged JetStream publishes.
+    room: usize,
+    /// The largest message the server takes, as last told: a connection
+    /// still being made knows none yet (it says 0).
+    max_payload: Arc<AtomicUsize>,
     denials: Denials,
     /// The relay's own subjects (`<prefix>.>`), whose stream the probe asks after.
     own_subjects: Option<String>,
     /// Recent probe answers by subject, each reused for [`PROBE_REUSE`].
     probed: Arc<Mutex<HashMap<String, (Instant, Health)>>>,
+}
+
+impl std::fmt::Debug for NatsPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsPublisher")
+            .field("mode", &self.mode)
+            .field("ack_timeout", &self.ack_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One connection, and whether anything sent on it may still be queued.
+struct Link {
+    client: async_nats::Client,
+    jetstream: Option<jetstream::Context>,
+    /// A send on it has no answer (dropped unanswered, timed out, cut
+    /// off): the client may still hold it, to send when it can.
+    unanswered: AtomicBool,
+    /// Set when the link is retired: the connection never connects again.
+    retired: Arc<AtomicBool>,
+}
+
+impl Link {
+    /// A link over `client`, with a JetStream context (with `room` for
+    /// unacknowledged publishes) in JetStream mode.
+    fn new(
+        client: async_nats::Client,
+        mode: NatsMode,
+        ack_timeout: Duration,
+        room: usize,
+        retired: Arc<AtomicBool>,
+    ) -> Self {
+        let jetstream = match mode {
+            NatsMode::Jetstream => Some(
+                jetstream::ContextBuilder::new()
+                    .timeout(ack_timeout)
+                    .backpressure_on_inflight(true)
+                    .max_ack_inflight(room.max(1))
+                    .build(client.clone()),
+            ),
+            NatsMode::Core => None,
+        };
+        Link {
+            client,
+            jetstream,
+            unanswered: AtomicBool::new(false),
+            retired,
+        }
+    }
+}
+
+/// What opens a new connection to replace a retired one.
+struct Reopen {
+    connection: NatsConnection,
+    metrics: Metrics,
+    /// Connections opened so far, for their names.
+    opened: AtomicU64,
+}
+
+/// Marks its link's send unanswered when dropped before its answer is known.
+struct Awaited(Option<Arc<Link>>);
+
+impl Awaited {
+    /// The broker answered: nothing of this send is left in the client.
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Awaited {
+    fn drop(&mut self) {
+        if let Some(link) = self.0.take() {
+            link.unanswered.store(true, Ordering::Release);
+        }
+    }
 }
 
 /// Room for unacknowledged publishes in a client the relay did not connect.
@@ -76,28 +172,37 @@ impl Denials {
 
 impl NatsPublisher {
     /// Connects to the configured NATS server. The connection then reconnects
-    /// by itself for as long as the relay runs; only the first connection
+    /// by itself for as long as the relay runs (until a term ends with a send
+    /// unanswered, see [`Publisher::end_term`]); only the first connection
     /// must succeed.
     pub async fn connect(config: &RelayConfig, metrics: &Metrics) -> Result<Self> {
         let denials = Denials::default();
-        let client = NatsConnection::for_config(config)
-            .connect_observed(denials.clone(), Some(metrics.clone()))
-            .await?;
+        let reopen = Reopen {
+            connection: NatsConnection::for_config(config),
+            metrics: metrics.clone(),
+            opened: AtomicU64::new(0),
+        };
+        let retired = Arc::new(AtomicBool::new(false));
+        let session = reopen.session(&denials, retired.clone());
+        let client = reopen.connection.open(&session, false).await?;
         metrics.watch_nats(client.clone());
         // Room in the client for what the relay's stages may await at once:
         // the stream's window and a sweep pass's. A send that finds no room
         // waits in its own future, never in a stage's loop.
         let room = config.max_in_flight.saturating_mul(2);
-        let mut publisher = Self::with_room(client, config.nats_mode, config.ack_timeout, room);
+        let mut publisher =
+            Self::with_room(client, config.nats_mode, config.ack_timeout, room, retired);
+        publisher.reopen = Some(Arc::new(reopen));
         publisher.denials = denials;
         publisher.own_subjects = Some(format!("{}.>", config.subject_prefix));
         Ok(publisher)
     }
 
-    /// Wraps a connected client. (Publish permission denials are recognised
-    /// only on a connection made by [`NatsPublisher::connect`].)
+    /// Wraps a connected client. (Publish permission denials are recognised,
+    /// and connections retired, only on a connection made by
+    /// [`NatsPublisher::connect`].)
     pub fn from_client(client: async_nats::Client, mode: NatsMode, ack_timeout: Duration) -> Self {
-        Self::with_room(client, mode, ack_timeout, DEFAULT_ROOM)
+        Self::with_room(client, mode, ack_timeout, DEFAULT_ROOM, Arc::default())
     }
 
     /// A client with room for `room` unacknowledged JetStream publishes:
@@ -107,37 +212,81 @@ impl NatsPublisher {
         mode: NatsMode,
         ack_timeout: Duration,
         room: usize,
+        retired: Arc<AtomicBool>,
     ) -> Self {
-        let jetstream = match mode {
-            NatsMode::Jetstream => Some(
-                jetstream::ContextBuilder::new()
-                    .timeout(ack_timeout)
-                    .backpressure_on_inflight(true)
-                    .max_ack_inflight(room.max(1))
-                    .build(client.clone()),
-            ),
-            NatsMode::Core => None,
-        };
+        let max_payload = Arc::new(AtomicUsize::new(client.server_info().max_payload));
+        let link = Link::new(client, mode, ack_timeout, room, retired);
         NatsPublisher {
-            client,
-            jetstream,
+            link: Arc::new(RwLock::new(Arc::new(link))),
+            reopen: None,
+            mode,
             ack_timeout,
+            room,
+            max_payload,
             denials: Denials::default(),
             own_subjects: None,
             probed: Arc::default(),
         }
     }
 
-    /// The underlying client.
-    pub fn client(&self) -> &async_nats::Client {
-        &self.client
+    /// The connection in use.
+    fn current(&self) -> Arc<Link> {
+        match self.link.read() {
+            Ok(link) => link.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The client of the connection in use.
+    pub fn client(&self) -> async_nats::Client {
+        self.current().client.clone()
+    }
+
+    /// Retires the connection in use if a send on it has no answer, and
+    /// opens a new one in its place (in the background: NATS may be away).
+    async fn retire_if_unanswered(&self) {
+        let Some(reopen) = &self.reopen else {
+            return;
+        };
+        let link = self.current();
+        if !link.unanswered.load(Ordering::Acquire) {
+            return;
+        }
+        let retired = Arc::new(AtomicBool::new(false));
+        let session = reopen.session(&self.denials, retired.clone());
+        match reopen.connection.open(&session, true).await {
+            Ok(client) => {
+                link.retired.store(true, Ordering::Release);
+                reopen.metrics.watch_nats(client.clone());
+                let replacement =
+                    Link::new(client, self.mode, self.ack_timeout, self.room, retired);
+                let replacement = Arc::new(replacement);
+                match self.link.write() {
+                    Ok(mut current) => *current = replacement,
+                    Err(poisoned) => *poisoned.into_inner() = replacement,
+                }
+                tracing::info!(
+                    connection = %session.name,
+                    "the term ended with publishes unanswered: its NATS connection is retired, \
+                     and what it still holds will not be sent; publishing goes on a new one"
+                );
+            }
+            Err(error) => tracing::warn!(
+                %error,
+                "could not open a new NATS connection; the former term's goes on, and what it \
+                 holds may be sent late"
+            ),
+        }
     }
 
     async fn send_jetstream(
         &self,
-        context: &jetstream::Context,
+        link: Arc<Link>,
         message: &OutboxMessage,
     ) -> Result<AckFuture, PublishError> {
+        let Some(context) = &link.jetstream else {
+            return Err(PublishError::Unavailable("no JetStream context".into()));
+        };
         let pending = context
             .publish_with_headers(
                 message.subject.clone(),
@@ -148,8 +297,9 @@ impl NatsPublisher {
             .map_err(classify_jetstream)?;
         let (denials, subject) = (self.denials.clone(), message.subject.clone());
         let window = self.ack_timeout * 2;
+        let awaited = Awaited(Some(link.clone()));
         Ok(async move {
-            match pending.await.map_err(classify_jetstream) {
+            let answer = match pending.await.map_err(classify_jetstream) {
                 Ok(ack) => Ok(Ack {
                     duplicate: ack.duplicate,
                 }),
@@ -159,7 +309,11 @@ impl NatsPublisher {
                     )))
                 }
                 Err(error) => Err(error),
+            };
+            if answered(&answer) {
+                awaited.answered();
             }
+            answer
         }
         .boxed())
     }
@@ -174,7 +328,8 @@ impl NatsPublisher {
                 }
             }
         }
-        let health = match &self.jetstream {
+        let link = self.current();
+        let health = match &link.jetstream {
             Some(context) => {
                 let probe = self.probe_jetstream(context, subject);
                 tokio::time::timeout(self.ack_timeout, probe)
@@ -186,7 +341,7 @@ impl NatsPublisher {
                         ))
                     })
             }
-            None => match self.client.connection_state() {
+            None => match link.client.connection_state() {
                 async_nats::connection::State::Connected => Health::Takes,
                 state => Health::TakesNone(format!("the NATS connection is {state}")),
             },
@@ -197,7 +352,6 @@ impl NatsPublisher {
         }
         health
     }
-
     /// Whether JetStream takes messages for `subject`: the stream capturing
     /// it answers and has room. If no stream captures it, the subject is
     /// the message's fault when the relay's own stream takes messages. If
@@ -235,8 +389,12 @@ impl NatsPublisher {
         }
     }
 
-    async fn send_core(&self, message: &OutboxMessage) -> Result<AckFuture, PublishError> {
-        self.client
+    async fn send_core(
+        &self,
+        link: Arc<Link>,
+        message: &OutboxMessage,
+    ) -> Result<AckFuture, PublishError> {
+        link.client
             .publish_with_headers(
                 message.subject.clone(),
                 headers(message),
@@ -249,16 +407,21 @@ impl NatsPublisher {
                 }
                 _ => PublishError::Unavailable(e.to_string()),
             })?;
-        let client = self.client.clone();
+        let client = link.client.clone();
         let timeout = self.ack_timeout;
+        let awaited = Awaited(Some(link));
         Ok(async move {
-            match tokio::time::timeout(timeout, client.flush()).await {
+            let answer = match tokio::time::timeout(timeout, client.flush()).await {
                 Ok(Ok(())) => Ok(Ack::default()),
                 Ok(Err(e)) => Err(PublishError::Unavailable(format!("flush failed: {e}"))),
                 Err(_) => Err(PublishError::Unavailable(format!(
                     "flush not done within {timeout:?}"
                 ))),
+            };
+            if answered(&answer) {
+                awaited.answered();
             }
+            answer
         }
         .boxed())
     }
@@ -269,22 +432,56 @@ impl Publisher for NatsPublisher {
         &'a self,
         message: &'a OutboxMessage,
     ) -> BoxFuture<'a, Result<AckFuture, PublishError>> {
-        match &self.jetstream {
-            Some(context) => self.send_jetstream(context, message).boxed(),
-            None => self.send_core(message).boxed(),
+        let link = self.current();
+        match link.jetstream {
+            Some(_) => self.send_jetstream(link, message).boxed(),
+            None => self.send_core(link, message).boxed(),
         }
     }
 
     fn max_payload(&self) -> usize {
-        self.client.server_info().max_payload
+        match self.current().client.server_info().max_payload {
+            0 => self.max_payload.load(Ordering::Relaxed),
+            told => {
+                self.max_payload.store(told, Ordering::Relaxed);
+                told
+            }
+        }
     }
 
     fn acknowledges_storage(&self) -> bool {
-        self.jetstream.is_some()
+        self.mode == NatsMode::Jetstream
     }
 
     fn probe<'a>(&'a self, subject: &'a str) -> BoxFuture<'a, Health> {
         self.probe_cached(subject).boxed()
+    }
+
+    fn end_term(&self) -> BoxFuture<'_, ()> {
+        self.retire_if_unanswered().boxed()
+    }
+}
+
+/// Whether an answer leaves nothing of its send in the client: one came
+/// back from the broker. A timeout or a lost connection does not say that
+/// the publish is not still queued.
+fn answered(answer: &Result<Ack, PublishError>) -> bool {
+    !matches!(
+        answer,
+        Err(PublishError::Unavailable(_) | PublishError::Uncaptured(_))
+    )
+}
+
+impl Reopen {
+    /// The session of the next connection: its name numbers it.
+    fn session(&self, denials: &Denials, retired: Arc<AtomicBool>) -> Session {
+        let number = self.opened.fetch_add(1, Ordering::Relaxed) + 1;
+        Session {
+            name: format!("outbox-relay #{number}"),
+            denials: denials.clone(),
+            metrics: Some(self.metrics.clone()),
+            retired,
+        }
     }
 }
 

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backoff::ExponentialBackoff;
-use bson::DateTime;
+use bson::{Bson, DateTime};
 use futures::future::{self, BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
 use mongodb::change_stream::event::ResumeToken;
@@ -51,10 +51,11 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::{Ack, Health, PublishError, Publisher};
+use crate::lease::Term;
 use crate::observe::{Metrics, Origin, PausedDelivery};
 use crate::order::{Admission, KeyOrder, Outcome, ParkTicket, Turn};
 use crate::retry::{pause, reconnect_backoff, Outage};
-use crate::work::{Finished, LastDelivery, Verdict, Work};
+use crate::work::{Acknowledged, Again, Finished, LastDelivery, Verdict, Work};
 
 /// One try at publishing a unit of work.
 struct Attempt {
@@ -67,6 +68,9 @@ struct Attempt {
     own: bool,
     /// Not sent: an earlier message of its key holds the key.
     parked: bool,
+    /// Not sent: NATS acknowledged it to this relay before, and nothing
+    /// has touched it since (see `Acknowledged`).
+    stored_before: bool,
     /// The message's turn in its key's line, held until its answer is
     /// final (see [`Attempt::conclude`]), so the next message of the key
     /// waits for it.
@@ -87,6 +91,7 @@ impl Attempt {
             waited: started.elapsed(),
             own: false,
             parked: false,
+            stored_before: false,
             turn,
         }
     }
@@ -100,6 +105,7 @@ impl Attempt {
             waited: Duration::ZERO,
             own: false,
             parked: true,
+            stored_before: false,
             turn: None,
         }
     }
@@ -137,15 +143,25 @@ impl Attempt {
         turn.finish(outcome);
     }
 
-    /// The verdict, recorded in the metrics if the broker took the message.
-    fn finish(self, metrics: &Metrics, deliveries: &LastDelivery) -> Finished {
-        if let (true, Ok(ack)) = (self.delivered(), &self.result) {
-            deliveries.now();
-            let origin = self.work.origin();
-            metrics.published(origin, self.waited, ack.duplicate);
-            if let (Origin::Stream, Some(committed)) = (origin, self.work.at) {
-                metrics.delivered_since_commit(committed);
+    /// The verdict, recorded in the metrics if the broker took the message,
+    /// and the acknowledgement remembered until the mark is written.
+    fn finish(self, stage: &PublishStage) -> Finished {
+        let metrics = &stage.metrics;
+        match (self.delivered(), &self.result) {
+            (true, Ok(_)) if self.stored_before => metrics.republish_avoided(),
+            (true, Ok(ack)) => {
+                stage.deliveries.now();
+                let origin = self.work.origin();
+                metrics.published(origin, self.waited, ack.duplicate);
+                if let (Origin::Stream, Some(committed)) = (origin, self.work.at) {
+                    metrics.delivered_since_commit(committed);
+                }
+                let id = self.work.message.as_ref().map(|m| &m.id);
+                if let (Some(Bson::ObjectId(id)), Some(term)) = (id, stage.term) {
+                    stage.acknowledged.record(*id, term);
+                }
             }
+            _ => {}
         }
         let verdict = match (self.work.message.as_ref().map(|m| &m.message), self.result) {
             (None, _) => Verdict::Passed,
@@ -287,6 +303,8 @@ impl Paused {
 #[derive(Clone)]
 struct Flight {
     publisher: Arc<dyn Publisher>,
+    term: Option<Term>,
+    acknowledged: Acknowledged,
     metrics: Metrics,
     shutdown: CancellationToken,
     abandon: CancellationToken,
@@ -304,7 +322,18 @@ impl Flight {
         started: Instant,
     ) -> BoxFuture<'static, Attempt> {
         let sent = match work.message.as_ref().map(|m| &m.message) {
-            Some(Ok(message)) => Some(self.publisher.send(message).await),
+            Some(Ok(message)) => match self.acknowledged.again(&message.id.into(), self.term) {
+                Again::Stored => {
+                    let mut known = Attempt::answered(work, Ok(Ack::default()), started, turn);
+                    known.stored_before = true;
+                    return future::ready(known).boxed();
+                }
+                Again::Republish => {
+                    self.metrics.republished();
+                    Some(self.publisher.send(message).await)
+                }
+                Again::Unseen => Some(self.publisher.send(message).await),
+            },
             _ => None,
         };
         match sent {
@@ -430,6 +459,7 @@ impl Flight {
             if self.abandon.is_cancelled() {
                 return None;
             }
+            self.metrics.resent();
             let answer = self.put(attempt.work, attempt.turn, Instant::now()).await;
             attempt = answer.await;
         }
@@ -516,6 +546,10 @@ pub(crate) struct PublishStage {
     pub deliveries: LastDelivery,
     /// The term's per-key order; `None` keeps no order by key.
     pub order: Option<KeyOrder>,
+    /// The term published in; `None` outside a term.
+    pub term: Option<Term>,
+    /// What NATS acknowledged and is not marked yet (see `Acknowledged`).
+    pub acknowledged: Acknowledged,
 }
 
 impl PublishStage {
@@ -575,6 +609,8 @@ impl PublishStage {
     fn flight(&self) -> Flight {
         Flight {
             publisher: self.publisher.clone(),
+            term: self.term,
+            acknowledged: self.acknowledged.clone(),
             metrics: self.metrics.clone(),
             shutdown: self.shutdown.clone(),
             abandon: self.abandon.clone(),
@@ -608,7 +644,7 @@ impl PublishStage {
         positions: &mut Positions,
         output: &mpsc::Sender<Finished>,
     ) -> bool {
-        let mut finished = attempt.finish(&self.metrics, &self.deliveries);
+        let mut finished = attempt.finish(self);
         let position = positions.done(place, &mut finished.work);
         if finished.work.message.is_some() && output.send(finished).await.is_err() {
             return false;
@@ -754,6 +790,8 @@ mod tests {
             metrics: Metrics::new(),
             deliveries: deliveries.clone(),
             order: None,
+            term: None,
+            acknowledged: Default::default(),
         };
         tokio::spawn(stage.run(work, finished));
         Running {

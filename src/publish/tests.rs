@@ -25,9 +25,10 @@ use super::stage::PublishStage;
 use super::{Ack, AckFuture, Health, PublishError, Publisher};
 use crate::config::DeadLetters;
 use crate::contract::{header, ContractViolation, Decoded, OutboxMessage};
+use crate::lease::Term;
 use crate::observe::Metrics;
 use crate::order::{HeldKey, Holder, KeyOrder};
-use crate::work::{Finished, LastDelivery, Verdict, Work};
+use crate::work::{Acknowledged, Finished, LastDelivery, Verdict, Work};
 
 /// Long enough for anything the stage does, backoff included; with the
 /// clock paused it passes only once every task is idle, so reaching it
@@ -247,6 +248,16 @@ fn start_keyed(max_in_flight: usize, chained: bool) -> (Arc<FakeBroker>, Running
 }
 
 fn start_with(max_in_flight: usize, order: Option<KeyOrder>) -> (Arc<FakeBroker>, Running) {
+    start_in(max_in_flight, order, None, Acknowledged::default())
+}
+
+/// A stage of `term`, remembering acknowledgements in `acknowledged`.
+fn start_in(
+    max_in_flight: usize,
+    order: Option<KeyOrder>,
+    term: Option<Term>,
+    acknowledged: Acknowledged,
+) -> (Arc<FakeBroker>, Running) {
     let (sent, sent_rx) = mpsc::unbounded_channel();
     let (probed, probed_rx) = mpsc::unbounded_channel();
     let broker = Arc::new(FakeBroker {
@@ -268,6 +279,8 @@ fn start_with(max_in_flight: usize, order: Option<KeyOrder>) -> (Arc<FakeBroker>
         metrics: metrics.clone(),
         deliveries: deliveries.clone(),
         order,
+        term,
+        acknowledged,
     };
     let task = tokio::spawn(stage.run(work, finished));
     let running = Running {
@@ -1326,4 +1339,45 @@ async fn a_message_in_doubt_holds_back_only_its_own_key() {
         holding(&order),
         [("k".to_owned(), Bson::ObjectId(named("k1")))]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_acknowledged_in_a_lost_term_is_not_published_again_by_the_next() {
+    let acknowledged = Acknowledged::default();
+    let (broker, mut first) = start_in(8, None, Some(Term(4)), acknowledged.clone());
+    first.feed([message("m1"), message("m2")]).await;
+    assert_eq!(names(&first.verdicts(2).await), ["m1", "m2"]);
+    // The term is lost before the marks are written; m2's is, after all.
+    acknowledged.marked(&[Bson::ObjectId(named("m2"))]);
+
+    let (next_broker, mut next) = start_in(8, None, Some(Term(5)), acknowledged.clone());
+    next.feed([message("m1"), message("m2")]).await;
+    let verdicts = next.verdicts(2).await;
+    assert_eq!(
+        verdicts,
+        [
+            ("m1".into(), Verdict::Delivered),
+            ("m2".into(), Verdict::Delivered)
+        ]
+    );
+    assert_eq!(
+        next_broker.sends(),
+        ["m2"],
+        "m1 is stored already; m2's mark was written, so it is not remembered"
+    );
+    assert!(next
+        .metrics
+        .render()
+        .contains("outbox_republish_avoided_total 1"));
+    assert_eq!(broker.sends_to("m1"), 1);
+
+    // After another relay led (term 6), this relay's term 7 publishes it.
+    let (later_broker, mut later) = start_in(8, None, Some(Term(7)), acknowledged);
+    later.feed([message("m1")]).await;
+    assert_eq!(later.verdict().await, ("m1".into(), Verdict::Delivered));
+    assert_eq!(later_broker.sends_to("m1"), 1, "published again");
+    assert!(later
+        .metrics
+        .render()
+        .contains("outbox_republished_total 1"));
 }

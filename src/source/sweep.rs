@@ -862,6 +862,8 @@ mod tests {
             deliveries: LastDelivery::default(),
             order: None,
             claims_before: None,
+            term: None,
+            acknowledged: Default::default(),
             shutdown: CancellationToken::new(),
             abandon: CancellationToken::new(),
         };
