@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bson::{doc, oid::ObjectId, Document};
-use common::{manifest_dir, MongoProcess, NatsProcess, RelayProcess, TestEnv, WAIT};
+use common::{
+    manifest_dir, MongoProcess, NatsProcess, RelayProcess, TestEnv, QUICK_TAKEOVER, WAIT,
+};
 use futures::{StreamExt, TryStreamExt};
 use outbox_relay::{NewMessage, Outbox};
 use tokio_util::sync::CancellationToken;
@@ -278,6 +280,11 @@ async fn verify(
     if let (Some(report), Some(extra)) = (report.as_object_mut(), extra.as_object()) {
         report.extend(extra.clone());
     }
+    append_report(&report);
+}
+
+/// Adds a scenario's figures to `target/fault-report.jsonl`.
+fn append_report(report: &serde_json::Value) {
     let line = format!("{report}\n");
     let path = manifest_dir().join("target").join("fault-report.jsonl");
     let appended = std::fs::OpenOptions::new()
@@ -316,11 +323,11 @@ async fn relay_killed_repeatedly_under_load() {
     let publishes = Publishes::watch(&env).await;
     let writer = Writer::start(&env);
     for round in 0..4 {
-        let mut relay = RelayProcess::start(&env, &format!("kill-{round}"));
+        let mut relay = RelayProcess::start_with(&env, &format!("kill-{round}"), &QUICK_TAKEOVER);
         tokio::time::sleep(Duration::from_millis(rand::random_range(400..1500))).await;
         relay.kill9();
     }
-    let mut relay = RelayProcess::start(&env, "final");
+    let mut relay = RelayProcess::start_with(&env, "final", &QUICK_TAKEOVER);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let aborted = writer.finish().await;
     verify(
@@ -349,7 +356,8 @@ async fn server_restarted_under_load(which: Stopped, outage: Duration, scenario:
     let mut servers = Servers::start().await;
     let env = servers.env().await;
     let publishes = Publishes::watch(&env).await;
-    let mut relay = RelayProcess::start(&env, scenario.split(' ').next().unwrap_or("restart"));
+    let label = scenario.split(' ').next().unwrap_or("restart");
+    let mut relay = RelayProcess::start_with(&env, label, &QUICK_TAKEOVER);
     let writer = Writer::start(&env);
     tokio::time::sleep(Duration::from_secs(1)).await;
     match which {
@@ -425,7 +433,7 @@ async fn three_relays_lose_their_leader_to_kill_and_to_a_graceful_stop() {
     let env = servers.env().await;
     let publishes = Publishes::watch(&env).await;
     let mut relays: Vec<RelayProcess> = (0..3)
-        .map(|n| RelayProcess::start(&env, &format!("r{n}")))
+        .map(|n| RelayProcess::start_with(&env, &format!("r{n}"), &QUICK_TAKEOVER))
         .collect();
     let writer = Writer::start(&env);
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -484,7 +492,7 @@ async fn resume_token_lost_or_corrupted_while_the_relay_is_down() {
         let env = servers.env().await;
         let publishes = Publishes::watch(&env).await;
         let writer = Writer::start(&env);
-        let mut relay = RelayProcess::start(&env, label);
+        let mut relay = RelayProcess::start_with(&env, label, &QUICK_TAKEOVER);
         tokio::time::sleep(Duration::from_secs(1)).await;
         relay.kill9();
         env.db
@@ -493,7 +501,8 @@ async fn resume_token_lost_or_corrupted_while_the_relay_is_down() {
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await; // written while down, behind the damaged token
-        let mut relay = RelayProcess::start(&env, &format!("{label}-after"));
+        let after = format!("{label}-after");
+        let mut relay = RelayProcess::start_with(&env, &after, &QUICK_TAKEOVER);
         tokio::time::sleep(Duration::from_secs(1)).await;
         let aborted = writer.finish().await;
         verify(
@@ -507,4 +516,256 @@ async fn resume_token_lost_or_corrupted_while_the_relay_is_down() {
         relay.terminate().await;
         env.drop().await;
     }
+}
+
+/// How often `text` appears in a relay's log so far.
+fn said(relay: &RelayProcess, text: &str) -> usize {
+    std::fs::read_to_string(&relay.log)
+        .map(|log| log.matches(text).count())
+        .unwrap_or(0)
+}
+
+/// Waits until `text` appears in a relay's log at least `times` times.
+async fn wait_said(relay: &RelayProcess, text: &str, times: usize) {
+    common::wait_until(&format!("the relay to say {text:?}"), || async {
+        said(relay, text) >= times
+    })
+    .await;
+}
+
+/// Pending messages numbered `from..to`, inserted at once, as a backlog
+/// written while no relay runs (each key in commit order, as `verify`
+/// checks).
+async fn backlog(env: &TestEnv, from: i64, to: i64) {
+    let documents: Vec<Document> = (from..to)
+        .map(|n| {
+            doc! {
+                "_id": ObjectId::new(), "type": "order.placed", "payload": { "n": n },
+                "key": key_of(n), "status": "pending",
+            }
+        })
+        .collect();
+    for chunk in documents.chunks(1000) {
+        env.outbox()
+            .insert_many(chunk.to_vec())
+            .await
+            .expect("insert a backlog");
+    }
+}
+
+#[tokio::test]
+async fn a_window_wider_than_the_clients_room_drains_a_backlog_through_a_nats_pause() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let servers = Servers::start().await;
+    let env = servers.env().await;
+    let publishes = Publishes::watch(&env).await;
+    backlog(&env, 1, 6_001).await;
+    let settings = [
+        ("OUTBOX_MAX_IN_FLIGHT", "8000"),
+        ("OUTBOX_BATCH_SIZE", "500"),
+    ];
+    let mut relay = RelayProcess::start_with(&env, "wide", &settings);
+    // NATS freezes while the drain has thousands in flight: more than the
+    // NATS client's default room (4,096) wait for an answer at once.
+    common::wait_until("the drain to be under way", || async {
+        publishes.count() > 0
+    })
+    .await;
+    servers.nats.pause();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    servers.nats.resume();
+    let resumed = publishes.wait_first_after(Instant::now()).await;
+    let figures = serde_json::json!({
+        "backlog": 6_000,
+        "max_in_flight": 8000,
+        "resumed_after_pause_ms": resumed.as_millis() as u64,
+    });
+    verify(
+        &env,
+        "12,000 in flight windows of 8,000, NATS paused 2 s",
+        &publishes,
+        &[],
+        figures,
+    )
+    .await;
+    relay.terminate().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_subject_no_one_acknowledges_holds_back_only_its_own_messages() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let servers = Servers::start().await;
+    let env = servers.env().await;
+    // An allowed subject whose stream stores messages without answering.
+    env.jetstream
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: format!("{}_SILENT", env.stream),
+            subjects: vec![format!("{}silent.>", env.prefix)],
+            no_ack: true,
+            ..Default::default()
+        })
+        .await
+        .expect("a stream that does not acknowledge");
+    let silent_subject = format!("{}silent.audit", env.prefix);
+    let settings = [("OUTBOX_ALLOW_SUBJECT", format!("{}silent.>", env.prefix))];
+    let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut relay = RelayProcess::start_with(&env, "silent", &settings);
+    let outbox = Outbox::new(&env.db);
+    let mut silent = Vec::new();
+    let mut good = Vec::new();
+    for n in 0..104 {
+        let mut session = env.client.start_session().await.unwrap();
+        session.start_transaction().await.unwrap();
+        let mut message = NewMessage::serialized("order.placed", &doc! { "n": n }).unwrap();
+        if n % 26 == 3 {
+            message = message.subject(&silent_subject);
+        }
+        let id = outbox.add(&mut session, message).await.unwrap();
+        session.commit_transaction().await.unwrap();
+        if n % 26 == 3 {
+            silent.push(id)
+        } else {
+            good.push(id)
+        }
+    }
+    let written = Instant::now();
+    env.wait_count(
+        doc! { "_id": { "$in": &good }, "status": "processed" },
+        good.len() as u64,
+    )
+    .await;
+    let good_delivered = written.elapsed();
+    // Each silent message is sent twice, a second late each time, and
+    // then refused as its own, to be tried again later.
+    env.wait_count(
+        doc! { "_id": { "$in": &silent }, "attempts": { "$gte": 1 } },
+        silent.len() as u64,
+    )
+    .await;
+    let refused = env
+        .outbox()
+        .find(doc! { "_id": { "$in": &silent } })
+        .await
+        .unwrap()
+        .try_collect::<Vec<Document>>()
+        .await
+        .unwrap();
+    for message in &refused {
+        let error = message.get_str("lastError").unwrap_or_default();
+        assert!(
+            error.contains("while the broker takes other messages"),
+            "{message:?}"
+        );
+    }
+    let report = serde_json::json!({
+        "scenario": "4 of 104 messages to a subject no one acknowledges (ack timeout 1 s)",
+        "good_delivered_within_ms": good_delivered.as_millis() as u64,
+    });
+    append_report(&report);
+    relay.terminate().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn nats_paused_past_the_lease_sends_nothing_of_the_lost_term() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mongo = MongoProcess::start().await;
+    let nats = NatsProcess::start_monitored().await;
+    let env = TestEnv::on(&mongo.uri(), &nats.url()).await;
+    let publishes = Publishes::watch(&env).await;
+    let settings = [
+        QUICK_TAKEOVER[0],
+        QUICK_TAKEOVER[1],
+        ("OUTBOX_MAX_REPLAY", "1"),
+    ];
+    let mut relay = RelayProcess::start_with(&env, "paused", &settings);
+    let outbox = Outbox::new(&env.db);
+    let orders = env.db.collection::<Document>("orders");
+    for n in 1..=3 {
+        write_one(&env.client, &outbox, &orders, n, false)
+            .await
+            .unwrap();
+    }
+    env.wait_count(doc! { "status": "processed" }, 3).await;
+
+    // NATS freezes; once the relay's client has given its connection up,
+    // what the relay sends waits in the client.
+    nats.pause();
+    wait_said(&relay, "disconnected from NATS", 1).await;
+    for n in 4..=23 {
+        write_one(&env.client, &outbox, &orders, n, false)
+            .await
+            .unwrap();
+    }
+    wait_said(&relay, "NATS publishing: failing", 1).await;
+    let catch_ups = said(&relay, "catch-up pass queued");
+    // MongoDB freezes past the lease: the term ends with those sends queued.
+    mongo.pause();
+    wait_said(&relay, "could not renew the lease in time", 1).await;
+    mongo.resume();
+    wait_said(&relay, "resuming where it stopped", 1).await;
+    // The lost term's client may have been trying to connect when it was
+    // retired; once that try has failed, it tries no more.
+    let tries = said(&relay, "client error: nats: timed out");
+    wait_said(&relay, "client error: nats: timed out", tries + 1).await;
+    nats.resume();
+
+    verify(
+        &env,
+        "NATS paused past the lease",
+        &publishes,
+        &[],
+        serde_json::json!({}),
+    )
+    .await;
+    let connections = nats.monitoring("/connz?state=all&limit=1024").await;
+    let lost_terms = connections["connections"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["name"] == "outbox-relay #1")
+        .count();
+    assert_eq!(
+        lost_terms, 1,
+        "the lost term's connection never connected again, to send what it held: {connections}"
+    );
+    assert_eq!(
+        said(&relay, "catch-up pass queued"),
+        catch_ups,
+        "the next term kept the lost one's place rather than catch up"
+    );
+    relay.terminate().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_slow_renewal_is_reported_with_the_setting_to_raise() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let servers = Servers::start().await;
+    let env = servers.env().await;
+    // A renewal every half second of a 6 s lease: one that waits out a 3 s
+    // freeze of the server takes more than a third of the lease, and still
+    // lands before the relay's deadline.
+    let settings = [
+        ("OUTBOX_LEASE_DURATION", "6s"),
+        ("OUTBOX_LEASE_RENEW_INTERVAL", "500ms"),
+    ];
+    let mut relay = RelayProcess::start_with(&env, "slow-renewal", &settings);
+    let outbox = Outbox::new(&env.db);
+    let orders = env.db.collection::<Document>("orders");
+    write_one(&env.client, &outbox, &orders, 1, false)
+        .await
+        .unwrap();
+    env.wait_count(doc! { "status": "processed" }, 1).await;
+    servers.mongo.pause();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    servers.mongo.resume();
+    wait_said(&relay, "renewing the lease took more than a third of it", 1).await;
+    assert!(
+        said(&relay, "raise --lease-duration") >= 1,
+        "it names the setting"
+    );
+    relay.terminate().await;
+    env.drop().await;
 }

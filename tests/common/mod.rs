@@ -118,6 +118,9 @@ impl TestEnv {
         config.ack_timeout = Duration::from_secs(2);
         // Tests run many relays at once; a test that scrapes one serves it.
         config.metrics_addr = None;
+        // SecantusDB walks its oplog to find its ends, and holds every
+        // write meanwhile (README).
+        config.oplog_headroom_warning = None;
         config
     }
 
@@ -452,11 +455,22 @@ pub struct NatsProcess {
     /// The server asks for credentials or TLS that a plain URL lacks, so
     /// its start is seen by its port accepting connections.
     secured: bool,
+    /// The port of its monitoring endpoint, if it serves one.
+    monitor_port: Option<u16>,
 }
 
 impl NatsProcess {
     pub async fn start() -> Self {
         Self::start_with("", None).await
+    }
+
+    /// A server whose monitoring endpoint (`/connz` and the like) answers,
+    /// on [`NatsProcess::monitoring`].
+    pub async fn start_monitored() -> Self {
+        let port = free_port();
+        let mut nats = Self::start_with(&format!("http: \"127.0.0.1:{port}\""), None).await;
+        nats.monitor_port = Some(port);
+        nats
     }
 
     /// Starts a server with extra configuration (for example `authorization`).
@@ -476,6 +490,7 @@ impl NatsProcess {
             dir,
             user,
             secured: false,
+            monitor_port: None,
         };
         nats.restart().await;
         nats
@@ -501,6 +516,7 @@ impl NatsProcess {
             dir,
             user: None,
             secured: true,
+            monitor_port: None,
         };
         nats.restart().await;
         nats
@@ -550,6 +566,38 @@ impl NatsProcess {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Freezes the server (SIGSTOP): its connections stay open and its
+    /// clients hear nothing, as across a network partition.
+    pub fn pause(&self) {
+        signal(self.child.as_ref(), "-STOP");
+    }
+
+    /// Lets a frozen server go on (SIGCONT).
+    pub fn resume(&self) {
+        signal(self.child.as_ref(), "-CONT");
+    }
+
+    /// A JSON page of the server's monitoring endpoint (see
+    /// [`NatsProcess::start_monitored`]).
+    pub async fn monitoring(&self, path: &str) -> serde_json::Value {
+        let port = self.monitor_port.expect("a server started with monitoring");
+        let (status, body) = get(port, path)
+            .await
+            .expect("the monitoring endpoint answers");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).expect("monitoring JSON")
+    }
+}
+
+/// Sends `sig` to a child process of the test, if it runs.
+fn signal(child: Option<&std::process::Child>, sig: &str) {
+    if let Some(child) = child {
+        let sent = Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill {sig}");
     }
 }
 
@@ -699,8 +747,21 @@ impl MongoProcess {
         .await;
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is
+    /// answered, as when it is cut off or swamped.
+    pub fn pause(&self) {
+        signal(self.child.as_ref(), "-STOP");
+    }
+
+    /// Lets a frozen server go on (SIGCONT).
+    pub fn resume(&self) {
+        signal(self.child.as_ref(), "-CONT");
+    }
+
     /// A clean stop (SIGTERM), as an operator's restart would do.
     pub fn stop(&mut self) {
+        // A frozen server would not hear it.
+        self.resume();
         if let Some(mut child) = self.child.take() {
             let _ = Command::new("kill")
                 .args(["-TERM", &child.id().to_string()])
@@ -775,7 +836,15 @@ pub fn assert_exit(output: &std::process::Output, code: i32, saying: &str) {
     assert!(!text.contains("panicked"), "{text}");
 }
 
-/// A relay process with short lease timings, logging to `target/relay-logs`.
+/// Lease timings under which a standby takes over within about two
+/// seconds, for the tests that kill or stop a leader; a relay that only
+/// has to lead keeps the default lease, which a loaded machine can renew.
+pub const QUICK_TAKEOVER: [(&str, &str); 2] = [
+    ("OUTBOX_LEASE_DURATION", "2s"),
+    ("OUTBOX_LEASE_RENEW_INTERVAL", "500ms"),
+];
+
+/// A relay process, logging to `target/relay-logs`.
 pub struct RelayProcess {
     child: Child,
     pub log: PathBuf,
@@ -795,13 +864,23 @@ impl RelayProcess {
             .env("OUTBOX_CHECKPOINT_INTERVAL", "100ms")
             .env("OUTBOX_MAX_AWAIT_TIME", "200ms")
             .env("OUTBOX_ACK_TIMEOUT", "1s")
-            .env("OUTBOX_LEASE_DURATION", "2s")
-            .env("OUTBOX_LEASE_RENEW_INTERVAL", "500ms")
+            .env("OUTBOX_LEASE_DURATION", "10s")
+            .env("OUTBOX_LEASE_RENEW_INTERVAL", "1s")
             .env("OUTBOX_STANDBY_POLL_INTERVAL", "100ms")
+            // SecantusDB walks its oplog to find its ends, and holds every
+            // write meanwhile (README): a relay reads them only where a
+            // test asks for the headroom.
+            .env("OUTBOX_OPLOG_HEADROOM_WARNING", "off")
+            // Nor are the depths read unless a test asks: on SecantusDB a
+            // count of a backlog takes seconds and holds the writes too.
+            .env("OUTBOX_COLLECT_INTERVAL", "5m")
             .env("OUTBOX_SWEEP_INTERVAL", "1s")
             .env("OUTBOX_GRACE_PERIOD", "3s")
             .env("OUTBOX_METRICS_ADDR", "127.0.0.1:0")
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("RELAY_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .envs(settings.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))

@@ -84,6 +84,8 @@ async fn endpoints_report_deliveries_depths_and_roles() {
             && metrics.get("outbox_failed_messages") == Some(&1.0)
     })
     .await;
+    // Leading, as it was when it became ready: with a lease a loaded
+    // machine renews, it has not lost it meanwhile.
     let metrics = scrape(leader_port).await;
     assert_eq!(metrics["outbox_published_total{origin=\"stream\"}"], 5.0);
     assert_eq!(metrics["outbox_publish_ack_seconds_count"], 5.0);

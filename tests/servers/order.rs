@@ -13,7 +13,8 @@ use outbox_relay::order::PARKED;
 use outbox_relay::DeadLetters;
 
 use crate::common::{
-    assert_order_per_key, mongodb_uri, wait_until, NatsProcess, RelayProcess, RunningRelay, TestEnv,
+    assert_order_per_key, mongodb_uri, wait_until, NatsProcess, RelayProcess, RunningRelay,
+    TestEnv, QUICK_TAKEOVER,
 };
 
 /// Payload size of a message the test streams refuse (over 1000 bytes).
@@ -260,6 +261,8 @@ async fn a_new_leader_keeps_a_held_key_held_and_each_key_in_order() {
         ("OUTBOX_RETRY_INITIAL_DELAY", "100ms"),
         ("OUTBOX_RETRY_MAX_DELAY", "200ms"),
         ("OUTBOX_SWEEP_INTERVAL", "100ms"),
+        QUICK_TAKEOVER[0],
+        QUICK_TAKEOVER[1],
     ];
     let mut first = RelayProcess::start_with(&env, "first", &settings);
     let committed = Committed::default();
