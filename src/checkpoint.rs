@@ -36,9 +36,10 @@ pub struct CheckpointStore {
 ///
 /// A relay that leads again right after losing the lease, with no other
 /// relay leading between (its new term is the next number), resumes from
-/// it rather than from the stored checkpoint (written less often), and
-/// without counting what is pending: nothing but its own abandoned work
-/// has happened since, so the stream replays only the gap.
+/// it rather than from the stored checkpoint, which is written less often
+/// and may not hold the lost term's last positions at all. What is pending
+/// is counted against `--max-replay` as at any start: writers went on
+/// while the relay was cut off, however long that was.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KeptPlace(Arc<Mutex<Option<(Term, ResumeToken)>>>);
 

@@ -157,10 +157,13 @@ impl Lease {
             .await;
         match taken {
             Ok(Some(document)) if document.get_str("owner") == Ok(self.owner.as_str()) => {
+                // `$inc` keeps an integer an integer; a double (a shell
+                // edit) is read as its whole part.
                 let term = Term(
                     document
                         .get_i64("term")
                         .or_else(|_| document.get_i32("term").map(i64::from))
+                        .or_else(|_| document.get_f64("term").map(|t| t as i64))
                         .unwrap_or(1),
                 );
                 tracing::info!(term = term.0, owner = %self.owner, "took the lease: leading");

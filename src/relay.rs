@@ -212,11 +212,10 @@ impl Relay {
             let keeper = tokio::spawn(lease.clone().keep(held, lost.clone(), keeper_stop.clone()));
             self.serve_term(pipeline, lease.owner(), held.term, &term_over, &lost)
                 .await;
-            if !shutdown.is_cancelled() {
-                // The next leader publishes what this term left unanswered:
-                // nothing of this term may reach NATS after it.
-                self.publisher.end_term().await;
-            }
+            // The next leader publishes what this term left unanswered:
+            // nothing of this term may reach NATS after it (a stop that
+            // answered everything leaves nothing to do).
+            self.publisher.end_term().await;
             keeper_stop.cancel();
             let held = keeper.await.unwrap_or(held);
             self.metrics.leading(None);
@@ -355,14 +354,13 @@ impl Relay {
         let checkpoints = CheckpointStore::for_config(&self.coordination, config)
             .fenced(owner, term)
             .keeping(self.place.clone());
-        let kept = self.place.take_before(term);
-        let token = match &kept {
+        let token = match self.place.take_before(term) {
             Some(token) => {
                 tracing::info!(
                     term = term.0,
                     "leading again right after this relay's own term: resuming where it stopped"
                 );
-                Some(token.clone())
+                Some(token)
             }
             None => match self.stored_position(&checkpoints, term_over).await {
                 Some(token) => token,
@@ -380,7 +378,6 @@ impl Relay {
             metrics: self.metrics.clone(),
             prepare: self.preparation(),
             progress,
-            keeps_place: kept.is_some(),
         };
         source.run(token, stream.input, term_over.clone()).await;
         if let Err(error) = stream.done.await {

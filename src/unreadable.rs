@@ -21,12 +21,6 @@ use mongodb::Collection;
 /// The binary subtype of a stand-in `_id` (see [`RawField::stand_in`]).
 const STAND_IN: u8 = 0x80;
 
-/// Whether `id` is a stand-in for an `_id` the driver cannot read (see
-/// [`RawField::stand_in`]).
-pub(crate) fn is_stand_in(id: &Bson) -> bool {
-    matches!(id, Bson::Binary(binary) if binary.subtype == BinarySubtype::UserDefined(STAND_IN))
-}
-
 /// One field's value as stored: its BSON type and its bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RawField {

@@ -252,6 +252,18 @@ struct AckedIds {
     by_term: BTreeMap<Term, HashSet<ObjectId>>,
 }
 
+impl AckedIds {
+    /// Takes `id` out of `term`'s ids.
+    fn forget_in(&mut self, term: Term, id: &ObjectId) {
+        if let Some(of_term) = self.by_term.get_mut(&term) {
+            of_term.remove(id);
+            if of_term.is_empty() {
+                self.by_term.remove(&term);
+            }
+        }
+    }
+}
+
 /// What an acknowledged message read again calls for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Again {
@@ -276,9 +288,10 @@ impl Acknowledged {
     /// NATS acknowledged `id`, published in `term`.
     pub fn record(&self, id: ObjectId, term: Term) {
         let mut ids = self.ids();
-        if ids.terms.insert(id, term).is_none() {
-            ids.by_term.entry(term).or_default().insert(id);
+        if let Some(before) = ids.terms.insert(id, term) {
+            ids.forget_in(before, &id);
         }
+        ids.by_term.entry(term).or_default().insert(id);
         if ids.terms.len() > Self::LIMIT {
             if let Some((_, oldest)) = ids.by_term.pop_first() {
                 for id in oldest {
@@ -297,12 +310,7 @@ impl Acknowledged {
         for id in marked {
             let Bson::ObjectId(id) = id else { continue };
             if let Some(term) = ids.terms.remove(id) {
-                if let Some(of_term) = ids.by_term.get_mut(&term) {
-                    of_term.remove(id);
-                    if of_term.is_empty() {
-                        ids.by_term.remove(&term);
-                    }
-                }
+                ids.forget_in(term, id);
             }
         }
     }
@@ -540,6 +548,7 @@ mod tests {
     use bson::{oid::ObjectId, Bson};
 
     use super::*;
+    use crate::lease::Term;
 
     fn keyed(id: ObjectId, key: &str) -> Decoded {
         Decoded {
@@ -549,6 +558,28 @@ mod tests {
             key: Some(key.to_owned()),
             stored: None,
         }
+    }
+
+    #[test]
+    fn an_acknowledgement_is_trusted_in_its_term_and_the_next_alone_until_marked() {
+        let acknowledged = Acknowledged::default();
+        let (id, other) = (ObjectId::new(), ObjectId::new());
+        acknowledged.record(id, Term(3));
+        let bson = Bson::ObjectId(id);
+        assert_eq!(acknowledged.again(&bson, Some(Term(3))), Again::Stored);
+        assert_eq!(acknowledged.again(&bson, Some(Term(4))), Again::Stored);
+        assert_eq!(acknowledged.again(&bson, Some(Term(5))), Again::Republish);
+        assert_eq!(acknowledged.again(&bson, None), Again::Republish);
+        assert_eq!(
+            acknowledged.again(&Bson::ObjectId(other), Some(Term(3))),
+            Again::Unseen
+        );
+        // Published again in term 5, it belongs to term 5 alone.
+        acknowledged.record(id, Term(5));
+        assert_eq!(acknowledged.again(&bson, Some(Term(6))), Again::Stored);
+        acknowledged.marked([&bson]);
+        assert_eq!(acknowledged.again(&bson, Some(Term(6))), Again::Unseen);
+        assert!(acknowledged.ids().by_term.is_empty(), "nothing left behind");
     }
 
     #[test]

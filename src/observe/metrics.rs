@@ -334,7 +334,6 @@ impl Metrics {
         self.0.stream_ended.inc();
     }
 
-    /// A message could not be written at all (not even marked failed).
     /// A message NATS had acknowledged to this relay, read again before
     /// its mark was written, was marked without being published again.
     pub(crate) fn republish_avoided(&self) {
@@ -352,6 +351,7 @@ impl Metrics {
         self.0.resent.inc();
     }
 
+    /// A message could not be written at all (not even marked failed).
     pub(crate) fn unmarkable(&self) {
         self.0.unmarkable.inc();
     }

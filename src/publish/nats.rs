@@ -441,7 +441,12 @@ impl Publisher for NatsPublisher {
 
     fn max_payload(&self) -> usize {
         match self.current().client.server_info().max_payload {
-            0 => self.max_payload.load(Ordering::Relaxed),
+            // Not told yet: no limit the relay knows of (the client checks
+            // each message against the server's own once connected).
+            0 => match self.max_payload.load(Ordering::Relaxed) {
+                0 => usize::MAX,
+                known => known,
+            },
             told => {
                 self.max_payload.store(told, Ordering::Relaxed);
                 told

@@ -314,29 +314,53 @@ struct Flight {
 
 impl Flight {
     /// Puts the work's message (if any) on the wire now, and returns the
-    /// future of its answer, its turn still held.
+    /// future of its answer, its turn still held; `None` if the relay
+    /// stopped at once first (a send may wait for room in the client, and
+    /// nothing may go on the wire after the stop). A message NATS already
+    /// acknowledged to this relay is not sent again where nothing has
+    /// touched it since (see `Acknowledged`).
+    async fn put_first(
+        &self,
+        work: Work,
+        turn: Option<Turn>,
+        started: Instant,
+    ) -> Option<BoxFuture<'static, Attempt>> {
+        let id = match work.message.as_ref().map(|m| &m.message) {
+            Some(Ok(message)) => Bson::ObjectId(message.id),
+            _ => return self.put(work, turn, started).await,
+        };
+        match self.acknowledged.again(&id, self.term) {
+            Again::Stored => {
+                let mut known = Attempt::answered(work, Ok(Ack::default()), started, turn);
+                known.stored_before = true;
+                Some(future::ready(known).boxed())
+            }
+            Again::Republish => {
+                self.metrics.republished();
+                self.put(work, turn, started).await
+            }
+            Again::Unseen => self.put(work, turn, started).await,
+        }
+    }
+
+    /// Puts the work's message (if any) on the wire now, and returns the
+    /// future of its answer, its turn still held; `None` if the relay
+    /// stopped at once first.
     async fn put(
         &self,
         work: Work,
         turn: Option<Turn>,
         started: Instant,
-    ) -> BoxFuture<'static, Attempt> {
+    ) -> Option<BoxFuture<'static, Attempt>> {
         let sent = match work.message.as_ref().map(|m| &m.message) {
-            Some(Ok(message)) => match self.acknowledged.again(&message.id.into(), self.term) {
-                Again::Stored => {
-                    let mut known = Attempt::answered(work, Ok(Ack::default()), started, turn);
-                    known.stored_before = true;
-                    return future::ready(known).boxed();
-                }
-                Again::Republish => {
-                    self.metrics.republished();
-                    Some(self.publisher.send(message).await)
-                }
-                Again::Unseen => Some(self.publisher.send(message).await),
+            Some(Ok(message)) => tokio::select! {
+                biased;
+                _ = self.abandon.cancelled() => return None,
+                sent = self.publisher.send(message) => Some(sent),
             },
             _ => None,
         };
-        match sent {
+        Some(match sent {
             Some(Ok(ack)) => ack
                 .map(move |result| Attempt::answered(work, result, started, turn))
                 .boxed(),
@@ -346,7 +370,7 @@ impl Flight {
             None => {
                 future::ready(Attempt::answered(work, Ok(Ack::default()), started, turn)).boxed()
             }
-        }
+        })
     }
 
     /// Awaits an answer, settles it if it is in doubt, and ends the
@@ -378,7 +402,7 @@ impl Flight {
             // its key).
             Admission::Send if self.abandon.is_cancelled() => None,
             Admission::Send => {
-                let answer = self.put(work, Some(turn), started).await;
+                let answer = self.put_first(work, Some(turn), started).await?;
                 self.land(answer).await
             }
         }
@@ -449,18 +473,19 @@ impl Flight {
                     held.broker_away(&error, &error, &self.metrics, &self.pause);
                 }
             }
-            if !sent_while_taken {
+            if sent_while_taken {
+                // The broker takes messages: the others need not wait for
+                // this one's second answer.
+                drop(held);
+            } else {
                 if !self.wait(&mut backoff).await {
                     return None;
                 }
                 // The broker is away: keep asking, the others waiting.
                 asking = Some(held);
             }
-            if self.abandon.is_cancelled() {
-                return None;
-            }
             self.metrics.resent();
-            let answer = self.put(attempt.work, attempt.turn, Instant::now()).await;
+            let answer = self.put(attempt.work, attempt.turn, Instant::now()).await?;
             attempt = answer.await;
         }
         // Settled after the broker was found away: it answers again.
@@ -687,8 +712,10 @@ impl PublishStage {
             },
         };
         async move {
-            let answer = flight.put(work, turn, started).await;
-            in_place(flight.land(answer).boxed())
+            match flight.put_first(work, turn, started).await {
+                Some(answer) => in_place(flight.land(answer).boxed()),
+                None => in_place(future::ready(None).boxed()),
+            }
         }
         .boxed()
     }

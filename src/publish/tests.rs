@@ -1283,6 +1283,7 @@ async fn messages_whose_answers_never_come_settle_beside_the_others() {
         broker.reply(subject, [never.clone(), never]);
     }
     broker.health(Health::Takes);
+    let fed = tokio::time::Instant::now();
     stage.feed(silent.map(message)).await;
     // Past the first timeouts: the silent messages are being sent again.
     tokio::time::sleep(ack_timeout + Duration::from_millis(500)).await;
@@ -1300,6 +1301,12 @@ async fn messages_whose_answers_never_come_settle_beside_the_others() {
     assert!(verdicts.iter().all(|(_, v)| *v == Verdict::Delivered));
 
     let settled = stage.verdicts(silent.len()).await;
+    // On the paused clock: two timeouts each, side by side, not in turn.
+    assert!(
+        fed.elapsed() < ack_timeout * 3,
+        "the silent messages settled together: {:?}",
+        fed.elapsed()
+    );
     for (name, verdict) in &settled {
         assert!(
             matches!(verdict, Verdict::Refused { own: true, .. }),

@@ -147,9 +147,6 @@ pub(crate) struct ChangeStreamSource {
     pub prepare: Prepare,
     /// How far the source has read, for the sweep.
     pub progress: StreamProgress,
-    /// The start is this relay's own place from the term just before (see
-    /// `checkpoint::KeptPlace`): the stream replays from it, uncounted.
-    pub keeps_place: bool,
 }
 
 /// Prepares the outbox collection (indexes, retention, validator).
@@ -242,10 +239,7 @@ impl ChangeStreamSource {
         shutdown: &CancellationToken,
     ) -> Option<(Events, CaughtUp)> {
         // A stream reopened after a break has only its gap to replay.
-        let counting = token.is_some()
-            && carried.is_none()
-            && self.max_replay != u32::MAX
-            && !self.keeps_place;
+        let counting = token.is_some() && carried.is_none() && self.max_replay != u32::MAX;
         // With no position to resume from, the pass is certain, and its
         // snapshot is read at once, unless the sweep has read in this term
         // (see below).
