@@ -50,6 +50,8 @@ enum Reply {
     /// The acknowledgement fails after a while (of the paused clock), as
     /// one that never comes times out.
     AckFailsAfter(Duration, PublishError),
+    /// The acknowledgement comes after a while, as over a network.
+    AckAfter(Duration),
 }
 
 #[derive(Default)]
@@ -216,6 +218,9 @@ impl FakeBroker {
                 Reply::AckFailsAfter(after, error) => {
                     Ok(tokio::time::sleep(after).map(move |()| Err(error)).boxed())
                 }
+                Reply::AckAfter(after) => Ok(tokio::time::sleep(after)
+                    .map(|()| Ok(Ack::default()))
+                    .boxed()),
             }
         };
         let _ = self.sent.send(subject);
@@ -1387,4 +1392,24 @@ async fn a_message_acknowledged_in_a_lost_term_is_not_published_again_by_the_nex
         .metrics
         .render()
         .contains("outbox_republished_total 1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_message_is_sent_as_it_comes_while_others_await_their_answers() {
+    let round_trip = Duration::from_millis(1);
+    let (broker, mut stage) = start(8);
+    broker.by_default(Reply::AckAfter(round_trip));
+    for n in 0..20 {
+        let fed = tokio::time::Instant::now();
+        stage.feed([message(&format!("m{n}"))]).await;
+        let (name, verdict) = stage.verdict().await;
+        assert_eq!((name, verdict), (format!("m{n}"), Verdict::Delivered));
+        assert_eq!(
+            fed.elapsed(),
+            round_trip,
+            "m{n} waited for nothing but its answer"
+        );
+        // A message a while later, as a trickle of writes comes.
+        tokio::time::sleep(Duration::from_millis(7)).await;
+    }
 }
