@@ -92,6 +92,7 @@ impl Pipeline {
             order: self.order.clone(),
             claims_before: self.claims_before,
             acknowledged: self.acknowledged.clone(),
+            term: self.term,
         };
         let publishing = tokio::spawn(publish.run(work, finished_tx));
         let done = tokio::spawn(async move {

@@ -11,7 +11,7 @@
 //! (`pipeline`) import it, and it imports none of them.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -230,21 +230,30 @@ impl Unmarkable {
     }
 }
 
-/// Messages NATS acknowledged to this process whose `processed` mark is
-/// not written yet, each with the term that published it.
+/// Messages NATS acknowledged to this process whose `processed` mark a
+/// term that ended did not write, each with the term that published it.
 ///
-/// An entry normally lives from the acknowledgement to the mark, moments
-/// later. What a term that ended leaves here (the lease was lost before the
-/// marks were written: MongoDB was away longer than the lease, say) is
-/// stored in the stream and still pending in the collection, and will be
-/// read again. Rules: read again in the term that published it, or in this
-/// relay's next term with no other leader between (the term after), nothing
-/// else has touched it, so it is marked without being published again;
-/// read again after another leader led, it is published again (that leader
-/// may have changed it) and counted, a repeat the operator can see.
-/// Bounded: past [`Acknowledged::LIMIT`] the oldest term's are forgotten.
+/// A term lost before its marks were written (MongoDB away longer than the
+/// lease, say) leaves messages stored in the stream and still pending in
+/// the collection, which will be read again. The completion stage records
+/// them here as it gives up (the delivered verdicts it held or had yet to
+/// take), and forgets them as marks are written. Rules: read again in this
+/// relay's next term with no other leader between (the term after), or in
+/// the same term, nothing else has touched them, so they are marked without
+/// being published again; read again after another leader led, they are
+/// published again (that leader may have changed them) and counted, a
+/// repeat the operator can see. Bounded: past [`Acknowledged::LIMIT`] the
+/// oldest term's are forgotten. Empty, as it nearly always is, it costs a
+/// message one atomic read.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Acknowledged(Arc<Mutex<AckedIds>>);
+pub(crate) struct Acknowledged(Arc<AckedShared>);
+
+#[derive(Debug, Default)]
+struct AckedShared {
+    ids: Mutex<AckedIds>,
+    /// How many ids are remembered, read without the lock.
+    count: AtomicUsize,
+}
 
 #[derive(Debug, Default)]
 struct AckedIds {
@@ -252,22 +261,10 @@ struct AckedIds {
     by_term: BTreeMap<Term, HashSet<ObjectId>>,
 }
 
-impl AckedIds {
-    /// Takes `id` out of `term`'s ids.
-    fn forget_in(&mut self, term: Term, id: &ObjectId) {
-        if let Some(of_term) = self.by_term.get_mut(&term) {
-            of_term.remove(id);
-            if of_term.is_empty() {
-                self.by_term.remove(&term);
-            }
-        }
-    }
-}
-
 /// What an acknowledged message read again calls for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Again {
-    /// Not acknowledged to this process, or already marked.
+    /// Not remembered as acknowledged.
     Unseen,
     /// Acknowledged in this term or the one just before: stored, and
     /// untouched since; mark it, publish nothing.
@@ -280,57 +277,79 @@ impl Acknowledged {
     /// The most messages remembered.
     pub const LIMIT: usize = 100_000;
 
-    fn ids(&self) -> std::sync::MutexGuard<'_, AckedIds> {
+    /// Changes the ids under the lock, keeping the count with them.
+    fn change<T>(&self, change: impl FnOnce(&mut AckedIds) -> T) -> T {
         // Ids only: a panic elsewhere while it was held leaves them whole.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        let mut ids = self.0.ids.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = change(&mut ids);
+        self.0.count.store(ids.terms.len(), Ordering::Release);
+        changed
     }
 
-    /// NATS acknowledged `id`, published in `term`.
-    pub fn record(&self, id: ObjectId, term: Term) {
-        let mut ids = self.ids();
-        if let Some(before) = ids.terms.insert(id, term) {
-            ids.forget_in(before, &id);
-        }
-        ids.by_term.entry(term).or_default().insert(id);
-        if ids.terms.len() > Self::LIMIT {
-            if let Some((_, oldest)) = ids.by_term.pop_first() {
+    /// NATS acknowledged the messages `ids` published in `term`, and their
+    /// marks were not written.
+    pub fn record(&self, ids: impl IntoIterator<Item = ObjectId>, term: Term) {
+        self.change(|acked| {
+            for id in ids {
+                if let Some(before) = acked.terms.insert(id, term) {
+                    acked.forget_in(before, &id);
+                }
+                acked.by_term.entry(term).or_default().insert(id);
+            }
+            while acked.terms.len() > Self::LIMIT {
+                let Some((_, oldest)) = acked.by_term.pop_first() else {
+                    break;
+                };
                 for id in oldest {
-                    ids.terms.remove(&id);
+                    acked.terms.remove(&id);
                 }
             }
-        }
+        });
     }
 
     /// The marks of `marked` are written.
     pub fn marked<'a>(&self, marked: impl IntoIterator<Item = &'a Bson>) {
-        let mut ids = self.ids();
-        if ids.terms.is_empty() {
+        if self.0.count.load(Ordering::Acquire) == 0 {
             return;
         }
-        for id in marked {
-            let Bson::ObjectId(id) = id else { continue };
-            if let Some(term) = ids.terms.remove(id) {
-                ids.forget_in(term, id);
+        self.change(|acked| {
+            for id in marked {
+                let Bson::ObjectId(id) = id else { continue };
+                if let Some(term) = acked.terms.remove(id) {
+                    acked.forget_in(term, id);
+                }
             }
-        }
+        });
     }
 
     /// What `id`, read again in `term`, calls for.
-    pub fn again(&self, id: &Bson, term: Option<Term>) -> Again {
-        let Bson::ObjectId(id) = id else {
+    pub fn again(&self, id: &ObjectId, term: Option<Term>) -> Again {
+        if self.0.count.load(Ordering::Acquire) == 0 {
             return Again::Unseen;
-        };
-        let ids = self.ids();
-        let Some(acknowledged_in) = ids.terms.get(id) else {
+        }
+        let acknowledged_in = self.change(|acked| acked.terms.get(id).copied());
+        let Some(acknowledged_in) = acknowledged_in else {
             return Again::Unseen;
         };
         let untouched = term.is_some_and(|term| {
-            term == *acknowledged_in || acknowledged_in.0.checked_add(1) == Some(term.0)
+            term == acknowledged_in || acknowledged_in.0.checked_add(1) == Some(term.0)
         });
         if untouched {
             Again::Stored
         } else {
             Again::Republish
+        }
+    }
+}
+
+impl AckedIds {
+    /// Takes `id` out of `term`'s ids.
+    fn forget_in(&mut self, term: Term, id: &ObjectId) {
+        if let Some(of_term) = self.by_term.get_mut(&term) {
+            of_term.remove(id);
+            if of_term.is_empty() {
+                self.by_term.remove(&term);
+            }
         }
     }
 }
@@ -548,7 +567,6 @@ mod tests {
     use bson::{oid::ObjectId, Bson};
 
     use super::*;
-    use crate::lease::Term;
 
     fn keyed(id: ObjectId, key: &str) -> Decoded {
         Decoded {
@@ -564,22 +582,21 @@ mod tests {
     fn an_acknowledgement_is_trusted_in_its_term_and_the_next_alone_until_marked() {
         let acknowledged = Acknowledged::default();
         let (id, other) = (ObjectId::new(), ObjectId::new());
-        acknowledged.record(id, Term(3));
-        let bson = Bson::ObjectId(id);
-        assert_eq!(acknowledged.again(&bson, Some(Term(3))), Again::Stored);
-        assert_eq!(acknowledged.again(&bson, Some(Term(4))), Again::Stored);
-        assert_eq!(acknowledged.again(&bson, Some(Term(5))), Again::Republish);
-        assert_eq!(acknowledged.again(&bson, None), Again::Republish);
-        assert_eq!(
-            acknowledged.again(&Bson::ObjectId(other), Some(Term(3))),
-            Again::Unseen
+        acknowledged.record([id], Term(3));
+        assert_eq!(acknowledged.again(&id, Some(Term(3))), Again::Stored);
+        assert_eq!(acknowledged.again(&id, Some(Term(4))), Again::Stored);
+        assert_eq!(acknowledged.again(&id, Some(Term(5))), Again::Republish);
+        assert_eq!(acknowledged.again(&id, None), Again::Republish);
+        assert_eq!(acknowledged.again(&other, Some(Term(3))), Again::Unseen);
+        // Published again in term 5 and lost again, it belongs to term 5 alone.
+        acknowledged.record([id], Term(5));
+        assert_eq!(acknowledged.again(&id, Some(Term(6))), Again::Stored);
+        acknowledged.marked([&Bson::ObjectId(id)]);
+        assert_eq!(acknowledged.again(&id, Some(Term(6))), Again::Unseen);
+        assert!(
+            acknowledged.change(|acked| acked.by_term.is_empty()),
+            "nothing left behind"
         );
-        // Published again in term 5, it belongs to term 5 alone.
-        acknowledged.record(id, Term(5));
-        assert_eq!(acknowledged.again(&bson, Some(Term(6))), Again::Stored);
-        acknowledged.marked([&bson]);
-        assert_eq!(acknowledged.again(&bson, Some(Term(6))), Again::Unseen);
-        assert!(acknowledged.ids().by_term.is_empty(), "nothing left behind");
     }
 
     #[test]

@@ -38,8 +38,10 @@ use crate::checkpoint::CheckpointStore;
 use crate::config::RetryPolicy;
 use crate::contract::{field, status, Decoded};
 use crate::error::{brief, is_document_error};
+use crate::lease::Term;
 use crate::observe::Metrics;
 use crate::order::KeyOrder;
+use crate::publish::stage::remember_unmarked;
 use crate::retry::{until_ok, until_settled};
 use crate::unreadable;
 use crate::work::{Acknowledged, Finished, LastDelivery, Tally, Unmarkable, Verdict};
@@ -71,8 +73,11 @@ pub(crate) struct CompletionStage {
     /// Claims below this id were made before the term began (see
     /// `CompletionStage::unclaimed`); `None` outside a term.
     pub claims_before: Option<ObjectId>,
-    /// What NATS acknowledged and is not marked yet: told of each mark.
+    /// Deliveries whose marks a lost term did not write, remembered as it
+    /// gives up, and forgotten as marks are written.
     pub acknowledged: Acknowledged,
+    /// The term the verdicts come from; `None` outside a term.
+    pub term: Option<Term>,
 }
 
 /// A stream position waiting to be written, with the time it was reached.
@@ -106,7 +111,10 @@ impl CompletionStage {
             }
             match self.record(&batch).await {
                 Some(recorded) => tally += recorded,
-                None => return tally,
+                None => {
+                    self.give_up(batch, input);
+                    return tally;
+                }
             }
             if let Some(position) = batch
                 .iter()
@@ -127,6 +135,19 @@ impl CompletionStage {
         }
         self.save(&mut unsaved).await;
         tally
+    }
+
+    /// Gives up recording (the term is lost, or the grace time is over):
+    /// the deliveries in `batch` and still in `input` are remembered, so
+    /// that the relay does not publish them again (see `Acknowledged`).
+    fn give_up(&self, batch: Vec<Finished>, mut input: mpsc::Receiver<Finished>) {
+        input.close();
+        let queued = std::iter::from_fn(|| input.try_recv().ok());
+        remember_unmarked(
+            &self.acknowledged,
+            self.term,
+            batch.into_iter().chain(queued),
+        );
     }
 
     /// Writes the newest recorded token, if one is not yet written.

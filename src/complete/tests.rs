@@ -11,9 +11,10 @@ use tokio_util::sync::CancellationToken;
 use super::CompletionStage;
 use crate::config::RelayConfig;
 use crate::contract::{ContractViolation, DecodeRules, StoredFields};
+use crate::lease::Term;
 use crate::observe::Metrics;
 use crate::unreadable::RawField;
-use crate::work::{Finished, LastDelivery, Unmarkable, Verdict, Work};
+use crate::work::{Again, Finished, LastDelivery, Unmarkable, Verdict, Work};
 
 fn stage(outbox: Collection<Document>) -> CompletionStage {
     let config = RelayConfig::new("mongodb://unused", "unused");
@@ -30,6 +31,7 @@ fn stage(outbox: Collection<Document>) -> CompletionStage {
         order: None,
         claims_before: None,
         acknowledged: Default::default(),
+        term: None,
     }
 }
 
@@ -104,5 +106,46 @@ async fn a_document_named_by_its_stored_bytes_is_failed_and_the_fences_still_hol
         0,
         "a fence that does not match is no refusal"
     );
+    database.drop().await.expect("drop");
+}
+
+#[tokio::test]
+async fn a_stage_that_gives_up_remembers_the_deliveries_it_did_not_mark() {
+    let database = crate::testing::database().await;
+    let mut stage = stage(database.collection("outbox"));
+    stage.term = Some(Term(7));
+    stage.abandon.cancel();
+    let acknowledged = stage.acknowledged.clone();
+    let finished = |id: ObjectId, verdict: Verdict| {
+        let document = doc! { "_id": id, "type": "t", "payload": 1 };
+        let decoded = DecodeRules::any_relay().decode(&document);
+        Finished {
+            work: Work::from_collection(decoded, None),
+            verdict,
+        }
+    };
+    let (delivered, queued, refused) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
+    let (input, received) = tokio::sync::mpsc::channel(8);
+    input
+        .send(finished(delivered, Verdict::Delivered))
+        .await
+        .unwrap();
+    let refusal = Verdict::Refused {
+        reason: "no".into(),
+        own: true,
+    };
+    input.send(finished(refused, refusal)).await.unwrap();
+    input
+        .send(finished(queued, Verdict::Delivered))
+        .await
+        .unwrap();
+    // The first verdict is the batch it gives up on; the rest it never took.
+    stage.batch_size = 1;
+    stage.run(received).await;
+
+    assert_eq!(acknowledged.again(&delivered, Some(Term(8))), Again::Stored);
+    assert_eq!(acknowledged.again(&queued, Some(Term(8))), Again::Stored);
+    assert_eq!(acknowledged.again(&refused, Some(Term(8))), Again::Unseen);
+    assert!(input.is_closed(), "nothing more is taken");
     database.drop().await.expect("drop");
 }

@@ -38,6 +38,7 @@
 //! [`LastDelivery`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -143,22 +144,16 @@ impl Attempt {
         turn.finish(outcome);
     }
 
-    /// The verdict, recorded in the metrics if the broker took the message,
-    /// and the acknowledgement remembered until the mark is written.
-    fn finish(self, stage: &PublishStage) -> Finished {
-        let metrics = &stage.metrics;
+    /// The verdict, recorded in the metrics if the broker took the message.
+    fn finish(self, metrics: &Metrics, deliveries: &LastDelivery) -> Finished {
         match (self.delivered(), &self.result) {
             (true, Ok(_)) if self.stored_before => metrics.republish_avoided(),
             (true, Ok(ack)) => {
-                stage.deliveries.now();
+                deliveries.now();
                 let origin = self.work.origin();
                 metrics.published(origin, self.waited, ack.duplicate);
                 if let (Origin::Stream, Some(committed)) = (origin, self.work.at) {
                     metrics.delivered_since_commit(committed);
-                }
-                let id = self.work.message.as_ref().map(|m| &m.id);
-                if let (Some(Bson::ObjectId(id)), Some(term)) = (id, stage.term) {
-                    stage.acknowledged.record(*id, term);
                 }
             }
             _ => {}
@@ -298,10 +293,21 @@ impl Paused {
     }
 }
 
-/// What every message in flight shares: where it goes, when to stop, the
-/// window it may step aside from, and the pause it waits out with the others.
+/// What every message in flight shares, one reference a message.
 #[derive(Clone)]
-struct Flight {
+struct Flight(Arc<FlightShared>);
+
+impl std::ops::Deref for Flight {
+    type Target = FlightShared;
+
+    fn deref(&self) -> &FlightShared {
+        &self.0
+    }
+}
+
+/// Where messages go, when to stop, the window they may step aside from,
+/// and the pause they wait out together.
+struct FlightShared {
     publisher: Arc<dyn Publisher>,
     term: Option<Term>,
     acknowledged: Acknowledged,
@@ -309,7 +315,7 @@ struct Flight {
     shutdown: CancellationToken,
     abandon: CancellationToken,
     aside: Aside,
-    pause: Arc<Pause>,
+    pause: Pause,
 }
 
 impl Flight {
@@ -326,7 +332,7 @@ impl Flight {
         started: Instant,
     ) -> Option<BoxFuture<'static, Attempt>> {
         let id = match work.message.as_ref().map(|m| &m.message) {
-            Some(Ok(message)) => Bson::ObjectId(message.id),
+            Some(Ok(message)) => message.id,
             _ => return self.put(work, turn, started).await,
         };
         match self.acknowledged.again(&id, self.term) {
@@ -550,6 +556,18 @@ impl Positions {
 /// settling it takes, with its work's place in the stage's input.
 struct Life(BoxFuture<'static, (u64, Landed)>);
 
+impl Life {
+    /// The life of the work at `place` that `landing` leads to its end.
+    fn of(place: u64, landing: impl Future<Output = Landed> + Send + 'static) -> Self {
+        Life(async move { (place, landing.await) }.boxed())
+    }
+
+    /// The life of the work at `place` that has ended already.
+    fn landed(place: u64, landed: Landed) -> Self {
+        Life(future::ready((place, landed)).boxed())
+    }
+}
+
 /// The send of the newest work under way, which ends in its [`Life`].
 type Sending = BoxFuture<'static, Life>;
 
@@ -622,7 +640,13 @@ impl PublishStage {
                     match work {
                         Some(work) => {
                             let place = positions.enter();
-                            sending = Some(self.start(&flight, place, work));
+                            let mut send = self.start(&flight, place, work);
+                            // A send nearly always goes at once; one that
+                            // must wait for room waits in its branch.
+                            match (&mut send).now_or_never() {
+                                Some(Life(life)) => in_flight.push(life),
+                                None => sending = Some(send),
+                            }
                         }
                         None => input_open = false,
                     }
@@ -632,7 +656,7 @@ impl PublishStage {
     }
 
     fn flight(&self) -> Flight {
-        Flight {
+        Flight(Arc::new(FlightShared {
             publisher: self.publisher.clone(),
             term: self.term,
             acknowledged: self.acknowledged.clone(),
@@ -640,8 +664,8 @@ impl PublishStage {
             shutdown: self.shutdown.clone(),
             abandon: self.abandon.clone(),
             aside: Aside::default(),
-            pause: Arc::new(Pause::new()),
-        }
+            pause: Pause::new(),
+        }))
     }
 
     /// Waits until the term's order knows the holds the collection records,
@@ -669,10 +693,15 @@ impl PublishStage {
         positions: &mut Positions,
         output: &mpsc::Sender<Finished>,
     ) -> bool {
-        let mut finished = attempt.finish(self);
+        let mut finished = attempt.finish(&self.metrics, &self.deliveries);
         let position = positions.done(place, &mut finished.work);
-        if finished.work.message.is_some() && output.send(finished).await.is_err() {
-            return false;
+        if finished.work.message.is_some() {
+            if let Err(unrecorded) = output.send(finished).await {
+                // Completion has gone (the term is lost): a delivery it
+                // never saw is remembered, not published again.
+                remember_unmarked(&self.acknowledged, self.term, [unrecorded.0]);
+                return false;
+            }
         }
         match position {
             Some(work) => {
@@ -692,29 +721,27 @@ impl PublishStage {
     /// if something is.
     fn start(&self, flight: &Flight, place: u64, work: Work) -> Sending {
         let started = Instant::now();
-        let in_place =
-            move |landed: BoxFuture<'static, Landed>| Life(landed.map(move |l| (place, l)).boxed());
         let flight = flight.clone();
         let turn = match self.turn(&work).map(|mut turn| (turn.first(), turn)) {
             None => None,
             Some((false, turn)) => {
                 // Aside from now on, so the stage's room counts it at once.
                 let slot = flight.aside.take();
-                let waiting = flight.after_turn(work, turn, started, slot).boxed();
-                return future::ready(in_place(waiting)).boxed();
+                let waiting = flight.after_turn(work, turn, started, slot);
+                return future::ready(Life::of(place, waiting)).boxed();
             }
             Some((true, mut turn)) => match turn.admit() {
                 Admission::Park(ticket) => {
-                    let parked = future::ready(Some(Attempt::parked(work, ticket))).boxed();
-                    return future::ready(in_place(parked)).boxed();
+                    let parked = Some(Attempt::parked(work, ticket));
+                    return future::ready(Life::landed(place, parked)).boxed();
                 }
                 Admission::Send => Some(turn),
             },
         };
         async move {
             match flight.put_first(work, turn, started).await {
-                Some(answer) => in_place(flight.land(answer).boxed()),
-                None => in_place(future::ready(None).boxed()),
+                Some(answer) => Life::of(place, flight.land(answer)),
+                None => Life::landed(place, None),
             }
         }
         .boxed()
@@ -728,6 +755,27 @@ impl PublishStage {
         let key = decoded.key.as_deref()?;
         Some(order.enter(key, &decoded.id, work.release))
     }
+}
+
+/// Remembers the deliveries among `unrecorded`, whose marks will not be
+/// written in `term`, so that the relay does not publish them again
+/// where nothing has touched them since (see `Acknowledged`).
+pub(crate) fn remember_unmarked(
+    acknowledged: &Acknowledged,
+    term: Option<Term>,
+    unrecorded: impl IntoIterator<Item = Finished>,
+) {
+    let Some(term) = term else {
+        return;
+    };
+    let delivered = unrecorded.into_iter().filter_map(|finished| {
+        let message = finished.work.message.as_ref()?;
+        match (&finished.verdict, &message.id) {
+            (Verdict::Delivered, Bson::ObjectId(id)) => Some(*id),
+            _ => None,
+        }
+    });
+    acknowledged.record(delivered, term);
 }
 
 #[cfg(test)]
