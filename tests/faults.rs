@@ -25,8 +25,11 @@ use tokio_util::sync::CancellationToken;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The longest a scenario waits for everything to be delivered at the end.
-const DRAIN: Duration = Duration::from_secs(90);
+/// The longest a scenario waits for everything to be delivered at the end:
+/// a bound for a relay that stopped, not a speed to meet. SecantusDB's
+/// Python build drains about a hundred messages a second here with the
+/// test's reads beside it, so 6,000 take about a minute on an idle machine.
+const DRAIN: Duration = Duration::from_secs(240);
 
 /// Every publish seen on the scenario's subjects, with when it arrived.
 #[derive(Clone, Default)]
@@ -210,7 +213,9 @@ async fn verify(
             Instant::now() < deadline,
             "{scenario}: {pending} messages still pending"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // SecantusDB counts a backlog slowly and holds other work meanwhile
+        // (README): a tighter poll would slow the relay it waits for.
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let documents: Vec<Document> = outbox
         .find(doc! {})
@@ -562,7 +567,9 @@ async fn a_window_wider_than_the_clients_room_drains_a_backlog_through_a_nats_pa
     backlog(&env, 1, 6_001).await;
     let settings = [
         ("OUTBOX_MAX_IN_FLIGHT", "8000"),
-        ("OUTBOX_BATCH_SIZE", "500"),
+        // SecantusDB's time to mark a batch grows with its square; on
+        // MongoDB a batch of 500 is cheap.
+        ("OUTBOX_BATCH_SIZE", "100"),
     ];
     let mut relay = RelayProcess::start_with(&env, "wide", &settings);
     // NATS freezes while the drain has thousands in flight: more than the
@@ -582,7 +589,7 @@ async fn a_window_wider_than_the_clients_room_drains_a_backlog_through_a_nats_pa
     });
     verify(
         &env,
-        "12,000 in flight windows of 8,000, NATS paused 2 s",
+        "6,000 in flight past the client's 4,096, NATS paused 2 s",
         &publishes,
         &[],
         figures,
