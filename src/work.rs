@@ -235,14 +235,18 @@ impl Unmarkable {
 ///
 /// A term lost before its marks were written (MongoDB away longer than the
 /// lease, say) leaves messages stored in the stream and still pending in
-/// the collection, which will be read again. The completion stage records
-/// them here as it gives up (the delivered verdicts it held or had yet to
-/// take), and forgets them as marks are written. Rules: read again in this
+/// the collection, which will be read again. The stages record them here
+/// as the term gives up (the completion stage the delivered verdicts it
+/// held or had yet to take, the publish stage the answers completion never
+/// took), and forget them as marks are written. Rules: read again in this
 /// relay's next term with no other leader between (the term after), or in
 /// the same term, nothing else has touched them, so they are marked without
 /// being published again; read again after another leader led, they are
 /// published again (that leader may have changed them) and counted, a
-/// repeat the operator can see. Bounded: past [`Acknowledged::LIMIT`] the
+/// repeat the operator can see. (Terms are the lease document's: deleted,
+/// it numbers them from 1 again, and an old entry may be taken for the
+/// term just before; NATS did store that message, so it is marked without
+/// a second publish.) Bounded: past [`Acknowledged::LIMIT`] the
 /// oldest term's are forgotten. Empty, as it nearly always is, it costs a
 /// message one atomic read.
 #[derive(Debug, Clone, Default)]

@@ -87,6 +87,20 @@ impl CompletionStage {
     /// Records verdicts until the input closes; returns what it recorded.
     pub async fn run(self, mut input: mpsc::Receiver<Finished>) -> Tally {
         let mut tally = Tally::default();
+        if let Err(unrecorded) = self.record_until_closed(&mut input, &mut tally).await {
+            self.give_up(unrecorded, input).await;
+        }
+        tally
+    }
+
+    /// Records verdicts, and writes the stream's position every checkpoint
+    /// interval, until the input closes. `Err` with the verdicts it was
+    /// recording if it gave up (the term is lost, or the grace time is over).
+    async fn record_until_closed(
+        &self,
+        input: &mut mpsc::Receiver<Finished>,
+        tally: &mut Tally,
+    ) -> Result<(), Vec<Finished>> {
         let mut unsaved: Option<Position> = None;
         let mut saved_at = Instant::now();
         loop {
@@ -94,9 +108,7 @@ impl CompletionStage {
             let first = tokio::select! {
                 finished = input.recv() => finished,
                 _ = tokio::time::sleep_until(next_save), if unsaved.is_some() => {
-                    if self.save(&mut unsaved).await.is_none() {
-                        return tally;
-                    }
+                    self.save(&mut unsaved).await.ok_or_else(Vec::new)?;
                     saved_at = Instant::now();
                     continue;
                 }
@@ -110,11 +122,8 @@ impl CompletionStage {
                 }
             }
             match self.record(&batch).await {
-                Some(recorded) => tally += recorded,
-                None => {
-                    self.give_up(batch, input);
-                    return tally;
-                }
+                Some(recorded) => *tally += recorded,
+                None => return Err(batch),
             }
             if let Some(position) = batch
                 .iter()
@@ -127,27 +136,25 @@ impl CompletionStage {
                 unsaved = Some(position);
             }
             if saved_at.elapsed() >= self.checkpoint_interval {
-                if self.save(&mut unsaved).await.is_none() {
-                    return tally;
-                }
+                self.save(&mut unsaved).await.ok_or_else(Vec::new)?;
                 saved_at = Instant::now();
             }
         }
-        self.save(&mut unsaved).await;
-        tally
+        self.save(&mut unsaved).await.ok_or_else(Vec::new)?;
+        Ok(())
     }
 
-    /// Gives up recording (the term is lost, or the grace time is over):
-    /// the deliveries in `batch` and still in `input` are remembered, so
-    /// that the relay does not publish them again (see `Acknowledged`).
-    fn give_up(&self, batch: Vec<Finished>, mut input: mpsc::Receiver<Finished>) {
+    /// Gives up recording: the deliveries in `unrecorded` and still in
+    /// `input` are remembered, so that the relay does not publish them
+    /// again (see `Acknowledged`). Closed, the input still yields what a
+    /// sender had room for before the close, and then ends.
+    async fn give_up(&self, unrecorded: Vec<Finished>, mut input: mpsc::Receiver<Finished>) {
         input.close();
-        let queued = std::iter::from_fn(|| input.try_recv().ok());
-        remember_unmarked(
-            &self.acknowledged,
-            self.term,
-            batch.into_iter().chain(queued),
-        );
+        let mut unrecorded = unrecorded;
+        while let Some(finished) = input.recv().await {
+            unrecorded.push(finished);
+        }
+        remember_unmarked(&self.acknowledged, self.term, unrecorded);
     }
 
     /// Writes the newest recorded token, if one is not yet written.

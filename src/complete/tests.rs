@@ -9,6 +9,7 @@ use mongodb::Collection;
 use tokio_util::sync::CancellationToken;
 
 use super::CompletionStage;
+use crate::checkpoint::CheckpointStore;
 use crate::config::RelayConfig;
 use crate::contract::{ContractViolation, DecodeRules, StoredFields};
 use crate::lease::Term;
@@ -146,6 +147,64 @@ async fn a_stage_that_gives_up_remembers_the_deliveries_it_did_not_mark() {
     assert_eq!(acknowledged.again(&delivered, Some(Term(8))), Again::Stored);
     assert_eq!(acknowledged.again(&queued, Some(Term(8))), Again::Stored);
     assert_eq!(acknowledged.again(&refused, Some(Term(8))), Again::Unseen);
+    assert!(input.is_closed(), "nothing more is taken");
+    database.drop().await.expect("drop");
+}
+
+#[tokio::test]
+async fn a_stage_that_finds_a_newer_leaders_checkpoint_remembers_what_it_did_not_mark() {
+    let database = crate::testing::database().await;
+    let outbox = database.collection::<Document>("outbox");
+    let (marked, queued) = (ObjectId::new(), ObjectId::new());
+    for id in [marked, queued] {
+        let message = doc! { "_id": id, "type": "t", "payload": 1, "status": "pending" };
+        outbox.insert_one(message).await.expect("insert");
+    }
+    let checkpoints = CheckpointStore::new(&database, "checkpoints", "outbox");
+    database
+        .collection::<Document>("checkpoints")
+        .insert_one(
+            doc! { "_id": format!("{}.outbox", database.name()), "owner": "next", "term": 8 },
+        )
+        .await
+        .expect("a newer leader's checkpoint");
+    let mut stage = stage(outbox.clone());
+    stage.checkpoints = Some(checkpoints.fenced("this", Term(7)));
+    stage.term = Some(Term(7));
+    stage.batch_size = 1;
+    // Every batch is followed by a save, which finds the newer leader.
+    stage.checkpoint_interval = Duration::ZERO;
+    let acknowledged = stage.acknowledged.clone();
+    let from_stream = |id: ObjectId| {
+        let document = doc! { "_id": id, "type": "t", "payload": 1 };
+        let decoded = DecodeRules::any_relay().decode(&document);
+        let token =
+            bson::from_bson(Bson::Document(doc! { "_data": id.to_hex() })).expect("a token");
+        Finished {
+            work: Work::from_stream(decoded, token, None),
+            verdict: Verdict::Delivered,
+        }
+    };
+    let (input, received) = tokio::sync::mpsc::channel(8);
+    input.send(from_stream(marked)).await.unwrap();
+    input.send(from_stream(queued)).await.unwrap();
+    stage.run(received).await;
+
+    let status = |id: ObjectId| {
+        let outbox = outbox.clone();
+        async move {
+            let stored = outbox.find_one(doc! { "_id": id }).await.expect("read");
+            stored.and_then(|d| d.get_str("status").ok().map(str::to_owned))
+        }
+    };
+    assert_eq!(status(marked).await.as_deref(), Some("processed"));
+    assert_eq!(acknowledged.again(&marked, Some(Term(8))), Again::Unseen);
+    assert_eq!(status(queued).await.as_deref(), Some("pending"));
+    assert_eq!(
+        acknowledged.again(&queued, Some(Term(8))),
+        Again::Stored,
+        "a delivery the stage took no more is remembered"
+    );
     assert!(input.is_closed(), "nothing more is taken");
     database.drop().await.expect("drop");
 }

@@ -622,9 +622,9 @@ impl PublishStage {
                 _ = flight.aside.changed(), if input_open && !room => {}
                 _ = paused.changed(), if input_open && paused_now => {}
                 Some((place, landed)) = in_flight.next(), if !in_flight.is_empty() => {
-                    let Some(attempt) = landed else { return };
+                    let Some(attempt) = landed else { break };
                     if !self.forward(attempt, place, &mut positions, &output).await {
-                        return;
+                        break;
                     }
                 }
                 Life(life) = async {
@@ -653,6 +653,21 @@ impl PublishStage {
                 }
             }
         }
+        self.remember_answered(&mut in_flight);
+    }
+
+    /// The stage stops at once (the term is lost) with messages in flight:
+    /// the deliveries whose answers have come already are remembered, as
+    /// completion will not mark them. Polled only once the relay stops at
+    /// once, when every life in flight ends without sending.
+    fn remember_answered(&self, in_flight: &mut InFlight) {
+        if in_flight.is_empty() || !self.abandon.is_cancelled() {
+            return;
+        }
+        let answered = std::iter::from_fn(|| in_flight.next().now_or_never().flatten())
+            .filter_map(|(_, landed)| landed)
+            .map(|attempt| attempt.finish(&self.metrics, &self.deliveries));
+        remember_unmarked(&self.acknowledged, self.term, answered);
     }
 
     fn flight(&self) -> Flight {

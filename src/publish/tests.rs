@@ -28,7 +28,7 @@ use crate::contract::{header, ContractViolation, Decoded, OutboxMessage};
 use crate::lease::Term;
 use crate::observe::Metrics;
 use crate::order::{HeldKey, Holder, KeyOrder};
-use crate::work::{Acknowledged, Finished, LastDelivery, Verdict, Work};
+use crate::work::{Acknowledged, Again, Finished, LastDelivery, Verdict, Work};
 
 /// Long enough for anything the stage does, backoff included; with the
 /// clock paused it passes only once every task is idle, so reaching it
@@ -1403,5 +1403,31 @@ async fn each_message_is_sent_as_it_comes_while_others_await_their_answers() {
         );
         // A message a while later, as a trickle of writes comes.
         tokio::time::sleep(Duration::from_millis(7)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_term_remembers_every_answer_that_came_though_completion_took_none() {
+    let acknowledged = Acknowledged::default();
+    let (broker, mut stage) = start_in(8, None, Some(Term(4)), acknowledged.clone());
+    broker.by_default(Reply::Hold);
+    stage
+        .feed([message("m1"), message("m2"), message("m3")])
+        .await;
+    assert_eq!(stage.sends_until_idle().await, ["m1", "m2", "m3"]);
+    // The term is lost, and its completion stage has gone, as the three
+    // answers come.
+    stage.abandon.cancel();
+    stage.output.close();
+    for name in ["m1", "m2", "m3"] {
+        broker.release(name, Ok(Ack::default()));
+    }
+    assert!(stage.ended().await.is_empty());
+    for name in ["m1", "m2", "m3"] {
+        assert_eq!(
+            acknowledged.again(&named(name), Some(Term(5))),
+            Again::Stored,
+            "{name} is stored, and not published again by the next term"
+        );
     }
 }
