@@ -527,6 +527,7 @@ impl Relay {
             max_in_flight: config.max_in_flight,
             batch_size: config.batch_size,
             checkpoint_interval: config.checkpoint_interval,
+            mark_delay: config.mark_delay,
             retry: config.retry(),
             metrics: self.metrics.clone(),
             unmarkable: self.unmarkable.clone(),

@@ -24,6 +24,7 @@ fn stage(outbox: Collection<Document>) -> CompletionStage {
         checkpoints: None,
         batch_size: 10,
         checkpoint_interval: Duration::from_secs(1),
+        mark_delay: Duration::ZERO,
         retry: config.retry(),
         abandon: CancellationToken::new(),
         metrics: Metrics::new(),
@@ -206,5 +207,62 @@ async fn a_stage_that_finds_a_newer_leaders_checkpoint_remembers_what_it_did_not
         "a delivery the stage took no more is remembered"
     );
     assert!(input.is_closed(), "nothing more is taken");
+    database.drop().await.expect("drop");
+}
+
+#[tokio::test]
+async fn marks_wait_for_others_to_share_an_update_until_the_batch_fills_or_the_input_ends() {
+    let database = crate::testing::database().await;
+    let outbox = database.collection::<Document>("outbox");
+    let ids: Vec<ObjectId> = (0..4).map(|_| ObjectId::new()).collect();
+    for id in &ids {
+        let message = doc! { "_id": id, "type": "t", "payload": 1, "status": "pending" };
+        outbox.insert_one(message).await.expect("insert");
+    }
+    let mut stage = stage(outbox.clone());
+    stage.batch_size = 3;
+    // Longer than any test: only a full batch or the input's end writes.
+    stage.mark_delay = Duration::from_secs(3600);
+    let delivered = |id: ObjectId| {
+        let document = doc! { "_id": id, "type": "t", "payload": 1 };
+        Finished {
+            work: Work::from_collection(DecodeRules::any_relay().decode(&document), None),
+            verdict: Verdict::Delivered,
+        }
+    };
+    let pending = || {
+        let outbox = outbox.clone();
+        async move {
+            outbox
+                .count_documents(doc! { "status": "pending" })
+                .await
+                .expect("count")
+        }
+    };
+    let (input, received) = tokio::sync::mpsc::channel(8);
+    let running = tokio::spawn(stage.run(received));
+    input.send(delivered(ids[0])).await.unwrap();
+    input.send(delivered(ids[1])).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(pending().await, 4, "two marks wait for a third");
+
+    input.send(delivered(ids[2])).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while pending().await != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a full batch is marked at once"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    input.send(delivered(ids[3])).await.unwrap();
+    drop(input);
+    let tally = tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .expect("the stage ends with its input")
+        .expect("no panic");
+    assert_eq!(tally.delivered, 4);
+    assert_eq!(pending().await, 0, "the input's end marks what waits");
     database.drop().await.expect("drop");
 }

@@ -866,6 +866,7 @@ mod tests {
             max_in_flight: 16,
             batch_size: 100,
             checkpoint_interval: Duration::from_secs(1),
+            mark_delay: Duration::ZERO,
             retry: config.retry(),
             metrics: Metrics::new(),
             unmarkable: Unmarkable::default(),
