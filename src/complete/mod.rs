@@ -142,29 +142,32 @@ impl CompletionStage {
     }
 
     /// A batch of verdicts: `first`, and those that come within the mark
-    /// delay after it, up to the batch size; at once if the input closes.
+    /// delay after it, up to the batch size; at once if the input closes,
+    /// the relay stops at once, or a verdict other than a mark comes.
     ///
     /// Why wait: a mark follows its publish, so waiting delays no delivery,
     /// while an update costs much the same for one message as for fifty.
     /// At tens or hundreds of messages a second, each would otherwise pay
-    /// for an update of its own. Under load a batch fills at once.
+    /// for an update of its own. Under load a batch fills at once. Other
+    /// verdicts (parks, refusals, dead letters) are written without delay:
+    /// a key's later messages can wait for them.
     async fn gather(&self, first: Finished, input: &mut mpsc::Receiver<Finished>) -> Vec<Finished> {
         let until = Instant::now() + self.mark_delay;
+        let mut waiting = may_wait(&first) && !self.mark_delay.is_zero();
         let mut batch = vec![first];
         while batch.len() < self.batch_size {
             let next = match input.try_recv() {
                 Ok(finished) => Some(finished),
                 Err(TryRecvError::Disconnected) => None,
-                Err(TryRecvError::Empty) if self.mark_delay.is_zero() => None,
-                Err(TryRecvError::Empty) => tokio::time::timeout_at(until, input.recv())
-                    .await
-                    .ok()
-                    .flatten(),
+                Err(TryRecvError::Empty) if !waiting => None,
+                Err(TryRecvError::Empty) => tokio::select! {
+                    _ = self.abandon.cancelled() => None,
+                    next = tokio::time::timeout_at(until, input.recv()) => next.ok().flatten(),
+                },
             };
-            match next {
-                Some(finished) => batch.push(finished),
-                None => break,
-            }
+            let Some(finished) = next else { break };
+            waiting &= may_wait(&finished);
+            batch.push(finished);
         }
         batch
     }
@@ -360,6 +363,11 @@ impl Target {
             }
         }
     }
+}
+
+/// Whether a verdict's write may wait for others: a mark, or no write.
+fn may_wait(finished: &Finished) -> bool {
+    matches!(finished.verdict, Verdict::Delivered | Verdict::Passed)
 }
 
 /// Matches messages still pending and, if a sweep claimed them, still held

@@ -266,3 +266,56 @@ async fn marks_wait_for_others_to_share_an_update_until_the_batch_fills_or_the_i
     assert_eq!(pending().await, 0, "the input's end marks what waits");
     database.drop().await.expect("drop");
 }
+
+#[tokio::test]
+async fn a_verdict_other_than_a_mark_is_written_without_the_delay() {
+    let database = crate::testing::database().await;
+    let outbox = database.collection::<Document>("outbox");
+    let (delivered, refused) = (ObjectId::new(), ObjectId::new());
+    for id in [delivered, refused] {
+        let message = doc! { "_id": id, "type": "t", "payload": 1, "status": "pending" };
+        outbox.insert_one(message).await.expect("insert");
+    }
+    let mut stage = stage(outbox.clone());
+    // Longer than any test: only a verdict that may not wait ends it.
+    stage.mark_delay = Duration::from_secs(3600);
+    let finished = |id: ObjectId, verdict: Verdict| {
+        let document = doc! { "_id": id, "type": "t", "payload": 1 };
+        Finished {
+            work: Work::from_collection(DecodeRules::any_relay().decode(&document), None),
+            verdict,
+        }
+    };
+    let (input, received) = tokio::sync::mpsc::channel(8);
+    let running = tokio::spawn(stage.run(received));
+    input
+        .send(finished(delivered, Verdict::Delivered))
+        .await
+        .unwrap();
+    let refusal = Verdict::Refused {
+        reason: "no".into(),
+        own: true,
+    };
+    input.send(finished(refused, refusal)).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let written = outbox
+            .count_documents(doc! { "$or": [
+                { "_id": delivered, "status": "processed" },
+                { "_id": refused, "attempts": 1 },
+            ] })
+            .await
+            .expect("count");
+        if written == 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a refusal, and the mark before it, are written at once"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(input);
+    running.await.expect("no panic");
+    database.drop().await.expect("drop");
+}
