@@ -37,6 +37,15 @@ fn stage(outbox: Collection<Document>) -> CompletionStage {
     }
 }
 
+/// The verdict on a message read from the collection, its `_id` `id`.
+fn verdict_on(id: ObjectId, verdict: Verdict) -> Finished {
+    let document = doc! { "_id": id, "type": "t", "payload": 1 };
+    Finished {
+        work: Work::from_collection(DecodeRules::any_relay().decode(&document), None),
+        verdict,
+    }
+}
+
 /// The document `id` read back as stored, and decoded as if the driver
 /// could not read its `_id` and `attempts`: addressed by their bytes.
 async fn as_unreadable(outbox: &Collection<Document>, id: ObjectId) -> Work {
@@ -118,27 +127,19 @@ async fn a_stage_that_gives_up_remembers_the_deliveries_it_did_not_mark() {
     stage.term = Some(Term(7));
     stage.abandon.cancel();
     let acknowledged = stage.acknowledged.clone();
-    let finished = |id: ObjectId, verdict: Verdict| {
-        let document = doc! { "_id": id, "type": "t", "payload": 1 };
-        let decoded = DecodeRules::any_relay().decode(&document);
-        Finished {
-            work: Work::from_collection(decoded, None),
-            verdict,
-        }
-    };
     let (delivered, queued, refused) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
     let (input, received) = tokio::sync::mpsc::channel(8);
     input
-        .send(finished(delivered, Verdict::Delivered))
+        .send(verdict_on(delivered, Verdict::Delivered))
         .await
         .unwrap();
     let refusal = Verdict::Refused {
         reason: "no".into(),
         own: true,
     };
-    input.send(finished(refused, refusal)).await.unwrap();
+    input.send(verdict_on(refused, refusal)).await.unwrap();
     input
-        .send(finished(queued, Verdict::Delivered))
+        .send(verdict_on(queued, Verdict::Delivered))
         .await
         .unwrap();
     // The first verdict is the batch it gives up on; the rest it never took.
@@ -223,13 +224,7 @@ async fn marks_wait_for_others_to_share_an_update_until_the_batch_fills_or_the_i
     stage.batch_size = 3;
     // Longer than any test: only a full batch or the input's end writes.
     stage.mark_delay = Duration::from_secs(3600);
-    let delivered = |id: ObjectId| {
-        let document = doc! { "_id": id, "type": "t", "payload": 1 };
-        Finished {
-            work: Work::from_collection(DecodeRules::any_relay().decode(&document), None),
-            verdict: Verdict::Delivered,
-        }
-    };
+    let delivered = |id: ObjectId| verdict_on(id, Verdict::Delivered);
     let pending = || {
         let outbox = outbox.clone();
         async move {
@@ -279,24 +274,17 @@ async fn a_verdict_other_than_a_mark_is_written_without_the_delay() {
     let mut stage = stage(outbox.clone());
     // Longer than any test: only a verdict that may not wait ends it.
     stage.mark_delay = Duration::from_secs(3600);
-    let finished = |id: ObjectId, verdict: Verdict| {
-        let document = doc! { "_id": id, "type": "t", "payload": 1 };
-        Finished {
-            work: Work::from_collection(DecodeRules::any_relay().decode(&document), None),
-            verdict,
-        }
-    };
     let (input, received) = tokio::sync::mpsc::channel(8);
     let running = tokio::spawn(stage.run(received));
     input
-        .send(finished(delivered, Verdict::Delivered))
+        .send(verdict_on(delivered, Verdict::Delivered))
         .await
         .unwrap();
     let refusal = Verdict::Refused {
         reason: "no".into(),
         own: true,
     };
-    input.send(finished(refused, refusal)).await.unwrap();
+    input.send(verdict_on(refused, refusal)).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let written = outbox
