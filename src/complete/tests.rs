@@ -46,6 +46,14 @@ fn verdict_on(id: ObjectId, verdict: Verdict) -> Finished {
     }
 }
 
+/// Pending messages with these `_id`s, as a writer inserts them.
+async fn insert_pending(outbox: &Collection<Document>, ids: &[ObjectId]) {
+    for id in ids {
+        let message = doc! { "_id": id, "type": "t", "payload": 1, "status": "pending" };
+        outbox.insert_one(message).await.expect("insert");
+    }
+}
+
 /// The document `id` read back as stored, and decoded as if the driver
 /// could not read its `_id` and `attempts`: addressed by their bytes.
 async fn as_unreadable(outbox: &Collection<Document>, id: ObjectId) -> Work {
@@ -158,10 +166,7 @@ async fn a_stage_that_finds_a_newer_leaders_checkpoint_remembers_what_it_did_not
     let database = crate::testing::database().await;
     let outbox = database.collection::<Document>("outbox");
     let (marked, queued) = (ObjectId::new(), ObjectId::new());
-    for id in [marked, queued] {
-        let message = doc! { "_id": id, "type": "t", "payload": 1, "status": "pending" };
-        outbox.insert_one(message).await.expect("insert");
-    }
+    insert_pending(&outbox, &[marked, queued]).await;
     let checkpoints = CheckpointStore::new(&database, "checkpoints", "outbox");
     database
         .collection::<Document>("checkpoints")
@@ -216,10 +221,7 @@ async fn marks_wait_for_others_to_share_an_update_until_the_batch_fills_or_the_i
     let database = crate::testing::database().await;
     let outbox = database.collection::<Document>("outbox");
     let ids: Vec<ObjectId> = (0..4).map(|_| ObjectId::new()).collect();
-    for id in &ids {
-        let message = doc! { "_id": id, "type": "t", "payload": 1, "status": "pending" };
-        outbox.insert_one(message).await.expect("insert");
-    }
+    insert_pending(&outbox, &ids).await;
     let mut stage = stage(outbox.clone());
     stage.batch_size = 3;
     // Longer than any test: only a full batch or the input's end writes.
@@ -267,10 +269,7 @@ async fn a_verdict_other_than_a_mark_is_written_without_the_delay() {
     let database = crate::testing::database().await;
     let outbox = database.collection::<Document>("outbox");
     let (delivered, refused) = (ObjectId::new(), ObjectId::new());
-    for id in [delivered, refused] {
-        let message = doc! { "_id": id, "type": "t", "payload": 1, "status": "pending" };
-        outbox.insert_one(message).await.expect("insert");
-    }
+    insert_pending(&outbox, &[delivered, refused]).await;
     let mut stage = stage(outbox.clone());
     // Longer than any test: only a verdict that may not wait ends it.
     stage.mark_delay = Duration::from_secs(3600);
