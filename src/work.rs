@@ -311,6 +311,27 @@ impl Acknowledged {
         });
     }
 
+    /// Remembers the deliveries among `unrecorded`, whose marks will not
+    /// be written in `term`, so that the relay does not publish them again
+    /// where nothing has touched them since.
+    pub fn remember_unmarked(
+        &self,
+        term: Option<Term>,
+        unrecorded: impl IntoIterator<Item = Finished>,
+    ) {
+        let Some(term) = term else {
+            return;
+        };
+        let delivered = unrecorded.into_iter().filter_map(|finished| {
+            let message = finished.work.message.as_ref()?;
+            match (&finished.verdict, &message.id) {
+                (Verdict::Delivered, Bson::ObjectId(id)) => Some(*id),
+                _ => None,
+            }
+        });
+        self.record(delivered, term);
+    }
+
     /// The marks of `marked` are written.
     pub fn marked<'a>(&self, marked: impl IntoIterator<Item = &'a Bson>) {
         if self.0.count.load(Ordering::Acquire) == 0 {

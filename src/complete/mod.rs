@@ -41,7 +41,6 @@ use crate::error::{brief, is_document_error};
 use crate::lease::Term;
 use crate::observe::Metrics;
 use crate::order::KeyOrder;
-use crate::publish::stage::remember_unmarked;
 use crate::retry::{until_ok, until_settled};
 use crate::unreadable;
 use crate::work::{Acknowledged, Finished, LastDelivery, Tally, Unmarkable, Verdict};
@@ -182,7 +181,7 @@ impl CompletionStage {
         while let Some(finished) = input.recv().await {
             unrecorded.push(finished);
         }
-        remember_unmarked(&self.acknowledged, self.term, unrecorded);
+        self.acknowledged.remember_unmarked(self.term, unrecorded);
     }
 
     /// Writes the newest recorded token, if one is not yet written.

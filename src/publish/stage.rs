@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backoff::ExponentialBackoff;
-use bson::{Bson, DateTime};
+use bson::DateTime;
 use futures::future::{self, BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
 use mongodb::change_stream::event::ResumeToken;
@@ -667,7 +667,7 @@ impl PublishStage {
         let answered = std::iter::from_fn(|| in_flight.next().now_or_never().flatten())
             .filter_map(|(_, landed)| landed)
             .map(|attempt| attempt.finish(&self.metrics, &self.deliveries));
-        remember_unmarked(&self.acknowledged, self.term, answered);
+        self.acknowledged.remember_unmarked(self.term, answered);
     }
 
     fn flight(&self) -> Flight {
@@ -714,7 +714,8 @@ impl PublishStage {
             if let Err(unrecorded) = output.send(finished).await {
                 // Completion has gone (the term is lost): a delivery it
                 // never saw is remembered, not published again.
-                remember_unmarked(&self.acknowledged, self.term, [unrecorded.0]);
+                self.acknowledged
+                    .remember_unmarked(self.term, [unrecorded.0]);
                 return false;
             }
         }
@@ -770,27 +771,6 @@ impl PublishStage {
         let key = decoded.key.as_deref()?;
         Some(order.enter(key, &decoded.id, work.release))
     }
-}
-
-/// Remembers the deliveries among `unrecorded`, whose marks will not be
-/// written in `term`, so that the relay does not publish them again
-/// where nothing has touched them since (see `Acknowledged`).
-pub(crate) fn remember_unmarked(
-    acknowledged: &Acknowledged,
-    term: Option<Term>,
-    unrecorded: impl IntoIterator<Item = Finished>,
-) {
-    let Some(term) = term else {
-        return;
-    };
-    let delivered = unrecorded.into_iter().filter_map(|finished| {
-        let message = finished.work.message.as_ref()?;
-        match (&finished.verdict, &message.id) {
-            (Verdict::Delivered, Bson::ObjectId(id)) => Some(*id),
-            _ => None,
-        }
-    });
-    acknowledged.record(delivered, term);
 }
 
 #[cfg(test)]

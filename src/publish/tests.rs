@@ -1355,7 +1355,7 @@ async fn a_message_in_doubt_holds_back_only_its_own_key() {
 
 #[tokio::test(start_paused = true)]
 async fn a_message_acknowledged_in_a_lost_term_is_not_published_again_by_the_next() {
-    // Term 4 was lost with m1's delivery unmarked (see `remember_unmarked`).
+    // Term 4 was lost with m1's delivery unmarked (see `Acknowledged::remember_unmarked`).
     let acknowledged = Acknowledged::default();
     acknowledged.record([named("m1")], Term(4));
 
