@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use bson::{doc, oid::ObjectId, Document};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use mongodb::{Client, Collection, Database};
 use outbox_relay::{Relay, RelayConfig};
 use tokio::task::JoinHandle;
@@ -314,6 +314,35 @@ impl Receiver {
                 return messages;
             }
         }
+    }
+
+    /// Takes every message NATS delivered before this call, so that what
+    /// comes next is only what is published after it. A relay may publish
+    /// a message twice (a message in doubt is asked again, and the first
+    /// start's catch-up can meet the stream on one message); JetStream
+    /// keeps one, a plain subscription sees both, the second possibly
+    /// after the test moved on. Call it once the publishers have stopped:
+    /// the server routed their messages before it answered them, so a
+    /// fence this client sends itself now comes back after them, and the
+    /// client hands out what it reads in the order it reads it.
+    pub async fn drain_delivered(&mut self, nats: &async_nats::Client) -> Vec<async_nats::Message> {
+        let fence = nats.new_inbox();
+        let mut fenced = nats.subscribe(fence.clone()).await.expect("subscribe");
+        nats.publish(fence, "".into())
+            .await
+            .expect("publish the fence");
+        tokio::time::timeout(WAIT, fenced.next())
+            .await
+            .expect("timed out waiting for the fence")
+            .expect("subscription closed");
+        let mut messages = Vec::new();
+        // Unconstrained: tokio's budget would end the loop after 128 polls.
+        while let Some(Some(message)) =
+            tokio::task::unconstrained(self.subscriber.next()).now_or_never()
+        {
+            messages.push(message);
+        }
+        messages
     }
 }
 

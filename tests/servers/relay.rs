@@ -351,6 +351,13 @@ async fn a_restart_resumes_from_the_token_without_losing_or_remarking() {
     receiver.until_id(*first.last().unwrap()).await;
     env.wait_count(doc! { "status": "processed" }, 5).await;
     relay.stop().await.unwrap();
+    let late = receiver.drain_delivered(&env.nats).await;
+    assert!(
+        late.iter()
+            .filter_map(msg_id)
+            .all(|id| first.iter().any(|f| f.to_hex() == id)),
+        "the first run published only its own messages"
+    );
     let marked_before: Vec<Document> = env
         .outbox()
         .find(doc! {})

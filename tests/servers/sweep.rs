@@ -545,19 +545,7 @@ async fn a_drain_publishes_each_message_once_though_the_sweep_finds_it_due() {
     env.wait_count(doc! { "status": "processed" }, 600).await;
     relay.stop().await.unwrap();
 
-    // The relay has stopped, so all it published has been routed: a
-    // message sent now arrives after every one of them.
-    let end = format!("{}.end", env.prefix);
-    env.nats.publish(end.clone(), "".into()).await.unwrap();
-    env.nats.flush().await.unwrap();
-    let mut published = Vec::new();
-    loop {
-        let message = receiver.next().await;
-        if message.subject.as_str() == end {
-            break;
-        }
-        published.push(message);
-    }
+    let published = receiver.drain_delivered(&env.nats).await;
     let counts = crate::common::count_by_id(&published);
     let repeated: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
     assert!(
