@@ -127,8 +127,37 @@ pub struct RunResult {
     pub relay: Option<Usage>,
     /// What the relay measured itself, for push runs.
     pub relay_view: Option<RelayView>,
+    /// How much later than the floor the relay delivered, for push runs.
+    pub over_floor: Option<OverFloor>,
     #[serde(skip)]
     pub latencies: Vec<Duration>,
+}
+
+impl RunResult {
+    /// The relay's CPU a received message, over the run's load alone.
+    pub fn cpu_us_per_message(&self) -> f64 {
+        let cpu = self.relay.unwrap_or_default().cpu_seconds;
+        cpu / self.received.max(1) as f64 * 1e6
+    }
+}
+
+/// A push run's latency less its floor's, the same inserts watched by a
+/// bare change stream: what the relay adds to what the database takes.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct OverFloor {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl OverFloor {
+    fn between(run: &RunResult, floor: &RunResult) -> Self {
+        OverFloor {
+            p50_ms: run.p50_ms - floor.p50_ms,
+            p99_ms: run.p99_ms - floor.p99_ms,
+            max_ms: run.max_ms - floor.max_ms,
+        }
+    }
 }
 
 /// The backlog drain against the server's bulk-update rate.
@@ -475,6 +504,7 @@ impl Bench<'_> {
         suffix: &str,
     ) -> Result<Vec<RunResult>> {
         let rate_tag = rate.map_or("max".to_owned(), |r| r.to_string());
+        let count = messages_at(rate, self.config.count);
         let tag = format!("{}{}_{rate_tag}{suffix}", mode.slug(), keys.slug());
         let (prefix, collection) = self.names(&tag);
         let (started, arrived, stop) =
@@ -521,25 +551,21 @@ impl Bench<'_> {
         // The relay's CPU under the load alone, its start-up left out.
         let ready = relay.usage();
         let progress = report::progress(
-            self.config.count,
+            count,
             &format!("{}{} at {rate_tag}/s", mode.label(), keys.label()),
         );
         let took = load::produce(
             &self.client,
             &self.database,
             &collection,
-            load::Load {
-                count: self.config.count,
-                rate,
-                keys,
-            },
+            load::Load { count, rate, keys },
             &started,
             &progress,
         )
         .await?;
         progress.finish_and_clear();
         let limit = Duration::from_secs(60) + mode_wait(mode);
-        load::wait_for(&arrived, self.config.count + 1, limit).await;
+        load::wait_for(&arrived, count + 1, limit).await;
         let done = relay.usage();
         let usage = Usage {
             cpu_seconds: done.cpu_seconds - ready.cpu_seconds,
@@ -550,13 +576,13 @@ impl Bench<'_> {
             _ => None,
         };
         relay.stop(Duration::from_secs(15)).await;
-        let achieved_rate = self.config.count as f64 / took.as_secs_f64().max(1e-9);
+        let achieved_rate = count as f64 / took.as_secs_f64().max(1e-9);
         let result = |mode: Mode, arrived: &Clock, relay: Option<Usage>, relay_view| {
             let latencies = load::latencies(&started, arrived);
             RunResult {
                 mode: format!("{}{}", mode.label(), keys.label()),
                 offered_rate: rate,
-                messages: self.config.count,
+                messages: count,
                 received: latencies.len(),
                 p50_ms: percentile(&latencies, 0.50),
                 p90_ms: percentile(&latencies, 0.90),
@@ -566,15 +592,17 @@ impl Bench<'_> {
                 achieved_rate,
                 relay,
                 relay_view,
+                over_floor: None,
                 latencies,
             }
         };
-        let mut results = Vec::new();
-        if let Some((floor_mode, floor)) = &floor {
-            results.push(result(*floor_mode, floor, None, None));
-        }
-        results.push(result(mode, &arrived, Some(usage), view));
-        Ok(results)
+        let mut run = result(mode, &arrived, Some(usage), view);
+        let Some((floor_mode, floor)) = &floor else {
+            return Ok(vec![run]);
+        };
+        let floor = result(*floor_mode, floor, None, None);
+        run.over_floor = Some(OverFloor::between(&run, &floor));
+        Ok(vec![floor, run])
     }
 
     /// A backlog of `n` written with the relay stopped, then drained (on a
@@ -1018,6 +1046,17 @@ async fn mark_named(outbox: &mongodb::Collection<Document>, ids: &[ObjectId]) ->
     Ok(())
 }
 
+/// The longest a run at an offered rate lasts: at 20 a second, the
+/// default count would take a hundred seconds a mode.
+const LONGEST_RUN: Duration = Duration::from_secs(60);
+
+/// How many messages a run at `rate` writes: `count`, or as many as the
+/// rate offers in [`LONGEST_RUN`] if that is fewer.
+fn messages_at(rate: Option<u32>, count: usize) -> usize {
+    let in_longest_run = |rate: u32| (rate as u64 * LONGEST_RUN.as_secs()) as usize;
+    rate.map_or(count, |rate| count.min(in_longest_run(rate)))
+}
+
 /// How long a mode may take beyond the load itself.
 fn mode_wait(mode: Mode) -> Duration {
     match mode {
@@ -1038,6 +1077,13 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_low_rate_writes_a_minutes_worth_at_most() {
+        assert_eq!(messages_at(Some(20), 2000), 1200);
+        assert_eq!(messages_at(Some(100), 2000), 2000);
+        assert_eq!(messages_at(None, 2000), 2000);
+    }
 
     #[test]
     fn percentiles_are_nearest_rank() {

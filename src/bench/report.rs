@@ -50,7 +50,6 @@ pub fn print_table(report: &Report) {
                 "-".into()
             }
         };
-        let per_message = usage.cpu_seconds / run.received.max(1) as f64 * 1e6;
         println!(
             "{:<25} {:>7} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.0} {:>8} {:>10} {:>8}",
             run.mode,
@@ -63,10 +62,11 @@ pub fn print_table(report: &Report) {
             run.max_ms,
             run.achieved_rate,
             shown(usage.cpu_seconds),
-            shown(per_message),
+            shown(run.cpu_us_per_message()),
             shown(usage.peak_rss_mib),
         );
     }
+    print_over_floor(report);
     for run in &report.runs {
         if let Some(view) = &run.relay_view {
             println!(
@@ -157,6 +157,35 @@ pub fn print_table(report: &Report) {
             );
         }
     }
+}
+
+/// What the relay adds to the database's own delay in each push run, and
+/// what it spends a message: the figures to compare across rates.
+fn print_over_floor(report: &Report) {
+    let push: Vec<_> = report
+        .runs
+        .iter()
+        .filter_map(|run| Some((run, run.over_floor?)))
+        .collect();
+    if push.is_empty() {
+        return;
+    }
+    println!(
+        "\nthe relay over the change-stream floor (same inserts, same run):\n{:<25} {:>7} {:>10} {:>10} {:>10} {:>10}",
+        "mode", "offered", "+p50 ms", "+p99 ms", "+max ms", "cpu µs/msg"
+    );
+    for (run, over) in push {
+        println!(
+            "{:<25} {:>7} {:>+10.2} {:>+10.2} {:>+10.2} {:>10.0}",
+            run.mode,
+            run.offered_rate.map_or("max".into(), |r| r.to_string()),
+            over.p50_ms,
+            over.p99_ms,
+            over.max_ms,
+            run.cpu_us_per_message(),
+        );
+    }
+    println!();
 }
 
 /// Writes the report as JSON.

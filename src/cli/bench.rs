@@ -29,9 +29,9 @@ pub struct BenchArgs {
     )]
     pub nats_url: String,
     /// Offered rates in messages a second, comma-separated; "max" is as fast as it goes.
-    #[arg(long, default_value = "100,1000,max", value_delimiter = ',')]
+    #[arg(long, default_value = "20,100,1000,max", value_delimiter = ',')]
     pub rates: Vec<String>,
-    /// Messages per run.
+    /// Messages per run; a run at a low rate writes a minute's worth at most.
     #[arg(long, default_value_t = 2000)]
     pub count: usize,
     /// Poll intervals to compare against, comma-separated.
