@@ -101,6 +101,18 @@ pub fn latencies(started: &Clock, arrived: &Clock) -> Vec<Duration> {
     out
 }
 
+/// How long after the run's first write the slowest message was written:
+/// a stall at the start is the relay warming up, one later is not.
+pub fn slowest_at(started: &Clock, arrived: &Clock) -> Option<Duration> {
+    let (started, arrived) = (started.snapshot(), arrived.snapshot());
+    let first = started.values().min()?;
+    started
+        .iter()
+        .filter_map(|(id, t0)| Some((arrived.get(id)?.saturating_duration_since(*t0), *t0)))
+        .max()
+        .map(|(_, t0)| t0.saturating_duration_since(*first))
+}
+
 /// Writes one order and its outbox message per transaction, paced at
 /// `rate` per second (`None`: as fast as `workers` writers go), until
 /// `count` are committed. Notes each commit's start in `started`.

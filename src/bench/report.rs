@@ -171,18 +171,20 @@ fn print_over_floor(report: &Report) {
         return;
     }
     println!(
-        "\nthe relay over the change-stream floor (same inserts, same run):\n{:<25} {:>7} {:>10} {:>10} {:>10} {:>10}",
-        "mode", "offered", "+p50 ms", "+p99 ms", "+max ms", "cpu µs/msg"
+        "\nthe relay over the change-stream floor (same inserts, same run):\n{:<25} {:>7} {:>10} {:>10} {:>10} {:>10} {:>12}",
+        "mode", "offered", "+p50 ms", "+p99 ms", "+max ms", "cpu µs/msg", "slowest"
     );
+    let at = |run: &RunResult| run.max_at_s.map_or("-".into(), |s| format!("{s:.1} s in"));
     for (run, over) in push {
         println!(
-            "{:<25} {:>7} {:>+10.2} {:>+10.2} {:>+10.2} {:>10.0}",
+            "{:<25} {:>7} {:>+10.2} {:>+10.2} {:>+10.2} {:>10.0} {:>12}",
             run.mode,
             run.offered_rate.map_or("max".into(), |r| r.to_string()),
             over.p50_ms,
             over.p99_ms,
             over.max_ms,
             run.cpu_us_per_message(),
+            at(run),
         );
     }
     println!();
