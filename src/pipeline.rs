@@ -86,6 +86,7 @@ impl Pipeline {
             batch_size: self.batch_size,
             checkpoint_interval: self.checkpoint_interval,
             mark_delay: self.mark_delay,
+            budget: self.budget.clone(),
             retry: self.retry.clone(),
             abandon: self.abandon.clone(),
             metrics: self.metrics.clone(),

@@ -543,6 +543,12 @@ impl Budget {
         self.permits.clone().try_acquire_many_owned(wanted).ok()
     }
 
+    /// Whether less than half of it is free: a source may be waiting for
+    /// room that only recorded work gives back.
+    pub fn is_short(&self) -> bool {
+        self.permits.available_permits() < self.bytes as usize / 2
+    }
+
     /// What `bytes` take of the budget: all of it at the most.
     fn wanted(&self, bytes: usize) -> u32 {
         u32::try_from(bytes)

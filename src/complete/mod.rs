@@ -43,7 +43,7 @@ use crate::observe::Metrics;
 use crate::order::KeyOrder;
 use crate::retry::{until_ok, until_settled};
 use crate::unreadable;
-use crate::work::{Acknowledged, Finished, LastDelivery, Tally, Unmarkable, Verdict};
+use crate::work::{Acknowledged, Budget, Finished, LastDelivery, Tally, Unmarkable, Verdict};
 
 mod fate;
 #[cfg(test)]
@@ -61,6 +61,9 @@ pub(crate) struct CompletionStage {
     /// How long the first verdict of a batch waits for others to share its
     /// update (see `gather`).
     pub mark_delay: Duration,
+    /// The relay's budget for work read and not yet recorded: marks do
+    /// not wait while it is short (see `gather`).
+    pub budget: Budget,
     pub retry: RetryPolicy,
     /// Fires when the relay stops waiting for MongoDB (the end of a graceful
     /// stop's grace time). Until then, writes are retried.
@@ -142,7 +145,9 @@ impl CompletionStage {
 
     /// A batch of verdicts: `first`, and those that come within the mark
     /// delay after it, up to the batch size; at once if the input closes,
-    /// the relay stops at once, or a verdict other than a mark comes.
+    /// the relay stops at once, a verdict other than a mark comes, or the
+    /// budget is short (the work waiting here holds room a source may be
+    /// waiting for, and no verdict comes while it waits).
     ///
     /// Why wait: a mark follows its publish, so waiting delays no delivery,
     /// while an update costs much the same for one message as for fifty.
@@ -158,7 +163,7 @@ impl CompletionStage {
             let next = match input.try_recv() {
                 Ok(finished) => Some(finished),
                 Err(TryRecvError::Disconnected) => None,
-                Err(TryRecvError::Empty) if !waiting => None,
+                Err(TryRecvError::Empty) if !waiting || self.budget.is_short() => None,
                 Err(TryRecvError::Empty) => tokio::select! {
                     _ = self.abandon.cancelled() => None,
                     next = tokio::time::timeout_at(until, input.recv()) => next.ok().flatten(),

@@ -15,7 +15,7 @@ use crate::contract::{ContractViolation, DecodeRules, StoredFields};
 use crate::lease::Term;
 use crate::observe::Metrics;
 use crate::unreadable::RawField;
-use crate::work::{Again, Finished, LastDelivery, Unmarkable, Verdict, Work};
+use crate::work::{Again, Budget, Finished, LastDelivery, Unmarkable, Verdict, Work};
 
 fn stage(outbox: Collection<Document>) -> CompletionStage {
     let config = RelayConfig::new("mongodb://unused", "unused");
@@ -25,6 +25,7 @@ fn stage(outbox: Collection<Document>) -> CompletionStage {
         batch_size: 10,
         checkpoint_interval: Duration::from_secs(1),
         mark_delay: Duration::ZERO,
+        budget: Budget::new(1 << 20),
         retry: config.retry(),
         abandon: CancellationToken::new(),
         metrics: Metrics::new(),
@@ -34,6 +35,27 @@ fn stage(outbox: Collection<Document>) -> CompletionStage {
         claims_before: None,
         acknowledged: Default::default(),
         term: None,
+    }
+}
+
+/// The stage running on its own task, and the way to feed it.
+fn running(
+    stage: CompletionStage,
+) -> (
+    tokio::sync::mpsc::Sender<Finished>,
+    tokio::task::JoinHandle<crate::work::Tally>,
+) {
+    let (input, received) = tokio::sync::mpsc::channel(8);
+    (input, tokio::spawn(stage.run(received)))
+}
+
+/// Waits until `filter` matches `n` documents; fails the test, saying
+/// `what` should have happened, after 30 s.
+async fn until_counted(outbox: &Collection<Document>, filter: Document, n: u64, what: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while outbox.count_documents(filter.clone()).await.expect("count") != n {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -236,22 +258,15 @@ async fn marks_wait_for_others_to_share_an_update_until_the_batch_fills_or_the_i
                 .expect("count")
         }
     };
-    let (input, received) = tokio::sync::mpsc::channel(8);
-    let running = tokio::spawn(stage.run(received));
+    let (input, running) = running(stage);
     input.send(delivered(ids[0])).await.unwrap();
     input.send(delivered(ids[1])).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(pending().await, 4, "two marks wait for a third");
 
     input.send(delivered(ids[2])).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while pending().await != 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a full batch is marked at once"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let a_full_batch = "a full batch is marked at once";
+    until_counted(&outbox, doc! { "status": "pending" }, 1, a_full_batch).await;
 
     input.send(delivered(ids[3])).await.unwrap();
     drop(input);
@@ -273,8 +288,7 @@ async fn a_verdict_other_than_a_mark_is_written_without_the_delay() {
     let mut stage = stage(outbox.clone());
     // Longer than any test: only a verdict that may not wait ends it.
     stage.mark_delay = Duration::from_secs(3600);
-    let (input, received) = tokio::sync::mpsc::channel(8);
-    let running = tokio::spawn(stage.run(received));
+    let (input, running) = running(stage);
     input
         .send(verdict_on(delivered, Verdict::Delivered))
         .await
@@ -284,24 +298,38 @@ async fn a_verdict_other_than_a_mark_is_written_without_the_delay() {
         own: true,
     };
     input.send(verdict_on(refused, refusal)).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let written = outbox
-            .count_documents(doc! { "$or": [
-                { "_id": delivered, "status": "processed" },
-                { "_id": refused, "attempts": 1 },
-            ] })
-            .await
-            .expect("count");
-        if written == 2 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a refusal, and the mark before it, are written at once"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let both = doc! { "$or": [
+        { "_id": delivered, "status": "processed" },
+        { "_id": refused, "attempts": 1 },
+    ] };
+    let at_once = "a refusal, and the mark before it, are written at once";
+    until_counted(&outbox, both, 2, at_once).await;
+    drop(input);
+    running.await.expect("no panic");
+    database.drop().await.expect("drop");
+}
+
+#[tokio::test]
+async fn marks_do_not_wait_while_the_budget_is_short() {
+    let database = crate::testing::database().await;
+    let outbox = database.collection::<Document>("outbox");
+    let id = ObjectId::new();
+    insert_pending(&outbox, &[id]).await;
+    let mut stage = stage(outbox.clone());
+    // Longer than any test: only the short budget ends the wait.
+    stage.mark_delay = Duration::from_secs(3600);
+    let budget = Budget::new(1000);
+    stage.budget = budget.clone();
+    // Work read and waiting for room: no verdict comes until this mark
+    // is written and its room given back.
+    let _held = budget.try_reserve(600).expect("room");
+    let (input, running) = running(stage);
+    input
+        .send(verdict_on(id, Verdict::Delivered))
+        .await
+        .unwrap();
+    let marked = doc! { "_id": id, "status": "processed" };
+    until_counted(&outbox, marked, 1, "the mark is written at once").await;
     drop(input);
     running.await.expect("no panic");
     database.drop().await.expect("drop");
