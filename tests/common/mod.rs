@@ -321,10 +321,12 @@ impl Receiver {
     /// a message twice (a message in doubt is asked again, and the first
     /// start's catch-up can meet the stream on one message); JetStream
     /// keeps one, a plain subscription sees both, the second possibly
-    /// after the test moved on. Call it once the publishers have stopped:
-    /// the server routed their messages before it answered them, so a
-    /// fence this client sends itself now comes back after them, and the
-    /// client hands out what it reads in the order it reads it.
+    /// after the test moved on. Call it once relays publishing to
+    /// JetStream have stopped: the server routed their messages before it
+    /// answered them, so a fence this client sends itself now comes back
+    /// after them, and the client hands out what it reads in the order it
+    /// reads it. (A core NATS publish has no answer, so one could overtake
+    /// the fence; a subscription holds 65,536 messages before it drops any.)
     pub async fn drain_delivered(&mut self, nats: &async_nats::Client) -> Vec<async_nats::Message> {
         let fence = nats.new_inbox();
         let mut fenced = nats.subscribe(fence.clone()).await.expect("subscribe");
