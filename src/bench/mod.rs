@@ -263,6 +263,7 @@ pub struct Report {
     pub server: String,
     pub mongodb_uri: String,
     pub nats_url: String,
+    /// `--count`: a run at a low rate writes fewer (its `messages`).
     pub count: usize,
     pub rates: Vec<Option<u32>>,
     pub started_at: String,
@@ -337,8 +338,14 @@ impl Bench<'_> {
                 .map(|&every| Mode::Poll(every)),
         );
         // A first run on a cold server (empty caches, a fresh process) is
-        // slower across the board; it is run once and thrown away.
-        if let Some(&rate) = self.config.rates.first() {
+        // slower across the board; it is run once and thrown away, at the
+        // highest rate, so that it is short.
+        let highest = self
+            .config
+            .rates
+            .iter()
+            .max_by_key(|rate| rate.unwrap_or(u32::MAX));
+        if let Some(&rate) = highest {
             tracing::info!("warm-up run, not reported");
             self.run_one(Mode::Push(NatsMode::Jetstream), rate, Keys::None, "_warmup")
                 .await?;
