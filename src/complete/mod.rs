@@ -143,11 +143,12 @@ impl CompletionStage {
         Ok(())
     }
 
-    /// A batch of verdicts: `first`, and those that come within the mark
-    /// delay after it, up to the batch size; at once if the input closes,
-    /// the relay stops at once, a verdict other than a mark comes, or the
-    /// budget is short (the work waiting here holds room a source may be
-    /// waiting for, and no verdict comes while it waits).
+    /// A batch of verdicts: `first`, those that come within the mark delay
+    /// after it, and the first to come after that (or, if none comes within
+    /// a second delay, none), up to the batch size; at once if the input
+    /// closes, the relay stops at once, a verdict other than a mark comes,
+    /// or the budget is short (the work waiting here holds room a source
+    /// may be waiting for, and no verdict comes while it waits).
     ///
     /// Why wait: a mark follows its publish, so waiting delays no delivery,
     /// while an update costs much the same for one message as for fifty.
@@ -155,8 +156,15 @@ impl CompletionStage {
     /// for an update of its own. Under load a batch fills at once. Other
     /// verdicts (parks, refusals, dead letters) are written without delay:
     /// a key's later messages can wait for them.
+    ///
+    /// Why end with a verdict rather than on the clock: a verdict comes just
+    /// after its message's publish was answered, the moment the next
+    /// message is furthest off. A batch written when a timer fires can be
+    /// written as a message arrives, and steady traffic meets that timer at
+    /// the same point each time.
     async fn gather(&self, first: Finished, input: &mut mpsc::Receiver<Finished>) -> Vec<Finished> {
-        let until = Instant::now() + self.mark_delay;
+        let delayed = Instant::now() + self.mark_delay;
+        let last_call = delayed + self.mark_delay;
         let mut waiting = may_wait(&first) && !self.mark_delay.is_zero();
         let mut batch = vec![first];
         while batch.len() < self.batch_size {
@@ -166,11 +174,11 @@ impl CompletionStage {
                 Err(TryRecvError::Empty) if !waiting || self.budget.is_short() => None,
                 Err(TryRecvError::Empty) => tokio::select! {
                     _ = self.abandon.cancelled() => None,
-                    next = tokio::time::timeout_at(until, input.recv()) => next.ok().flatten(),
+                    next = tokio::time::timeout_at(last_call, input.recv()) => next.ok().flatten(),
                 },
             };
             let Some(finished) = next else { break };
-            waiting &= may_wait(&finished);
+            waiting &= may_wait(&finished) && Instant::now() < delayed;
             batch.push(finished);
         }
         batch

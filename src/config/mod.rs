@@ -136,8 +136,9 @@ settings! {
         max_in_flight: usize = 256, within(1..=65_536);
         /// Most messages marked processed with one update.
         batch_size: usize = 500, within(1..=10_000);
-        /// How long a delivery's mark waits for others to share its update:
-        /// a mark delays no delivery, and one update for several messages
+        /// How long a delivery's mark waits for others to share its update,
+        /// before it goes with the next delivery (at most twice this): a
+        /// mark delays no delivery, and one update for several messages
         /// costs each a fraction of one (0: marks are written at once).
         mark_delay: Duration = 100 * MS, within(Duration::ZERO..=SECOND);
         /// Most bytes of messages read and not yet recorded, across the
