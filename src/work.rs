@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use bson::{oid::ObjectId, Bson, DateTime};
 use mongodb::change_stream::event::ResumeToken;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::futures::Notified;
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::contract::{ContractViolation, Decoded};
 use crate::lease::Term;
@@ -518,6 +519,8 @@ impl LastDelivery {
 pub(crate) struct Budget {
     permits: Arc<Semaphore>,
     bytes: u32,
+    /// Told each time a reservation has to wait for room.
+    starved: Arc<Notify>,
 }
 
 impl Budget {
@@ -526,6 +529,7 @@ impl Budget {
         Budget {
             permits: Arc::new(Semaphore::new(bytes as usize)),
             bytes,
+            starved: Arc::new(Notify::new()),
         }
     }
 
@@ -533,7 +537,18 @@ impl Budget {
     /// for all of it, and then goes alone.
     pub async fn reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
         let wanted = self.wanted(bytes);
+        if let Ok(permit) = self.permits.clone().try_acquire_many_owned(wanted) {
+            return Some(permit);
+        }
+        self.starved.notify_waiters();
         self.permits.clone().acquire_many_owned(wanted).await.ok()
+    }
+
+    /// Resolves when a reservation starts waiting for room after this is
+    /// enabled (see [`Notified::enable`]); pair it with [`Budget::is_short`]
+    /// for one that waits already.
+    pub fn starved(&self) -> Notified<'_> {
+        self.starved.notified()
     }
 
     /// `bytes`, if they fit now. For one who holds some of the budget
@@ -546,7 +561,7 @@ impl Budget {
     /// Whether less than half of it is free: a source may be waiting for
     /// room that only recorded work gives back.
     pub fn is_short(&self) -> bool {
-        self.permits.available_permits() < self.bytes as usize / 2
+        self.permits.available_permits() * 2 < self.bytes as usize
     }
 
     /// What `bytes` take of the budget: all of it at the most.

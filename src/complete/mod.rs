@@ -147,8 +147,8 @@ impl CompletionStage {
     /// after it, and the first to come after that (or, if none comes within
     /// a second delay, none), up to the batch size; at once if the input
     /// closes, the relay stops at once, a verdict other than a mark comes,
-    /// or the budget is short (the work waiting here holds room a source
-    /// may be waiting for, and no verdict comes while it waits).
+    /// or the budget is short or a source waits for room in it (the work
+    /// waiting here holds room, and no verdict comes while a source waits).
     ///
     /// Why wait: a mark follows its publish, so waiting delays no delivery,
     /// while an update costs much the same for one message as for fifty.
@@ -171,17 +171,36 @@ impl CompletionStage {
             let next = match input.try_recv() {
                 Ok(finished) => Some(finished),
                 Err(TryRecvError::Disconnected) => None,
-                Err(TryRecvError::Empty) if !waiting || self.budget.is_short() => None,
-                Err(TryRecvError::Empty) => tokio::select! {
-                    _ = self.abandon.cancelled() => None,
-                    next = tokio::time::timeout_at(last_call, input.recv()) => next.ok().flatten(),
-                },
+                Err(TryRecvError::Empty) if !waiting => None,
+                Err(TryRecvError::Empty) => self.next_before(last_call, input).await,
             };
             let Some(finished) = next else { break };
             waiting &= may_wait(&finished) && Instant::now() < delayed;
             batch.push(finished);
         }
         batch
+    }
+
+    /// The next verdict, if one comes before `deadline`, the relay stops at
+    /// once, and no source is short of budget meanwhile.
+    async fn next_before(
+        &self,
+        deadline: Instant,
+        input: &mut mpsc::Receiver<Finished>,
+    ) -> Option<Finished> {
+        // Listening before looking: a source that starts waiting for room
+        // after the look is heard, one that waited before it is seen.
+        let starved = self.budget.starved();
+        tokio::pin!(starved);
+        starved.as_mut().enable();
+        if self.budget.is_short() {
+            return None;
+        }
+        tokio::select! {
+            _ = self.abandon.cancelled() => None,
+            _ = starved => None,
+            next = tokio::time::timeout_at(deadline, input.recv()) => next.ok().flatten(),
+        }
     }
 
     /// Gives up recording: the deliveries in `unrecorded` and still in

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, Document, RawDocumentBuf};
-use mongodb::Collection;
+use mongodb::{Collection, Database};
 use tokio_util::sync::CancellationToken;
 
 use super::CompletionStage;
@@ -38,13 +38,14 @@ fn stage(outbox: Collection<Document>) -> CompletionStage {
     }
 }
 
-/// The stage running on its own task, and the way to feed it.
-fn running(
-    stage: CompletionStage,
-) -> (
+/// A running stage: the way to feed it, and its task.
+type Stage = (
     tokio::sync::mpsc::Sender<Finished>,
     tokio::task::JoinHandle<crate::work::Tally>,
-) {
+);
+
+/// The stage running on its own task, and the way to feed it.
+fn running(stage: CompletionStage) -> Stage {
     let (input, received) = tokio::sync::mpsc::channel(8);
     (input, tokio::spawn(stage.run(received)))
 }
@@ -309,27 +310,59 @@ async fn a_verdict_other_than_a_mark_is_written_without_the_delay() {
     database.drop().await.expect("drop");
 }
 
-#[tokio::test]
-async fn marks_do_not_wait_while_the_budget_is_short() {
+/// A stage on `budget`, with a delivery whose mark could wait an hour;
+/// the mark is on `id` in `database`'s outbox.
+async fn a_mark_waiting_on(budget: &Budget) -> (Database, Collection<Document>, ObjectId, Stage) {
     let database = crate::testing::database().await;
     let outbox = database.collection::<Document>("outbox");
     let id = ObjectId::new();
     insert_pending(&outbox, &[id]).await;
     let mut stage = stage(outbox.clone());
-    // Longer than any test: only the short budget ends the wait.
     stage.mark_delay = Duration::from_secs(3600);
-    let budget = Budget::new(1000);
     stage.budget = budget.clone();
-    // Work read and waiting for room: no verdict comes until this mark
-    // is written and its room given back.
-    let _held = budget.try_reserve(600).expect("room");
     let (input, running) = running(stage);
     input
         .send(verdict_on(id, Verdict::Delivered))
         .await
         .unwrap();
+    (database, outbox, id, (input, running))
+}
+
+#[tokio::test]
+async fn marks_do_not_wait_while_the_budget_is_short() {
+    let budget = Budget::new(1000);
+    // Work read and waiting for room: no verdict comes until this mark
+    // is written and its room given back.
+    let _held = budget.try_reserve(600).expect("room");
+    let (database, outbox, id, (input, running)) = a_mark_waiting_on(&budget).await;
     let marked = doc! { "_id": id, "status": "processed" };
     until_counted(&outbox, marked, 1, "the mark is written at once").await;
+    drop(input);
+    running.await.expect("no panic");
+    database.drop().await.expect("drop");
+}
+
+#[tokio::test]
+async fn marks_stop_waiting_when_a_source_starts_waiting_for_budget() {
+    let budget = Budget::new(1000);
+    // The waiting mark's work holds a little of the budget.
+    let held = budget.try_reserve(100).expect("room");
+    let (database, outbox, id, (input, running)) = a_mark_waiting_on(&budget).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pending = doc! { "_id": id, "status": "pending" };
+    let waits = "the mark waits while the budget has room";
+    until_counted(&outbox, pending, 1, waits).await;
+    // A message larger than the budget wants all of it, and waits.
+    let reading = tokio::spawn({
+        let budget = budget.clone();
+        async move { budget.reserve(5000).await }
+    });
+    let marked = doc! { "_id": id, "status": "processed" };
+    let at_once = "the mark is written once a source waits for room";
+    until_counted(&outbox, marked, 1, at_once).await;
+    drop(held);
+    let read = tokio::time::timeout(Duration::from_secs(30), reading).await;
+    assert!(matches!(read, Ok(Ok(Some(_)))), "the source gets its room");
     drop(input);
     running.await.expect("no panic");
     database.drop().await.expect("drop");
