@@ -140,7 +140,7 @@ settings! {
         /// before it goes with the next delivery (at most twice this): a
         /// mark delays no delivery, and one update for several messages
         /// costs each a fraction of one (0: marks are written at once).
-        mark_delay: Duration = 100 * MS, within(Duration::ZERO..=SECOND);
+        mark_delay: Duration = 20 * MS, within(Duration::ZERO..=SECOND);
         /// Most bytes of messages read and not yet recorded, across the
         /// stages; sources wait for room beyond it.
         max_buffered_bytes: Bytes = Bytes::mib(64), within(Bytes::mib(1)..=Bytes::mib(4096));
