@@ -512,7 +512,7 @@ impl Bench<'_> {
         keys: Keys,
         suffix: &str,
     ) -> Result<Vec<RunResult>> {
-        let rate_tag = rate.map_or("max".to_owned(), |r| r.to_string());
+        let rate_tag = rate_label(rate);
         let count = messages_at(rate, self.config.count);
         let tag = format!("{}{}_{rate_tag}{suffix}", mode.slug(), keys.slug());
         let (prefix, collection) = self.names(&tag);
@@ -1061,6 +1061,11 @@ async fn mark_named(outbox: &mongodb::Collection<Document>, ids: &[ObjectId]) ->
         .await
         .map_err(|e| Error::mongo("marking documents failed", e))?;
     Ok(())
+}
+
+/// An offered rate as the results name it: its number, or "max".
+pub(crate) fn rate_label(rate: Option<u32>) -> String {
+    rate.map_or("max".into(), |rate| rate.to_string())
 }
 
 /// Messages a run sends one at a time before its load (see `run_one`).

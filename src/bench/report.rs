@@ -6,7 +6,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::{Report, RunResult};
+use super::{rate_label, Report, RunResult};
 use crate::error::{Error, Result};
 
 /// A progress bar on a terminal; nothing otherwise.
@@ -53,7 +53,7 @@ pub fn print_table(report: &Report) {
         println!(
             "{:<25} {:>7} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.0} {:>8} {:>10} {:>8}",
             run.mode,
-            run.offered_rate.map_or("max".into(), |r| r.to_string()),
+            rate_label(run.offered_rate),
             format!("{}/{}", run.received, run.messages),
             run.p50_ms,
             run.p90_ms,
@@ -73,7 +73,7 @@ pub fn print_table(report: &Report) {
                 "{} at {}/s, as the relay measured it: commit to acknowledgement {:.2} ms mean, \
                  of which publish to acknowledgement {:.2} ms",
                 run.mode,
-                run.offered_rate.map_or("max".into(), |r| r.to_string()),
+                rate_label(run.offered_rate),
                 view.commit_to_ack_mean_ms,
                 view.publish_ack_mean_ms,
             );
@@ -179,7 +179,7 @@ fn print_over_floor(report: &Report) {
         println!(
             "{:<25} {:>7} {:>+10.2} {:>+10.2} {:>+10.2} {:>10.0} {:>12}",
             run.mode,
-            run.offered_rate.map_or("max".into(), |r| r.to_string()),
+            rate_label(run.offered_rate),
             over.p50_ms,
             over.p99_ms,
             over.max_ms,
@@ -218,7 +218,7 @@ pub fn write_plot(report: &Report, rate: Option<u32>, path: &Path) -> Result<()>
     root.fill(&WHITE).map_err(|e| failed(&e))?;
     let title = format!(
         "commit-to-receipt latency, {} msg/s offered ({})",
-        rate.map_or("max".into(), |r| r.to_string()),
+        rate_label(rate),
         report.server
     );
     let mut chart = ChartBuilder::on(&root)

@@ -69,12 +69,17 @@ fn verdict_on(id: ObjectId, verdict: Verdict) -> Finished {
     }
 }
 
-/// Pending messages with these `_id`s, as a writer inserts them.
-async fn insert_pending(outbox: &Collection<Document>, ids: &[ObjectId]) {
-    for id in ids {
+/// A database of its own whose outbox holds `n` pending messages, as a
+/// writer inserts them, and their `_id`s.
+async fn outbox_with_pending(n: usize) -> (Database, Collection<Document>, Vec<ObjectId>) {
+    let database = crate::testing::database().await;
+    let outbox = database.collection::<Document>("outbox");
+    let ids: Vec<ObjectId> = (0..n).map(|_| ObjectId::new()).collect();
+    for id in &ids {
         let message = doc! { "_id": id, "type": "t", "payload": 1, "status": "pending" };
         outbox.insert_one(message).await.expect("insert");
     }
+    (database, outbox, ids)
 }
 
 /// The document `id` read back as stored, and decoded as if the driver
@@ -186,10 +191,8 @@ async fn a_stage_that_gives_up_remembers_the_deliveries_it_did_not_mark() {
 
 #[tokio::test]
 async fn a_stage_that_finds_a_newer_leaders_checkpoint_remembers_what_it_did_not_mark() {
-    let database = crate::testing::database().await;
-    let outbox = database.collection::<Document>("outbox");
-    let (marked, queued) = (ObjectId::new(), ObjectId::new());
-    insert_pending(&outbox, &[marked, queued]).await;
+    let (database, outbox, ids) = outbox_with_pending(2).await;
+    let (marked, queued) = (ids[0], ids[1]);
     let checkpoints = CheckpointStore::new(&database, "checkpoints", "outbox");
     database
         .collection::<Document>("checkpoints")
@@ -241,10 +244,7 @@ async fn a_stage_that_finds_a_newer_leaders_checkpoint_remembers_what_it_did_not
 
 #[tokio::test]
 async fn marks_wait_for_others_to_share_an_update_until_the_batch_fills_or_the_input_ends() {
-    let database = crate::testing::database().await;
-    let outbox = database.collection::<Document>("outbox");
-    let ids: Vec<ObjectId> = (0..4).map(|_| ObjectId::new()).collect();
-    insert_pending(&outbox, &ids).await;
+    let (database, outbox, ids) = outbox_with_pending(4).await;
     let mut stage = stage(outbox.clone());
     stage.batch_size = 3;
     // Longer than any test: only a full batch or the input's end writes.
@@ -282,10 +282,8 @@ async fn marks_wait_for_others_to_share_an_update_until_the_batch_fills_or_the_i
 
 #[tokio::test]
 async fn a_verdict_other_than_a_mark_is_written_without_the_delay() {
-    let database = crate::testing::database().await;
-    let outbox = database.collection::<Document>("outbox");
-    let (delivered, refused) = (ObjectId::new(), ObjectId::new());
-    insert_pending(&outbox, &[delivered, refused]).await;
+    let (database, outbox, ids) = outbox_with_pending(2).await;
+    let (delivered, refused) = (ids[0], ids[1]);
     let mut stage = stage(outbox.clone());
     // Longer than any test: only a verdict that may not wait ends it.
     stage.mark_delay = Duration::from_secs(3600);
@@ -313,10 +311,8 @@ async fn a_verdict_other_than_a_mark_is_written_without_the_delay() {
 /// A stage on `budget`, with a delivery whose mark could wait an hour;
 /// the mark is on `id` in `database`'s outbox.
 async fn a_mark_waiting_on(budget: &Budget) -> (Database, Collection<Document>, ObjectId, Stage) {
-    let database = crate::testing::database().await;
-    let outbox = database.collection::<Document>("outbox");
-    let id = ObjectId::new();
-    insert_pending(&outbox, &[id]).await;
+    let (database, outbox, ids) = outbox_with_pending(1).await;
+    let id = ids[0];
     let mut stage = stage(outbox.clone());
     stage.mark_delay = Duration::from_secs(3600);
     stage.budget = budget.clone();
