@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Document};
+use bytes::Bytes;
 use futures::StreamExt;
 use mongodb::{Client, Collection, Database};
 use tokio::time::Instant;
@@ -251,12 +252,36 @@ pub async fn subscribe(
     Ok(())
 }
 
+/// Where the floor's watcher forwards each insert it sees.
+pub struct Forward {
+    pub nats: async_nats::Client,
+    pub subject: String,
+}
+
+impl Forward {
+    /// Publishes `id` as the relay would, named by `Nats-Msg-Id`. A failed
+    /// publish is a message the forward's timing misses, nothing more.
+    async fn send(&self, id: ObjectId) {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", id.to_hex().as_str());
+        let sent = self
+            .nats
+            .publish_with_headers(self.subject.clone(), headers, Bytes::new())
+            .await;
+        if let Err(error) = sent {
+            tracing::warn!("the floor's forward of {id} failed: {error}");
+        }
+    }
+}
+
 /// The floor: a bare change stream on the collection, with the relay's own
 /// pipeline, noting when each insert event arrives. No NATS, no marking:
-/// what the database itself takes.
+/// what the database itself takes. It then forwards the insert, for the
+/// floor with one NATS hop.
 pub async fn watch_inserts(
     outbox: Collection<Document>,
     arrived: Clock,
+    forward: Forward,
     stop: CancellationToken,
 ) -> Result<()> {
     let mut stream = outbox
@@ -280,6 +305,7 @@ pub async fn watch_inserts(
                         .and_then(|k| k.get_object_id("_id").ok())
                     {
                         arrived.note(id, at);
+                        forward.send(id).await;
                     }
                 }
                 _ => return,

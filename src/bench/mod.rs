@@ -34,6 +34,7 @@ use crate::source::change_stream::said;
 pub use inbox::{EndToEnd, InboxBench};
 use load::Clock;
 pub use load::Keys;
+pub use process::cpu_seconds;
 use process::{RelayProcess, RelayView, Usage};
 
 pub use report::{print_table, write_json, write_plot};
@@ -80,6 +81,10 @@ pub enum Mode {
     /// A bare change stream on the inserts of the push run with this NATS
     /// mode: what the database itself takes.
     Floor(NatsMode),
+    /// The floor's watcher publishing each insert to core NATS as it sees
+    /// it, timed at the benchmark's subscriber: what the database and one
+    /// NATS hop take, the least any relay can add a publish to.
+    Forward(NatsMode),
     /// The relay tailing the change stream, publishing to JetStream or to
     /// core NATS (the difference is what JetStream's acknowledged storage
     /// costs).
@@ -93,6 +98,8 @@ impl Mode {
         match self {
             Mode::Floor(NatsMode::Jetstream) => "floor (change stream)".into(),
             Mode::Floor(NatsMode::Core) => "floor (beside core push)".into(),
+            Mode::Forward(NatsMode::Jetstream) => "floor + NATS hop".into(),
+            Mode::Forward(NatsMode::Core) => "floor + NATS hop (core)".into(),
             Mode::Push(NatsMode::Jetstream) => "push".into(),
             Mode::Push(NatsMode::Core) => "push (core NATS)".into(),
             Mode::Poll(every) => format!("poll {}", humantime::format_duration(*every)),
@@ -103,6 +110,8 @@ impl Mode {
         match self {
             Mode::Floor(NatsMode::Jetstream) => "floor".into(),
             Mode::Floor(NatsMode::Core) => "floorcore".into(),
+            Mode::Forward(NatsMode::Jetstream) => "forward".into(),
+            Mode::Forward(NatsMode::Core) => "forwardcore".into(),
             Mode::Push(NatsMode::Jetstream) => "push".into(),
             Mode::Push(NatsMode::Core) => "pushcore".into(),
             Mode::Poll(every) => format!("poll{}ms", every.as_millis()),
@@ -145,19 +154,25 @@ impl RunResult {
 
 /// A push run's latency less its floor's, the same inserts watched by a
 /// bare change stream: what the relay adds to what the database takes.
+/// Beside it, what a bare forward of the same inserts adds: one NATS hop,
+/// which every relay pays.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct OverFloor {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    pub hop_p50_ms: f64,
+    pub hop_p99_ms: f64,
 }
 
 impl OverFloor {
-    fn between(run: &RunResult, floor: &RunResult) -> Self {
+    fn between(run: &RunResult, floor: &RunResult, forward: &RunResult) -> Self {
         OverFloor {
             p50_ms: run.p50_ms - floor.p50_ms,
             p99_ms: run.p99_ms - floor.p99_ms,
             max_ms: run.max_ms - floor.max_ms,
+            hop_p50_ms: forward.p50_ms - floor.p50_ms,
+            hop_p99_ms: forward.p99_ms - floor.p99_ms,
         }
     }
 }
@@ -297,11 +312,13 @@ pub async fn run(config: &BenchConfig) -> Result<Report> {
         .map_err(|e| Error::io(format!("cannot create {}", config.output.display()), e))?;
     let client = crate::connect::connect_mongodb(&config.mongodb_uri).await?;
     let nats = connect_nats(&config.nats_url, Duration::from_secs(5)).await?;
+    let forwarder = connect_nats(&config.nats_url, Duration::from_secs(5)).await?;
     let bench = Bench {
         config,
         database: client.database(&format!("outbox_bench_{}", ObjectId::new().to_hex())),
         client,
         nats,
+        forwarder,
     };
     let mut report = Report {
         version: env!("CARGO_PKG_VERSION"),
@@ -326,6 +343,9 @@ struct Bench<'a> {
     client: mongodb::Client,
     database: Database,
     nats: async_nats::Client,
+    /// The floor's own connection for its forward, apart from the
+    /// subscriber's as the relay's is.
+    forwarder: async_nats::Client,
 }
 
 impl Bench<'_> {
@@ -502,7 +522,8 @@ impl Bench<'_> {
     }
 
     /// One run of the relay in `mode`. A push run also measures the floor:
-    /// a bare change stream on the very same inserts, under the same load.
+    /// a bare change stream on the very same inserts, under the same load,
+    /// which forwards each to NATS for the floor with a hop.
     /// `suffix` keeps a run's collection and subjects apart from another
     /// run of the same mode and rate.
     async fn run_one(
@@ -520,13 +541,21 @@ impl Bench<'_> {
             (Clock::default(), Clock::default(), CancellationToken::new());
         let _stop_receivers = stop.clone().drop_guard();
         let floor = match mode {
-            Mode::Push(nats_mode) => Some((Mode::Floor(nats_mode), Clock::default())),
+            Mode::Push(nats_mode) => Some((nats_mode, Clock::default(), Clock::default())),
             _ => None,
         };
-        if let Some((_, floor)) = &floor {
+        if let Some((_, floor, forwarded)) = &floor {
+            // Outside the stream's subjects: core NATS, stored nowhere.
+            let hop = format!("{prefix}hop");
+            load::subscribe(&self.nats, &hop, forwarded.clone(), stop.clone()).await?;
+            let forward = load::Forward {
+                nats: self.forwarder.clone(),
+                subject: format!("{hop}.m"),
+            };
             load::watch_inserts(
                 self.database.collection(&collection),
                 floor.clone(),
+                forward,
                 stop.clone(),
             )
             .await?;
@@ -614,12 +643,13 @@ impl Bench<'_> {
             }
         };
         let mut run = result(mode, &arrived, Some(usage), view);
-        let Some((floor_mode, floor)) = &floor else {
+        let Some((nats_mode, floor, forwarded)) = &floor else {
             return Ok(vec![run]);
         };
-        let floor = result(*floor_mode, floor, None, None);
-        run.over_floor = Some(OverFloor::between(&run, &floor));
-        Ok(vec![floor, run])
+        let floor = result(Mode::Floor(*nats_mode), floor, None, None);
+        let forward = result(Mode::Forward(*nats_mode), forwarded, None, None);
+        run.over_floor = Some(OverFloor::between(&run, &floor, &forward));
+        Ok(vec![floor, forward, run])
     }
 
     /// A backlog of `n` written with the relay stopped, then drained (on a

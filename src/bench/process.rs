@@ -22,6 +22,23 @@ fn log_filter(asked: Option<String>) -> String {
     }
 }
 
+/// The user and system CPU time of process `pid` ("self" for this one), in
+/// seconds (Linux `/proc`; zero elsewhere).
+pub fn cpu_seconds(pid: &str) -> f64 {
+    let ticks_per_second = 100.0; // USER_HZ on Linux
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name, which is in parentheses.
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let user: f64 = fields.get(11)?.parse().ok()?;
+            let system: f64 = fields.get(12)?.parse().ok()?;
+            Some((user + system) / ticks_per_second)
+        })
+        .unwrap_or(0.0)
+}
+
 /// A relay process started for one benchmark run.
 pub struct RelayProcess {
     child: Child,
@@ -82,18 +99,7 @@ impl RelayProcess {
     /// CPU time and peak memory so far (Linux `/proc`; zero elsewhere).
     pub fn usage(&self) -> Usage {
         let pid = self.child.id();
-        let ticks_per_second = 100.0; // USER_HZ on Linux
-        let cpu_seconds = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| {
-                // Fields after the command name, which is in parentheses.
-                let rest = stat.rsplit_once(')')?.1;
-                let fields: Vec<&str> = rest.split_whitespace().collect();
-                let user: f64 = fields.get(11)?.parse().ok()?;
-                let system: f64 = fields.get(12)?.parse().ok()?;
-                Some((user + system) / ticks_per_second)
-            })
-            .unwrap_or(0.0);
+        let cpu_seconds = cpu_seconds(&pid.to_string());
         let peak_rss_mib = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .ok()
             .and_then(|status| {

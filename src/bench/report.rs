@@ -171,13 +171,22 @@ fn print_over_floor(report: &Report) {
         return;
     }
     println!(
-        "\nthe relay over the change-stream floor (same inserts, same run):\n{:<25} {:>7} {:>10} {:>10} {:>10} {:>10} {:>12}",
-        "mode", "offered", "+p50 ms", "+p99 ms", "+max ms", "cpu µs/msg", "slowest"
+        "\nthe relay over the change-stream floor (same inserts, same run), beside a bare \
+         forward's (one NATS hop):\n{:<25} {:>7} {:>10} {:>10} {:>10} {:>10} {:>12} {:>9} {:>9}",
+        "mode",
+        "offered",
+        "+p50 ms",
+        "+p99 ms",
+        "+max ms",
+        "cpu µs/msg",
+        "slowest",
+        "hop p50",
+        "hop p99"
     );
     let at = |run: &RunResult| run.max_at_s.map_or("-".into(), |s| format!("{s:.1} s in"));
     for (run, over) in push {
         println!(
-            "{:<25} {:>7} {:>+10.2} {:>+10.2} {:>+10.2} {:>10.0} {:>12}",
+            "{:<25} {:>7} {:>+10.2} {:>+10.2} {:>+10.2} {:>10.0} {:>12} {:>+9.2} {:>+9.2}",
             run.mode,
             rate_label(run.offered_rate),
             over.p50_ms,
@@ -185,6 +194,8 @@ fn print_over_floor(report: &Report) {
             over.max_ms,
             run.cpu_us_per_message(),
             at(run),
+            over.hop_p50_ms,
+            over.hop_p99_ms,
         );
     }
     println!();
