@@ -32,8 +32,7 @@
 //! start opens), and a claim first keeps the sweep out for a window, which
 //! the feed renews as it moves.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bson::DateTime;
@@ -57,31 +56,79 @@ pub(crate) struct StreamProgress(Arc<Progress>);
 
 #[derive(Debug)]
 struct Progress {
-    /// Whence `moved` counts.
-    epoch: Instant,
-    /// When the source last passed something on, in milliseconds since
-    /// `epoch`; negative if it never did.
-    moved: AtomicI64,
-    /// When the source started without passing anything on since, in
-    /// milliseconds since `epoch`; negative if it has read since.
-    started: AtomicI64,
-    /// `started` is the relay's guess, before the source's own start.
-    provisional: AtomicBool,
-    /// A catch-up pass is feeding the pipeline.
-    passing: AtomicBool,
-    /// Every message committed before this (milliseconds since the Unix
-    /// epoch) has been passed on; `i64::MIN` if that is not known yet.
-    read_up_to: AtomicI64,
     /// How long a source may pass nothing on and still count as moving.
     stall: Duration,
     /// Whether there is a source at all (not in poll mode).
     stream: bool,
-    /// The sweep was given a scope to read in this term (anything but
-    /// [`SweepScope::Nothing`]).
-    swept: AtomicBool,
-    /// Held while the sweep's scope, or the source's claim on a snapshot,
-    /// is decided: never across an await.
-    deciding: Mutex<()>,
+    /// One lock, never held across an await: the sweep's scope and the
+    /// source's claim on a snapshot are decided against the same state.
+    state: Mutex<State>,
+}
+
+/// What the source is doing, as the sweep must know it.
+///
+/// | event | phase | read up to | liveness |
+/// |---|---|---|---|
+/// | a term starts (`new`) | `Starting` | unknown | started: the term's start, a guess |
+/// | `pass_started` | `Passing` | unknown | started, unless it already had |
+/// | `pass_ended(snapshot)` | `Streaming` | the snapshot | moved |
+/// | `resumed` | `Streaming` | kept | started, unless it already had |
+/// | `read(up_to)` | kept | the later of the two | moved |
+/// | `claim_snapshot`, granted | kept | kept | moved |
+/// | `waited` | kept | kept | moved, its start kept |
+///
+/// A source that starts counts as started from the first start since it
+/// last moved, so starting again and again without reading earns no more
+/// time; the term's guessed start gives way to the source's own first.
+/// The sweep reads nothing while the phase is `Starting` or `Passing`
+/// (the pass covers, or may cover, every due message) unless the source
+/// is stalled; `swept` records that it was given anything else to read.
+#[derive(Debug)]
+struct State {
+    phase: Phase,
+    /// Every message committed before this (milliseconds since the Unix
+    /// epoch) has been passed on; `None` while that is not known.
+    read_up_to: Option<i64>,
+    /// When the source last passed something on.
+    moved: Option<Instant>,
+    /// When it started without passing anything on since.
+    started: Option<Instant>,
+    /// The sweep was given something to read in this term.
+    swept: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The term began; the source has not said whether it runs a pass.
+    Starting,
+    /// A catch-up pass is feeding the pipeline.
+    Passing,
+    /// The stream is open and the pass, if any, is over.
+    Streaming,
+}
+
+impl State {
+    fn moved(&mut self) {
+        self.moved = Some(Instant::now());
+        self.started = None;
+    }
+
+    fn started(&mut self, phase: Phase) {
+        if self.phase == Phase::Starting || self.started.is_none() {
+            self.started = Some(Instant::now());
+        }
+        self.phase = phase;
+    }
+
+    /// Whether the source read, or started, within `stall`.
+    fn live(&self, stall: Duration) -> bool {
+        let within = |at: Option<Instant>| at.is_some_and(|at| at.elapsed() <= stall);
+        within(self.moved) || within(self.started)
+    }
+
+    fn passing(&self) -> bool {
+        matches!(self.phase, Phase::Starting | Phase::Passing)
+    }
 }
 
 impl StreamProgress {
@@ -93,63 +140,67 @@ impl StreamProgress {
     /// opens a window of its own, so a slow start-up (the reads that
     /// decide how it starts) does not use up the pass's.
     pub fn new(stall: Duration) -> Self {
-        Self::with(0, true, stall, true)
+        Self::with(Phase::Starting, Some(Instant::now()), stall, true)
     }
 
     /// Progress for a relay with no stream: the sweep goes by the clock.
     pub fn without_stream() -> Self {
-        Self::with(-1, false, Duration::ZERO, false)
+        Self::with(Phase::Streaming, None, Duration::ZERO, false)
     }
 
-    fn with(started: i64, provisional: bool, stall: Duration, stream: bool) -> Self {
+    fn with(phase: Phase, started: Option<Instant>, stall: Duration, stream: bool) -> Self {
+        let state = State {
+            phase,
+            read_up_to: None,
+            moved: None,
+            started,
+            swept: false,
+        };
         StreamProgress(Arc::new(Progress {
-            epoch: Instant::now(),
-            moved: AtomicI64::new(-1),
-            started: AtomicI64::new(started),
-            provisional: AtomicBool::new(provisional),
-            passing: AtomicBool::new(provisional),
-            read_up_to: AtomicI64::new(i64::MIN),
             stall,
             stream,
-            swept: AtomicBool::new(false),
-            deciding: Mutex::new(()),
+            state: Mutex::new(state),
         }))
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every change leaves the state whole: a panic elsewhere while the
+        // lock was held tears nothing.
+        self.0.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A catch-up pass starts: it covers every due message, and nothing
     /// is known read until it ends.
     pub fn pass_started(&self) {
-        self.0.read_up_to.store(i64::MIN, Ordering::Relaxed);
-        self.0.passing.store(true, Ordering::Relaxed);
-        self.started();
+        let mut state = self.state();
+        state.read_up_to = None;
+        state.started(Phase::Passing);
     }
 
     /// A catch-up pass queued everything committed before `snapshot`.
     pub fn pass_ended(&self, snapshot: DateTime) {
-        self.0
-            .read_up_to
-            .store(snapshot.timestamp_millis(), Ordering::Relaxed);
-        self.0.passing.store(false, Ordering::Relaxed);
-        self.moved();
+        let mut state = self.state();
+        state.read_up_to = Some(snapshot.timestamp_millis());
+        state.phase = Phase::Streaming;
+        state.moved();
     }
 
     /// The stream opened from a stored position (the relay's, or where it
     /// broke): how far it reads is known from its first event on, if it was
     /// not known before.
     pub fn resumed(&self) {
-        self.0.passing.store(false, Ordering::Relaxed);
-        self.started();
+        self.state().started(Phase::Streaming);
     }
 
     /// The source passed something on; `up_to`, if known, is the commit
     /// time before which it has passed everything on.
     pub fn read(&self, up_to: Option<DateTime>) {
+        let mut state = self.state();
         if let Some(up_to) = up_to {
-            self.0
-                .read_up_to
-                .fetch_max(up_to.timestamp_millis(), Ordering::Relaxed);
+            let up_to = up_to.timestamp_millis();
+            state.read_up_to = Some(state.read_up_to.map_or(up_to, |read| read.max(up_to)));
         }
-        self.moved();
+        state.moved();
     }
 
     /// The source was kept waiting by the rest of the relay (a new term's
@@ -160,31 +211,8 @@ impl StreamProgress {
     /// still goes by the clock.
     pub fn waited(&self) {
         if self.0.stream {
-            self.0.moved.fetch_max(self.elapsed(), Ordering::Relaxed);
+            self.state().moved = Some(Instant::now());
         }
-    }
-
-    fn moved(&self) {
-        self.0.moved.store(self.elapsed(), Ordering::Relaxed);
-        self.0.started.store(-1, Ordering::Relaxed);
-        self.0.provisional.store(false, Ordering::Relaxed);
-    }
-
-    /// A start counts from the first since the source last read.
-    fn started(&self) {
-        let now = self.elapsed();
-        if self.0.provisional.swap(false, Ordering::Relaxed) {
-            self.0.started.store(now, Ordering::Relaxed);
-            return;
-        }
-        let _ = self
-            .0
-            .started
-            .compare_exchange(-1, now, Ordering::Relaxed, Ordering::Relaxed);
-    }
-
-    fn elapsed(&self) -> i64 {
-        i64::try_from(self.0.epoch.elapsed().as_millis()).unwrap_or(i64::MAX)
     }
 
     /// Whether the catch-up pass may feed a snapshot read at the source's
@@ -196,11 +224,10 @@ impl StreamProgress {
     /// scope: a sweep that asks first makes the claim fail, one that asks
     /// after is kept out.
     pub fn claim_snapshot(&self) -> bool {
-        let _deciding = self.decide();
-        let claimed =
-            self.0.passing.load(Ordering::Relaxed) && !self.0.swept.load(Ordering::Relaxed);
+        let mut state = self.state();
+        let claimed = state.passing() && !state.swept;
         if claimed {
-            self.moved();
+            state.moved();
         }
         claimed
     }
@@ -208,47 +235,30 @@ impl StreamProgress {
     /// Whether the sweep has been given anything to read in this term: a
     /// snapshot read now could not be claimed.
     pub fn sweep_has_read(&self) -> bool {
-        self.0.swept.load(Ordering::Relaxed)
-    }
-
-    fn decide(&self) -> std::sync::MutexGuard<'_, ()> {
-        // The guarded data is `()`: a panic elsewhere leaves nothing torn.
-        self.0
-            .deciding
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Whether the source read, or started, within the stall window.
-    fn live(&self) -> bool {
-        let now = self.elapsed();
-        let stall = i64::try_from(self.0.stall.as_millis()).unwrap_or(i64::MAX);
-        let within = |at: i64| at >= 0 && now.saturating_sub(at) <= stall;
-        within(self.0.moved.load(Ordering::Relaxed))
-            || within(self.0.started.load(Ordering::Relaxed))
+        self.state().swept
     }
 
     /// What a sweep pass at `now` may read, leaving never-tried messages
     /// to the stream for `grace` after it has read up to them.
     pub fn scope(&self, now: DateTime, grace: Duration) -> SweepScope {
-        let _deciding = self.decide();
-        let scope = self.scope_now(now, grace);
+        let mut state = self.state();
+        let scope = self.scope_of(&state, now, grace);
         if scope != SweepScope::Nothing {
-            self.0.swept.store(true, Ordering::Relaxed);
+            state.swept = true;
         }
         scope
     }
 
-    fn scope_now(&self, now: DateTime, grace: Duration) -> SweepScope {
-        if !self.live() {
+    fn scope_of(&self, state: &State, now: DateTime, grace: Duration) -> SweepScope {
+        if !self.0.stream || !state.live(self.0.stall) {
             return SweepScope::Before(earlier(now, grace));
         }
-        if self.0.passing.load(Ordering::Relaxed) {
+        if state.passing() {
             return SweepScope::Nothing;
         }
-        match self.0.read_up_to.load(Ordering::Relaxed) {
-            i64::MIN => SweepScope::RetriesOnly,
-            read => {
+        match state.read_up_to {
+            None => SweepScope::RetriesOnly,
+            Some(read) => {
                 let read = DateTime::from_millis(read.min(now.timestamp_millis()));
                 SweepScope::Before(earlier(read, grace))
             }
