@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use async_nats::{ConnectErrorKind, ConnectOptions, Event, ServerAddr};
 
-use super::nats::Denials;
+use super::denials::Denials;
 use crate::config::{read_secret, RelayConfig};
 use crate::error::{CheckKind, Error, Result};
 use crate::observe::{Metrics, Server};

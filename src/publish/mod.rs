@@ -12,6 +12,7 @@
 //! not stall the rest, and a broker outage must not dead-letter them all.
 
 mod connection;
+mod denials;
 mod nats;
 pub(crate) mod stage;
 #[cfg(test)]

@@ -22,6 +22,7 @@ use async_nats::HeaderMap;
 use futures::future::{BoxFuture, FutureExt};
 
 use super::connection::{NatsConnection, Session};
+use super::denials::Denials;
 use super::{Ack, AckFuture, Health, PublishError, Publisher};
 use crate::config::{NatsMode, RelayConfig};
 use crate::contract::{ContractViolation, OutboxMessage};
@@ -131,44 +132,6 @@ const DEFAULT_ROOM: usize = 4096;
 /// How long one probe's answer stands, so a run of failing messages costs
 /// the broker one API request a second, not one a message.
 const PROBE_REUSE: Duration = Duration::from_secs(1);
-
-/// Subjects the server recently refused publishes to.
-///
-/// NATS reports a publish permission violation on the connection (an
-/// `-ERR`), not as a reply, so a JetStream publish to a denied subject just
-/// goes unacknowledged. Remembering the denials lets an acknowledgement
-/// timeout on such a subject count as a refusal of that message rather than
-/// an outage of the broker.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Denials(Arc<Mutex<HashMap<String, Instant>>>);
-
-impl Denials {
-    const PREFIX: &'static str = "permissions violation for publish to ";
-
-    /// Records the subject of a server error if it is a publish denial.
-    pub(crate) fn note(&self, server_error: &str) {
-        let lower = server_error.to_ascii_lowercase();
-        let Some(start) = lower.find(Self::PREFIX) else {
-            return;
-        };
-        let subject = server_error[start + Self::PREFIX.len()..]
-            .trim()
-            .trim_matches(|c| c == '"' || c == '\'' || c == '`');
-        if let Ok(mut denials) = self.0.lock() {
-            if denials.insert(subject.to_owned(), Instant::now()).is_none() {
-                tracing::warn!(%subject, "NATS denies this relay publishing to the subject");
-            }
-        }
-    }
-
-    /// Whether publishing to `subject` was denied within `window`.
-    fn denied(&self, subject: &str, window: Duration) -> bool {
-        self.0.lock().is_ok_and(|mut denials| {
-            denials.retain(|_, at| at.elapsed() <= window);
-            denials.contains_key(subject)
-        })
-    }
-}
 
 impl NatsPublisher {
     /// Connects to the configured NATS server. The connection then reconnects
