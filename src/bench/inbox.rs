@@ -216,25 +216,10 @@ impl Bench<'_> {
         started: &Clock,
         committed: &Clock,
     ) -> Result<()> {
-        // One message first, so the run starts with the relay and the
-        // consumer ready.
-        let first = Load {
-            count: 1,
-            rate: None,
-            keys: Keys::None,
-        };
-        let hidden = indicatif::ProgressBar::hidden();
-        let unmeasured = Clock::default();
-        load::produce(
-            &self.client,
-            &self.database,
-            collection,
-            first,
-            &unmeasured,
-            &hidden,
-        )
-        .await?;
-        wait_for(1, Duration::from_secs(60), || committed.len() as u64).await?;
+        // Messages first, one at a time, so the run starts with the relay
+        // and the consumer ready.
+        self.settle(collection, Keys::None, committed, "outbox to inbox")
+            .await?;
         let progress = report::progress(n, "outbox to inbox");
         let load = Load {
             count: n,
@@ -251,8 +236,11 @@ impl Bench<'_> {
         )
         .await?;
         progress.finish_and_clear();
-        // Counted with the first message, written before them.
-        wait_for(n + 1, Duration::from_secs(120), || committed.len() as u64).await
+        // Counted with the first messages, written before them.
+        wait_for(n + super::READY_MESSAGES, Duration::from_secs(120), || {
+            committed.len() as u64
+        })
+        .await
     }
 }
 
