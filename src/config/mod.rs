@@ -591,12 +591,24 @@ mod tests {
         );
     }
 
-    /// README's settings table lists every setting, in order, with its
-    /// real default.
+    /// README's settings table, and the full one in docs/configuration.md,
+    /// list every setting, in order, with its real default.
     #[test]
-    fn readme_lists_every_setting_with_its_default() {
-        let readme = include_str!("../../README.md");
-        let rows: Vec<(String, String)> = readme
+    fn the_settings_tables_list_every_setting_with_its_default() {
+        let tables = [
+            ("README.md", include_str!("../../README.md")),
+            (
+                "docs/configuration.md",
+                include_str!("../../docs/configuration.md"),
+            ),
+        ];
+        for (name, text) in tables {
+            settings_table_matches(name, text);
+        }
+    }
+
+    fn settings_table_matches(name: &str, text: &str) {
+        let rows: Vec<(String, String)> = text
             .lines()
             .filter_map(|line| line.strip_prefix("| `--"))
             .map(|row| {
@@ -609,18 +621,18 @@ mod tests {
             .collect();
         let flags: Vec<String> = RelayConfig::SETTINGS.iter().map(Setting::flag).collect();
         let listed: Vec<String> = rows.iter().map(|(flag, _)| flag.clone()).collect();
-        assert_eq!(listed, flags, "README's table lists the settings in order");
+        assert_eq!(listed, flags, "{name}'s table lists the settings in order");
         for ((_, default), setting) in rows.iter().zip(RelayConfig::SETTINGS) {
             let expected = setting.default_text();
             match default.as_str() {
-                "(required)" => assert!(setting.required(), "{} is required", setting.key),
-                "none" => assert_eq!(expected, None, "{} has no default", setting.key),
+                "(required)" => assert!(setting.required(), "{name}: {} is required", setting.key),
+                "none" => assert_eq!(expected, None, "{name}: {} has no default", setting.key),
                 text => {
                     let mut config = RelayConfig::default();
                     setting
                         .apply(&mut config, &flag(text))
-                        .unwrap_or_else(|e| panic!("README's default of {e}"));
-                    assert_eq!(setting.shown(&config), expected, "{}", setting.key);
+                        .unwrap_or_else(|e| panic!("{name}'s default of {e}"));
+                    assert_eq!(setting.shown(&config), expected, "{name}: {}", setting.key);
                 }
             }
         }
