@@ -170,3 +170,17 @@ fn the_checker_sees_a_broken_anchor() {
         ["docs/operating.md#start-up-checks", "y"]
     );
 }
+
+/// README is for a reader's first hour and BENCHMARKS.md a report of the
+/// current code; their details belong in docs/.
+#[test]
+fn the_front_documents_stay_short() {
+    for (name, most) in [("README.md", 350), ("BENCHMARKS.md", 250)] {
+        let path = root().join(name);
+        let lines = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .lines()
+            .count();
+        assert!(lines <= most, "{name} has {lines} lines, more than {most}");
+    }
+}
