@@ -195,24 +195,12 @@ impl CompletionStage {
         if let Fate::Failed(_) = fate {
             tracing::warn!(id = %message.id, reason, "outbox message failed");
         }
-        let mut filter = still_ours(doc! { "$eq": &message.id }, claim);
-        match fate {
-            // A park matches whatever claim is on the message: it must land
-            // wherever the message is (a sweep may still hold a claim it is
-            // about to give back), since a key is freed only once its parks
-            // are in the collection. A claim's holder then finds the message
-            // no longer its own.
-            // A message parked already is left alone: its park is in the
-            // collection, and a release may hold a claim on it.
-            Fate::Parked(_) => {
-                filter.remove(field::LOCK_ID);
-                filter.insert(field::NEXT_ATTEMPT_AT, doc! { "$ne": PARKED });
-            }
-            _ if claim.is_none() => {
-                filter.insert(field::LOCK_ID, self.unclaimed());
-            }
-            _ => {}
-        }
+        let mut filter = still_ours(doc! { "$eq": &message.id }, None);
+        match Fence::of(fate, claim) {
+            Fence::Claim(claim) => filter.insert(field::LOCK_ID, claim),
+            Fence::NoClaimOfThisTerm => filter.insert(field::LOCK_ID, self.unclaimed()),
+            Fence::NotParked => filter.insert(field::NEXT_ATTEMPT_AT, doc! { "$ne": PARKED }),
+        };
         // `$eq`, so that a value a writer stored (`{"$exists": false}`, say)
         // is compared, never read as an operator.
         match &message.attempts {
@@ -255,6 +243,35 @@ fn fail(reason: &str, attempts: Option<i32>, holds_key: bool, now: DateTime) -> 
 /// The message's key, if it has one.
 fn key(message: &Decoded) -> Option<&str> {
     message.key.as_deref()
+}
+
+/// Whose claim a decision's write must meet, besides the message being
+/// still pending with the attempts it was read with.
+enum Fence {
+    /// The processor's own claim: a sweep decides only what it claimed.
+    Claim(ObjectId),
+    /// No claim of this term: the stream and the catch-up pass claim
+    /// nothing, and a claim taken since (a sweep's) is the claimant's to
+    /// decide. A claim from before the term is a former leader's, and
+    /// stale (see [`CompletionStage::unclaimed`]).
+    NoClaimOfThisTerm,
+    /// Any claim, unless the message is parked already. A park must land
+    /// wherever the message is (a sweep may still hold a claim it is about
+    /// to give back), since a key is freed only once its parks are in the
+    /// collection; the claim's holder then finds the message no longer its
+    /// own. A park already there is left alone: a release may hold a claim
+    /// on it.
+    NotParked,
+}
+
+impl Fence {
+    fn of(fate: Fate<'_>, claim: Option<ObjectId>) -> Fence {
+        match (fate, claim) {
+            (Fate::Parked(_), _) => Fence::NotParked,
+            (_, Some(claim)) => Fence::Claim(claim),
+            (_, None) => Fence::NoClaimOfThisTerm,
+        }
+    }
 }
 
 /// What a decision writes: a failure, another attempt scheduled, or a park.
