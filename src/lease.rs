@@ -210,12 +210,13 @@ impl Lease {
         Ok(())
     }
 
-    /// Keeps a held lease renewed until `stop` fires. Fires `lost` and returns
-    /// if the lease is taken or cannot be renewed before its deadline.
+    /// Keeps a held lease renewed until `stop` fires. Abandons the term
+    /// (fires `abandon`) and returns if the lease is taken or cannot be
+    /// renewed before its deadline.
     pub async fn keep(
         self,
         mut held: Held,
-        lost: CancellationToken,
+        abandon: CancellationToken,
         stop: CancellationToken,
     ) -> Held {
         let mut warned = false;
@@ -233,7 +234,7 @@ impl Lease {
                      again; if the server answers slowly rather than not at all, raise \
                      --lease-duration"
                 );
-                lost.cancel();
+                abandon.cancel();
                 return held;
             }
             let began = Instant::now();
@@ -245,7 +246,7 @@ impl Lease {
                         term = held.term.0,
                         "another relay took the lease: stopping delivery"
                     );
-                    lost.cancel();
+                    abandon.cancel();
                     return held;
                 }
                 Ok(Err(error)) => tracing::warn!(%error, "renewing the lease failed; trying again"),

@@ -64,6 +64,7 @@ pub mod relay;
 mod retry;
 pub mod setup;
 pub mod source;
+mod stop;
 #[cfg(test)]
 mod testing;
 mod time;

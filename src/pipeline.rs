@@ -20,6 +20,7 @@ use crate::observe::Metrics;
 use crate::order::KeyOrder;
 use crate::publish::stage::PublishStage;
 use crate::publish::Publisher;
+use crate::stop::Stop;
 use crate::work::{Acknowledged, Budget, Feed, LastDelivery, Tally, Underway, Unmarkable};
 
 /// Everything a publish stage and a completion stage need: one recipe for
@@ -50,10 +51,11 @@ pub(crate) struct Pipeline {
     /// What NATS acknowledged to the relay and is not marked yet.
     pub acknowledged: Acknowledged,
     /// The graceful stop: sources read nothing new, what was read is
-    /// published and recorded, and waits for the broker end.
+    /// published and recorded, and waits for the broker end (see
+    /// [`Stop`]).
     pub shutdown: CancellationToken,
-    /// The stop at once (the grace time is over, or the lease is lost):
-    /// publish nothing more and write nothing more.
+    /// The stop at once (the grace time is over, the lease is lost, or a
+    /// run's time is up): publish nothing more and write nothing more.
     pub abandon: CancellationToken,
 }
 
@@ -64,6 +66,15 @@ pub(crate) struct Running {
 }
 
 impl Pipeline {
+    /// The same pipeline, stopping with `stop`.
+    pub fn with_stop(&self, stop: &Stop) -> Pipeline {
+        Pipeline {
+            shutdown: stop.shutdown.clone(),
+            abandon: stop.abandon.clone(),
+            ..self.clone()
+        }
+    }
+
     /// Starts the two stages. Resume tokens in the work are stored in
     /// `checkpoints` (the change stream's pipeline has one; sweeps do not).
     pub fn start(&self, checkpoints: Option<CheckpointStore>) -> Running {

@@ -41,6 +41,7 @@ use crate::setup;
 use crate::source::change_stream::{ChangeStreamSource, Prepare};
 use crate::source::progress::StreamProgress;
 use crate::source::sweep::Sweeper;
+use crate::stop::Stop;
 use crate::time::object_id_at;
 use crate::work::{Acknowledged, Budget, LastDelivery, Tally, Underway, Unmarkable};
 
@@ -147,8 +148,8 @@ impl Relay {
     /// configured shutdown timeout.
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
         let config = &self.config;
-        let abandon = abandon_after(&shutdown, config.shutdown_timeout);
-        let pipeline = self.pipeline(shutdown.clone(), abandon.clone());
+        let stop = Stop::after_grace(shutdown.clone(), config.shutdown_timeout);
+        let pipeline = self.pipeline(&stop);
         tracing::info!(
             database = %config.database,
             collection = %config.collection,
@@ -167,8 +168,7 @@ impl Relay {
         let mut tasks = JoinSet::new();
         tasks.spawn(mark_stopping(self.metrics.clone(), shutdown.clone()));
         tasks.spawn(observe::collect(self.collector(), shutdown.clone()));
-        self.lead_while_elected(&pipeline, &shutdown, &abandon)
-            .await;
+        self.lead_while_elected(&pipeline, &stop).await;
         while let Some(joined) = tasks.join_next().await {
             if let Err(error) = joined {
                 shutdown.cancel();
@@ -177,7 +177,7 @@ impl Relay {
                 )));
             }
         }
-        if abandon.is_cancelled() {
+        if stop.abandon.is_cancelled() {
             return Err(Error::ShutdownTimeout(config.shutdown_timeout));
         }
         tracing::info!("relay stopped");
@@ -188,29 +188,26 @@ impl Relay {
     /// change stream and the sweep, or the sweep alone in poll mode) until
     /// it loses the lease (and stands by again) or `shutdown` fires (and it
     /// releases the lease).
-    async fn lead_while_elected(
-        &self,
-        pipeline: &Pipeline,
-        shutdown: &CancellationToken,
-        abandon: &CancellationToken,
-    ) {
+    async fn lead_while_elected(&self, pipeline: &Pipeline, stop: &Stop) {
         let config = &self.config;
         let lease = self.lease();
         self.metrics.set_role_unless_stopping(Role::Standby);
-        while let Some(held) = lease.acquire(shutdown).await {
+        while let Some(held) = lease.acquire(&stop.shutdown).await {
             self.metrics.set_role_unless_stopping(match config.mode {
                 RelayMode::Push => Role::Leading,
                 RelayMode::Poll => Role::Polling,
             });
             self.metrics.leading(Some(held.term.0));
-            // Leadership ends with shutdown or with the lease; `lost` also
-            // stops the completion stage writing anything more.
-            let lost = abandon.child_token();
-            let term_over = shutdown.child_token();
-            tokio::spawn(cancel_when(lost.clone(), term_over.clone()));
+            // Leadership ends with the relay's stop, or abandoned when the
+            // lease is lost: then the completion stage writes nothing more.
+            let term_stop = stop.inner();
             let keeper_stop = CancellationToken::new();
-            let keeper = tokio::spawn(lease.clone().keep(held, lost.clone(), keeper_stop.clone()));
-            self.serve_term(pipeline, lease.owner(), held.term, &term_over, &lost)
+            let keeper = tokio::spawn(lease.clone().keep(
+                held,
+                term_stop.abandon.clone(),
+                keeper_stop.clone(),
+            ));
+            self.serve_term(pipeline, lease.owner(), held.term, &term_stop)
                 .await;
             // The next leader publishes what this term left unanswered:
             // nothing of this term may reach NATS after it (a stop that
@@ -219,7 +216,7 @@ impl Relay {
             keeper_stop.cancel();
             let held = keeper.await.unwrap_or(held);
             self.metrics.leading(None);
-            if shutdown.is_cancelled() {
+            if stop.shutdown.is_cancelled() {
                 if let Err(error) = lease.release(&held).await {
                     tracing::warn!(%error, "could not release the lease; it ends when it expires");
                 }
@@ -230,16 +227,10 @@ impl Relay {
         }
     }
 
-    /// Delivers for one term, until `term_over` fires: the sweep, and in
-    /// push mode the change stream, sharing the term's per-key order.
-    async fn serve_term(
-        &self,
-        pipeline: &Pipeline,
-        owner: &str,
-        term: Term,
-        term_over: &CancellationToken,
-        lost: &CancellationToken,
-    ) {
+    /// Delivers for one term, until its `stop` shuts it down: the sweep,
+    /// and in push mode the change stream, sharing the term's per-key order.
+    async fn serve_term(&self, pipeline: &Pipeline, owner: &str, term: Term, stop: &Stop) {
+        let shutdown = &stop.shutdown;
         // Every claim made before now is a former leader's: the lease is ours.
         let claims_before = Some(object_id_at(bson::DateTime::now()));
         let order = self.unread_order();
@@ -247,14 +238,12 @@ impl Relay {
         // it: no message takes its turn until they are known (see
         // `KeyOrder::unread`), and a new leader over a large backlog does
         // not wait for two reads of it one after the other.
-        let reading = self.read_stored_holds(order.clone(), term_over.clone());
+        let reading = self.read_stored_holds(order.clone(), shutdown.clone());
         let term_pipeline = Pipeline {
-            shutdown: term_over.clone(),
-            abandon: lost.clone(),
             order: Some(order.clone()),
             claims_before,
             term: Some(term),
-            ..pipeline.clone()
+            ..pipeline.with_stop(stop)
         };
         let interval = match self.config.mode {
             RelayMode::Push => self.config.sweep_interval,
@@ -268,18 +257,18 @@ impl Relay {
         // (see `Sweeper::clear_claims_once`), not before the stream starts.
         let sweeper = self.sweeper(term_pipeline.clone(), progress.clone());
         let sweeping = tokio::spawn({
-            let term_over = term_over.clone();
+            let shutdown = shutdown.clone();
             async move {
                 // A pass before the stored holds are known would claim
                 // messages only to hold them, claimed, at its stage's gate.
-                if sweeper.await_stored_holds(&term_over).await {
-                    sweeper.run(interval, term_over).await;
+                if sweeper.await_stored_holds(&shutdown).await {
+                    sweeper.run(interval, shutdown).await;
                 }
             }
         });
         let serving = async {
             if self.config.mode == RelayMode::Push {
-                self.tail(&term_pipeline, owner, term, progress, term_over)
+                self.tail(&term_pipeline, owner, term, progress, shutdown)
                     .await;
             }
             if let Err(error) = sweeping.await {
@@ -300,9 +289,9 @@ impl Relay {
 
     /// A new term's order with the held keys MongoDB records. `None` if
     /// the term ended first.
-    async fn read_order(&self, term_over: &CancellationToken) -> Option<KeyOrder> {
+    async fn read_order(&self, shutdown: &CancellationToken) -> Option<KeyOrder> {
         let order = self.unread_order();
-        self.read_stored_holds(order.clone(), term_over.clone())
+        self.read_stored_holds(order.clone(), shutdown.clone())
             .await
             .then_some(order)
     }
@@ -315,18 +304,18 @@ impl Relay {
     fn read_stored_holds(
         &self,
         order: KeyOrder,
-        term_over: CancellationToken,
+        shutdown: CancellationToken,
     ) -> impl Future<Output = bool> {
         let reading = self.metrics.reading_holds();
         let outbox = self.database.collection(&self.config.collection);
         let dead_letters = self.config.on_dead_letter;
         async move {
-            let read = until_ok("MongoDB reading held keys", &term_over, || {
+            let read = until_ok("MongoDB reading held keys", &shutdown, || {
                 order::held_keys(&outbox, dead_letters)
             });
             let held = tokio::select! {
                 biased;
-                _ = term_over.cancelled() => None,
+                _ = shutdown.cancelled() => None,
                 held = read => held,
             };
             let Some(held) = held else {
@@ -341,14 +330,14 @@ impl Relay {
         }
     }
 
-    /// Runs the change-stream pipeline for one term, until `term_over` fires.
+    /// Runs the change-stream pipeline for one term, until `shutdown` fires.
     async fn tail(
         &self,
         term_pipeline: &Pipeline,
         owner: &str,
         term: Term,
         progress: StreamProgress,
-        term_over: &CancellationToken,
+        shutdown: &CancellationToken,
     ) {
         let config = &self.config;
         let checkpoints = CheckpointStore::for_config(&self.coordination, config)
@@ -362,7 +351,7 @@ impl Relay {
                 );
                 Some(token)
             }
-            None => match self.stored_position(&checkpoints, term_over).await {
+            None => match self.stored_position(&checkpoints, shutdown).await {
                 Some(token) => token,
                 None => return,
             },
@@ -379,7 +368,7 @@ impl Relay {
             prepare: self.preparation(),
             progress,
         };
-        source.run(token, stream.input, term_over.clone()).await;
+        source.run(token, stream.input, shutdown.clone()).await;
         if let Err(error) = stream.done.await {
             tracing::error!(%error, "the stream's pipeline stopped unexpectedly");
         }
@@ -390,11 +379,11 @@ impl Relay {
     async fn stored_position(
         &self,
         checkpoints: &CheckpointStore,
-        term_over: &CancellationToken,
+        shutdown: &CancellationToken,
     ) -> Option<Option<ResumeToken>> {
         let loaded = until_settled(
             "MongoDB reading the checkpoint",
-            term_over,
+            shutdown,
             || checkpoints.load(),
             |error| matches!(error, Error::StoredState(_)),
         )
@@ -418,13 +407,20 @@ impl Relay {
     /// NATS or MongoDB): what it did not deliver stays pending, and its
     /// claims are released.
     pub async fn sweep_once(&self, give_up_after: Duration) -> Result<Tally> {
-        let deadline = CancellationToken::new();
-        let _cancel_on_return = deadline.clone().drop_guard();
-        let timer = deadline.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = timer.cancelled() => {}
-                _ = tokio::time::sleep(give_up_after) => timer.cancel(),
+        // Abandoned when its time is up, or when the lease is lost.
+        let stop = Stop::new();
+        let _abandon_on_return = stop.abandon.clone().drop_guard();
+        let time_up = CancellationToken::new();
+        tokio::spawn({
+            let (abandon, time_up) = (stop.abandon.clone(), time_up.clone());
+            async move {
+                tokio::select! {
+                    _ = abandon.cancelled() => {}
+                    _ = tokio::time::sleep(give_up_after) => {
+                        time_up.cancel();
+                        abandon.cancel();
+                    }
+                }
             }
         });
         let lease = self.lease();
@@ -435,15 +431,18 @@ impl Relay {
                     .to_owned(),
             ));
         };
-        let lost = deadline.child_token();
         let keeper_stop = CancellationToken::new();
-        let keeper = tokio::spawn(lease.clone().keep(held, lost.clone(), keeper_stop.clone()));
-        let drained = match self.read_order(&deadline).await {
+        let keeper = tokio::spawn(lease.clone().keep(
+            held,
+            stop.abandon.clone(),
+            keeper_stop.clone(),
+        ));
+        let drained = match self.read_order(&stop.shutdown).await {
             Some(order) => {
                 let pipeline = Pipeline {
                     order: Some(order),
                     term: Some(held.term),
-                    ..self.pipeline(deadline.clone(), lost.clone())
+                    ..self.pipeline(&stop)
                 };
                 let sweeper = self.sweeper(pipeline, StreamProgress::without_stream());
                 Some(sweeper.drain().await)
@@ -452,19 +451,20 @@ impl Relay {
         };
         keeper_stop.cancel();
         let held = keeper.await.unwrap_or(held);
-        if !lost.is_cancelled() {
+        let lost = stop.abandon.is_cancelled() && !time_up.is_cancelled();
+        if !stop.abandon.is_cancelled() {
             if let Err(error) = lease.release(&held).await {
                 tracing::warn!(%error, "could not release the lease; it ends when it expires");
             }
         }
         match drained {
-            _ if deadline.is_cancelled() => Err(Error::GaveUp(format!(
+            _ if time_up.is_cancelled() => Err(Error::GaveUp(format!(
                 "the sweep did not finish within {} (is NATS or MongoDB down?); what it did not \
                  deliver stays pending for the next sweep or relay (raise --give-up-after to \
                  wait longer)",
                 humantime::format_duration(give_up_after)
             ))),
-            _ if lost.is_cancelled() => Err(Error::GaveUp(
+            _ if lost => Err(Error::GaveUp(
                 "lost the lease to another relay during the sweep; it delivers the rest".to_owned(),
             )),
             Some(drained) => drained,
@@ -519,7 +519,7 @@ impl Relay {
         DecodeRules::new(self.subject_rules.clone(), self.publisher.max_payload())
     }
 
-    fn pipeline(&self, shutdown: CancellationToken, abandon: CancellationToken) -> Pipeline {
+    fn pipeline(&self, stop: &Stop) -> Pipeline {
         let config = &self.config;
         Pipeline {
             publisher: self.publisher.clone(),
@@ -538,8 +538,8 @@ impl Relay {
             claims_before: None,
             term: None,
             acknowledged: self.acknowledged.clone(),
-            shutdown,
-            abandon,
+            shutdown: stop.shutdown.clone(),
+            abandon: stop.abandon.clone(),
         }
     }
 
@@ -576,29 +576,4 @@ impl Relay {
 async fn mark_stopping(metrics: Metrics, shutdown: CancellationToken) {
     shutdown.cancelled().await;
     metrics.set_role(Role::Stopping);
-}
-
-/// Cancels `then` when `first` is cancelled; ends early if `then` is.
-async fn cancel_when(first: CancellationToken, then: CancellationToken) {
-    tokio::select! {
-        _ = first.cancelled() => then.cancel(),
-        _ = then.cancelled() => {}
-    }
-}
-
-/// A token that fires `grace` after `shutdown` does: the moment to stop
-/// waiting for servers and leave the rest for the next run.
-fn abandon_after(shutdown: &CancellationToken, grace: Duration) -> CancellationToken {
-    let abandon = CancellationToken::new();
-    let (shutdown, fire) = (shutdown.clone(), abandon.clone());
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = fire.cancelled() => {}
-            _ = async {
-                shutdown.cancelled().await;
-                tokio::time::sleep(grace).await;
-            } => fire.cancel(),
-        }
-    });
-    abandon
 }

@@ -442,12 +442,12 @@ impl Sweeper {
     /// sends nothing before) counts as moving from now: the wait is not a
     /// stall of its own, and the sweep must not take the never-tried
     /// messages the source is about to deliver.
-    pub(crate) async fn await_stored_holds(&self, term_over: &CancellationToken) -> bool {
+    pub(crate) async fn await_stored_holds(&self, shutdown: &CancellationToken) -> bool {
         let Some(order) = &self.pipeline.order else {
             return true;
         };
         let kept_waiting = !order.stored_holds_adopted();
-        if !order.stored_holds_before(term_over.cancelled()).await {
+        if !order.stored_holds_before(shutdown.cancelled()).await {
             return false;
         }
         if let Ok(mut read) = self.holds_read.lock() {
