@@ -33,6 +33,12 @@ async fn measure(uri: &str, reads: usize) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let database = client.database(&format!("round_trip_{}", bson::oid::ObjectId::new()));
+    let measured = reads_timed(&database, reads).await;
+    let dropped = database.drop().await.map_err(failed);
+    measured.and(dropped)
+}
+
+async fn reads_timed(database: &mongodb::Database, reads: usize) -> Result<(), String> {
     let documents = database.collection::<Document>("documents");
     documents
         .insert_one(doc! { "_id": 1, "payload": "x" })
@@ -49,7 +55,7 @@ async fn measure(uri: &str, reads: usize) -> Result<(), String> {
         let label = rate.map_or("back to back".into(), |rate| format!("at {rate}/s"));
         println!("{label:<16} {with_reads:>12.0} {pacing:>14.0}");
     }
-    database.drop().await.map_err(failed)
+    Ok(())
 }
 
 fn failed(error: mongodb::error::Error) -> String {

@@ -12,6 +12,7 @@ use bson::{doc, oid::ObjectId, Document};
 use bytes::Bytes;
 use futures::StreamExt;
 use mongodb::{Client, Collection, Database};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -35,6 +36,15 @@ impl Clock {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// How many of the ids `ids` noted this clock has noted too.
+    pub(crate) fn count_of(&self, ids: &Clock) -> usize {
+        let ids = ids.snapshot();
+        self.0
+            .lock()
+            .map(|times| ids.keys().filter(|id| times.contains_key(id)).count())
+            .unwrap_or(0)
     }
 
     fn snapshot(&self) -> HashMap<ObjectId, Instant> {
@@ -259,18 +269,31 @@ pub struct Forward {
 }
 
 impl Forward {
-    /// Publishes `id` as the relay would, named by `Nats-Msg-Id`. A failed
-    /// publish is a message the forward's timing misses, nothing more.
-    async fn send(&self, id: ObjectId) {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", id.to_hex().as_str());
-        let sent = self
-            .nats
-            .publish_with_headers(self.subject.clone(), headers, Bytes::new())
-            .await;
-        if let Err(error) = sent {
-            tracing::warn!("the floor's forward of {id} failed: {error}");
-        }
+    /// Publishes each id sent to the returned channel as the relay would,
+    /// named by `Nats-Msg-Id`, from a task of its own, so that the floor's
+    /// watcher notes its times without waiting on NATS. A failed publish is
+    /// a message the forward's timing misses, nothing more.
+    fn start(self, stop: CancellationToken) -> mpsc::UnboundedSender<ObjectId> {
+        let (ids, mut forwarding) = mpsc::unbounded_channel::<ObjectId>();
+        tokio::spawn(async move {
+            loop {
+                let id = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    id = forwarding.recv() => id,
+                };
+                let Some(id) = id else { return };
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("Nats-Msg-Id", id.to_hex().as_str());
+                let sent = self
+                    .nats
+                    .publish_with_headers(self.subject.clone(), headers, Bytes::new())
+                    .await;
+                if let Err(error) = sent {
+                    tracing::warn!("the floor's forward of {id} failed: {error}");
+                }
+            }
+        });
+        ids
     }
 }
 
@@ -290,6 +313,7 @@ pub async fn watch_inserts(
         .max_await_time(super::MAX_AWAIT_TIME)
         .await
         .map_err(|e| Error::mongo("benchmark change stream failed", e))?;
+    let forward = forward.start(stop.clone());
     tokio::spawn(async move {
         loop {
             let event = tokio::select! {
@@ -305,7 +329,7 @@ pub async fn watch_inserts(
                         .and_then(|k| k.get_object_id("_id").ok())
                     {
                         arrived.note(id, at);
-                        forward.send(id).await;
+                        let _ = forward.send(id);
                     }
                 }
                 _ => return,

@@ -640,8 +640,9 @@ impl Bench<'_> {
     ) -> Result<()> {
         let hidden = indicatif::ProgressBar::hidden();
         let ready_within = Duration::from_secs(60);
-        let already = arrived.len();
-        for sent in 1..=READY_MESSAGES {
+        // Its own messages, told apart from anything else `arrived` notes.
+        let sent = Clock::default();
+        for number in 1..=READY_MESSAGES {
             let one = load::Load {
                 count: 1,
                 rate: None,
@@ -652,14 +653,15 @@ impl Bench<'_> {
                 &self.database,
                 collection,
                 one,
-                &Clock::default(),
+                &sent,
                 &hidden,
             )
             .await?;
-            if !load::wait_for(arrived, already + sent, ready_within).await {
+            let arrived_of_sent = || arrived.count_of(&sent);
+            if !load::wait_for_count(number, ready_within, arrived_of_sent).await {
                 return Err(Error::Bench(format!(
-                    "{label}: message {sent} of the start did not arrive within {ready_within:?}; \
-                     see the relay log in {}",
+                    "{label}: message {number} of the start did not arrive within \
+                     {ready_within:?}; see the relay log in {}",
                     self.config.output.display()
                 )));
             }
@@ -1113,7 +1115,7 @@ pub(crate) fn rate_label(rate: Option<u32>) -> String {
     rate.map_or("max".into(), |rate| rate.to_string())
 }
 
-/// Messages a run sends one at a time before its load (see `run_one`).
+/// Messages a run sends one at a time before its load (see `Bench::settle`).
 const READY_MESSAGES: usize = 3;
 
 /// The longest a run at an offered rate lasts: at 20 a second, the
