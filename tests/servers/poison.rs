@@ -3,7 +3,7 @@
 //!
 //! Each test puts poison among good messages and checks the same things:
 //! every good message is delivered and marked, the poison ends as the
-//! README says (`failed` with a reason, or skipped), nothing reached a
+//! docs/outbox-document.md says (`failed` with a reason, or skipped), nothing reached a
 //! subject NATS keeps for itself, and the relay stays alive and answers
 //! `/healthz`.
 
