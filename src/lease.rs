@@ -210,8 +210,8 @@ impl Lease {
         Ok(())
     }
 
-    /// Keeps a held lease renewed until `stop` fires. Abandons the term
-    /// (fires `abandon`) and returns if the lease is taken or cannot be
+    /// Keeps a held lease renewed until `stop` fires. Abandons the
+    /// leader's work (fires `abandon`: a term's, or a sweep run's) and returns if the lease is taken or cannot be
     /// renewed before its deadline.
     pub async fn keep(
         self,

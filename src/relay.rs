@@ -209,6 +209,8 @@ impl Relay {
             ));
             self.serve_term(pipeline, lease.owner(), held.term, &term_stop)
                 .await;
+            // However the term ended, nothing of it runs on.
+            term_stop.shutdown.cancel();
             // The next leader publishes what this term left unanswered:
             // nothing of this term may reach NATS after it (a stop that
             // answered everything leaves nothing to do).
@@ -415,6 +417,8 @@ impl Relay {
             let (abandon, time_up) = (stop.abandon.clone(), time_up.clone());
             async move {
                 tokio::select! {
+                    // A lost lease is reported as such, even at the limit.
+                    biased;
                     _ = abandon.cancelled() => {}
                     _ = tokio::time::sleep(give_up_after) => {
                         time_up.cancel();
@@ -432,6 +436,7 @@ impl Relay {
             ));
         };
         let keeper_stop = CancellationToken::new();
+        let _stop_keeping_on_return = keeper_stop.clone().drop_guard();
         let keeper = tokio::spawn(lease.clone().keep(
             held,
             stop.abandon.clone(),
@@ -451,14 +456,15 @@ impl Relay {
         };
         keeper_stop.cancel();
         let held = keeper.await.unwrap_or(held);
-        let lost = stop.abandon.is_cancelled() && !time_up.is_cancelled();
-        if !stop.abandon.is_cancelled() {
+        let (time_up, abandoned) = (time_up.is_cancelled(), stop.abandon.is_cancelled());
+        let lost = abandoned && !time_up;
+        if !abandoned {
             if let Err(error) = lease.release(&held).await {
                 tracing::warn!(%error, "could not release the lease; it ends when it expires");
             }
         }
         match drained {
-            _ if time_up.is_cancelled() => Err(Error::GaveUp(format!(
+            _ if time_up => Err(Error::GaveUp(format!(
                 "the sweep did not finish within {} (is NATS or MongoDB down?); what it did not \
                  deliver stays pending for the next sweep or relay (raise --give-up-after to \
                  wait longer)",

@@ -23,7 +23,8 @@ pub(crate) struct Stop {
 
 impl Stop {
     /// The relay's: `shutdown` comes from outside (a signal), and
-    /// `abandon` fires `grace` after it.
+    /// `abandon` fires `grace` after it, and only then, so the rule holds
+    /// without a link.
     pub fn after_grace(shutdown: CancellationToken, grace: Duration) -> Stop {
         let abandon = CancellationToken::new();
         let (waited, fire) = (shutdown.clone(), abandon.clone());
@@ -47,7 +48,11 @@ impl Stop {
 
     /// A scope of its own, with nothing outside it.
     pub fn new() -> Stop {
-        Stop::linked(CancellationToken::new(), CancellationToken::new())
+        let abandon = CancellationToken::new();
+        Stop {
+            shutdown: abandon.child_token(),
+            abandon,
+        }
     }
 
     fn linked(shutdown: CancellationToken, abandon: CancellationToken) -> Stop {
@@ -77,6 +82,12 @@ mod tests {
             .await
             .expect("the term shuts down");
         assert!(!relay.shutdown.is_cancelled() && !relay.abandon.is_cancelled());
+        let run = Stop::new();
+        run.abandon.cancel();
+        assert!(run.shutdown.is_cancelled());
+        let run = Stop::new();
+        run.shutdown.cancel();
+        assert!(!run.abandon.is_cancelled());
     }
 
     #[tokio::test(start_paused = true)]

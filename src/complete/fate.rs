@@ -251,9 +251,10 @@ enum Fence {
     /// The processor's own claim: a sweep decides only what it claimed.
     Claim(ObjectId),
     /// No claim of this term: the stream and the catch-up pass claim
-    /// nothing, and a claim taken since (a sweep's) is the claimant's to
-    /// decide. A claim from before the term is a former leader's, and
-    /// stale (see [`CompletionStage::unclaimed`]).
+    /// nothing (nor does a sweep for a document it could not claim), and a
+    /// claim taken since (a sweep's) is the claimant's to decide. A claim
+    /// from before the term is a former leader's, and stale; outside a
+    /// term only no claim at all will do (see [`CompletionStage::unclaimed`]).
     NoClaimOfThisTerm,
     /// Any claim, unless the message is parked already. A park must land
     /// wherever the message is (a sweep may still hold a claim it is about

@@ -65,8 +65,9 @@ pub(crate) struct CompletionStage {
     /// not wait while it is short (see `gather`).
     pub budget: Budget,
     pub retry: RetryPolicy,
-    /// Fires when the relay stops waiting for MongoDB (the end of a graceful
-    /// stop's grace time). Until then, writes are retried.
+    /// Fires when the relay stops waiting for MongoDB (a graceful stop's
+    /// grace time is over, the lease is lost, or a run's time is up; see
+    /// [`crate::stop`]). Until then, writes are retried.
     pub abandon: CancellationToken,
     pub metrics: Metrics,
     /// Messages no write can change, for the sweep to skip.

@@ -578,7 +578,8 @@ pub(crate) struct PublishStage {
     /// Graceful stop: the source closes the input, and what was read is
     /// published; only waiting out a broker outage ends at once.
     pub shutdown: CancellationToken,
-    /// The stop at once (the lease is lost, or the grace time is over):
+    /// The stop at once (the lease is lost, the grace time is over, or a
+    /// run's time is up; see [`crate::stop`]):
     /// no queued work is taken and nothing is sent again; answers already
     /// due are collected until one is found still in doubt. What has no
     /// verdict stays pending for the next leader (JetStream drops a repeat
