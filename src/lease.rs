@@ -211,8 +211,9 @@ impl Lease {
     }
 
     /// Keeps a held lease renewed until `stop` fires. Abandons the
-    /// leader's work (fires `abandon`: a term's, or a sweep run's) and returns if the lease is taken or cannot be
-    /// renewed before its deadline.
+    /// leader's work (fires `abandon`: a term's, or a sweep run's) and
+    /// returns if the lease is taken or cannot be renewed before its
+    /// deadline.
     pub async fn keep(
         self,
         mut held: Held,

@@ -43,7 +43,11 @@ impl Stop {
     /// A scope of its own, inside `self`: it stops when `self` does, and
     /// may be abandoned (and so shut down) alone.
     pub fn inner(&self) -> Stop {
-        Stop::linked(self.shutdown.child_token(), self.abandon.child_token())
+        // A token has one parent, so the term's shutdown follows its
+        // abandon by a task of its own.
+        let (shutdown, abandon) = (self.shutdown.child_token(), self.abandon.child_token());
+        tokio::spawn(shut_down_when_abandoned(abandon.clone(), shutdown.clone()));
+        Stop { shutdown, abandon }
     }
 
     /// A scope of its own, with nothing outside it.
@@ -53,11 +57,6 @@ impl Stop {
             shutdown: abandon.child_token(),
             abandon,
         }
-    }
-
-    fn linked(shutdown: CancellationToken, abandon: CancellationToken) -> Stop {
-        tokio::spawn(shut_down_when_abandoned(abandon.clone(), shutdown.clone()));
-        Stop { shutdown, abandon }
     }
 }
 
