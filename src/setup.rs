@@ -32,6 +32,18 @@ const INDEX_KEY_SPECS_CONFLICT: i32 = 86;
 /// The longest the relay waits for the outbox collection's set-up on start.
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Whether `database` holds a collection named `name`.
+pub(crate) async fn collection_exists(
+    database: &Database,
+    name: &str,
+) -> mongodb::error::Result<bool> {
+    let names = database
+        .list_collection_names()
+        .filter(doc! { "name": name })
+        .await?;
+    Ok(!names.is_empty())
+}
+
 /// Prepares the outbox collection `config` names: indexes, retention, and
 /// the validator if asked. A server that does not finish within
 /// [`SETUP_TIMEOUT`] is reported rather than waited on forever.

@@ -1,14 +1,14 @@
 //! What the library's own tests share: a database of a test's own on the
-//! server `scripts/services.sh` starts, and a publisher that takes every
-//! message at once.
+//! server `scripts/services.sh` starts, a publisher that takes every
+//! message at once, and a message of a key that is never sent.
 
 use std::time::Duration;
 
-use bson::oid::ObjectId;
+use bson::{oid::ObjectId, Bson};
 use futures::future::{self, BoxFuture, FutureExt};
 use mongodb::Database;
 
-use crate::contract::OutboxMessage;
+use crate::contract::{ContractViolation, Decoded, OutboxMessage};
 use crate::publish::{Ack, AckFuture, PublishError, Publisher};
 
 /// A database of the test's own, with the relay's read and write concerns.
@@ -35,5 +35,16 @@ impl Publisher for TakesAll {
 
     fn max_payload(&self) -> usize {
         usize::MAX
+    }
+}
+
+/// A decoded message of `key`, for the tests of what is under way.
+pub(crate) fn keyed(id: ObjectId, key: &str) -> Decoded {
+    Decoded {
+        id: Bson::ObjectId(id),
+        message: Err(ContractViolation::new("not sent")),
+        attempts: None,
+        key: Some(key.to_owned()),
+        stored: None,
     }
 }

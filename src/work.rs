@@ -430,7 +430,7 @@ impl Underway {
     }
 
     /// Counts a copy of `message` as under way until the entry is dropped.
-    fn enter(&self, message: &Decoded) -> UnderwayEntry {
+    pub(crate) fn enter(&self, message: &Decoded) -> UnderwayEntry {
         let id = UnderwayId::of(&message.id);
         let mut ledger = self.ledger();
         *ledger.ids.entry(id.clone()).or_default() += 1;
@@ -613,16 +613,7 @@ mod tests {
     use bson::{oid::ObjectId, Bson};
 
     use super::*;
-
-    fn keyed(id: ObjectId, key: &str) -> Decoded {
-        Decoded {
-            id: Bson::ObjectId(id),
-            message: Err(ContractViolation::new("not sent")),
-            attempts: None,
-            key: Some(key.to_owned()),
-            stored: None,
-        }
-    }
+    use crate::testing::keyed;
 
     #[test]
     fn an_acknowledgement_is_trusted_in_its_term_and_the_next_alone_until_marked() {

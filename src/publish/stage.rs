@@ -51,7 +51,7 @@ use mongodb::change_stream::event::ResumeToken;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-use super::{Ack, Health, PublishError, Publisher};
+use super::{Ack, AckFuture, Health, PublishError, Publisher};
 use crate::lease::Term;
 use crate::observe::{Metrics, Origin, PausedDelivery};
 use crate::order::{Admission, KeyOrder, Outcome, ParkTicket, Turn};
@@ -72,31 +72,46 @@ struct Attempt {
     /// Not sent: NATS acknowledged it to this relay before, and nothing
     /// has touched it since (see `Acknowledged`).
     stored_before: bool,
-    /// The message's turn in its key's line, held until its answer is
-    /// final (see [`Attempt::conclude`]), so the next message of the key
-    /// waits for it.
-    turn: Option<Turn>,
 }
 
-impl Attempt {
-    /// The answer `result` to work sent at `started`, its turn still held.
-    fn answered(
-        work: Work,
-        result: Result<Ack, PublishError>,
-        started: Instant,
-        turn: Option<Turn>,
-    ) -> Self {
-        Attempt {
+/// Work handed to the broker, its answer still to come (see
+/// [`Flight::put`]); or work whose answer is known without the broker (it
+/// carries nothing to send, the send failed, or NATS stored it before).
+struct Sent {
+    work: Work,
+    answer: AckFuture,
+    started: Instant,
+    /// Not sent after all: see [`Attempt::stored_before`].
+    stored_before: bool,
+}
+
+impl Sent {
+    /// Work whose answer is known without asking the broker: it carries
+    /// no message to send, or the send failed.
+    fn known(work: Work, result: Result<Ack, PublishError>, started: Instant) -> Self {
+        Sent {
             work,
-            result,
-            waited: started.elapsed(),
-            own: false,
-            parked: false,
+            answer: future::ready(result).boxed(),
+            started,
             stored_before: false,
-            turn,
         }
     }
 
+    /// Waits for the broker's answer.
+    async fn answer(self) -> Attempt {
+        let result = self.answer.await;
+        Attempt {
+            work: self.work,
+            result,
+            waited: self.started.elapsed(),
+            own: false,
+            parked: false,
+            stored_before: self.stored_before,
+        }
+    }
+}
+
+impl Attempt {
     /// Work that was not sent, because an earlier message holds its key.
     fn parked(mut work: Work, ticket: ParkTicket) -> Self {
         work.park = Some(ticket);
@@ -107,7 +122,6 @@ impl Attempt {
             own: false,
             parked: true,
             stored_before: false,
-            turn: None,
         }
     }
 
@@ -127,21 +141,15 @@ impl Attempt {
             )
     }
 
-    /// Ends the message's turn with its final answer, letting the next
-    /// message of its key go. The one place a sent message's turn ends:
-    /// called once the answer is no longer in doubt.
-    fn conclude(&mut self) {
-        let Some(turn) = self.turn.take() else {
-            return;
-        };
+    /// What the answer, once final, means for the message's key.
+    fn outcome(&self) -> Outcome {
         let broken = matches!(self.work.message.as_ref().map(|m| &m.message), Some(Err(_)));
-        let outcome = match &self.result {
+        match &self.result {
             _ if broken => Outcome::Failed,
             Ok(_) => Outcome::Delivered,
             Err(PublishError::Invalid(_)) => Outcome::Failed,
             Err(_) => Outcome::Refused,
-        };
-        turn.finish(outcome);
+        }
     }
 
     /// The verdict, recorded in the metrics if the broker took the message.
@@ -319,74 +327,64 @@ struct FlightShared {
 }
 
 impl Flight {
-    /// Puts the work's message (if any) on the wire now, and returns the
-    /// future of its answer, its turn still held; `None` if the relay
-    /// stopped at once first (a send may wait for room in the client, and
-    /// nothing may go on the wire after the stop). A message NATS already
-    /// acknowledged to this relay is not sent again where nothing has
-    /// touched it since (see `Acknowledged`).
-    async fn put_first(
-        &self,
-        work: Work,
-        turn: Option<Turn>,
-        started: Instant,
-    ) -> Option<BoxFuture<'static, Attempt>> {
+    /// Puts the work's message (if any) on the wire now; `None` if the
+    /// relay stopped at once first (a send may wait for room in the
+    /// client, and nothing may go on the wire after the stop). A message
+    /// NATS already acknowledged to this relay is not sent again where
+    /// nothing has touched it since (see `Acknowledged`).
+    async fn put_first(&self, work: Work, started: Instant) -> Option<Sent> {
         let id = match work.message.as_ref().map(|m| &m.message) {
             Some(Ok(message)) => message.id,
-            _ => return self.put(work, turn, started).await,
+            _ => return self.put(work, started).await,
         };
         match self.acknowledged.again(&id, self.term) {
             Again::Stored => {
-                let mut known = Attempt::answered(work, Ok(Ack::default()), started, turn);
+                let mut known = Sent::known(work, Ok(Ack::default()), started);
                 known.stored_before = true;
-                Some(future::ready(known).boxed())
+                Some(known)
             }
             Again::Republish => {
                 self.metrics.republished();
-                self.put(work, turn, started).await
+                self.put(work, started).await
             }
-            Again::Unseen => self.put(work, turn, started).await,
+            Again::Unseen => self.put(work, started).await,
         }
     }
 
-    /// Puts the work's message (if any) on the wire now, and returns the
-    /// future of its answer, its turn still held; `None` if the relay
-    /// stopped at once first.
-    async fn put(
-        &self,
-        work: Work,
-        turn: Option<Turn>,
-        started: Instant,
-    ) -> Option<BoxFuture<'static, Attempt>> {
+    /// Puts the work's message (if any) on the wire now; `None` if the
+    /// relay stopped at once first.
+    async fn put(&self, work: Work, started: Instant) -> Option<Sent> {
         let sent = match work.message.as_ref().map(|m| &m.message) {
             Some(Ok(message)) => tokio::select! {
                 biased;
                 _ = self.abandon.cancelled() => return None,
-                sent = self.publisher.send(message) => Some(sent),
+                sent = self.publisher.send(message) => sent,
             },
-            _ => None,
+            _ => return Some(Sent::known(work, Ok(Ack::default()), started)),
         };
         Some(match sent {
-            Some(Ok(ack)) => ack
-                .map(move |result| Attempt::answered(work, result, started, turn))
-                .boxed(),
-            Some(Err(error)) => {
-                future::ready(Attempt::answered(work, Err(error), started, turn)).boxed()
-            }
-            None => {
-                future::ready(Attempt::answered(work, Ok(Ack::default()), started, turn)).boxed()
-            }
+            Ok(answer) => Sent {
+                work,
+                answer,
+                started,
+                stored_before: false,
+            },
+            Err(error) => Sent::known(work, Err(error), started),
         })
     }
 
-    /// Awaits an answer, settles it if it is in doubt, and ends the
-    /// message's turn with it.
-    async fn land(self, answer: BoxFuture<'static, Attempt>) -> Landed {
-        let mut attempt = answer.await;
+    /// The rest of a sent message's life: its answer, settled if it is in
+    /// doubt, then its turn (if it has one) ended with that answer. The
+    /// one place a sent message's turn ends; should the relay stop at
+    /// once first, the turn is dropped instead, and holds its key.
+    async fn land(self, sent: Sent, turn: Option<Turn>) -> Landed {
+        let mut attempt = sent.answer().await;
         if attempt.in_doubt() {
             attempt = self.settle(attempt).await?;
         }
-        attempt.conclude();
+        if let Some(turn) = turn {
+            turn.finish(attempt.outcome());
+        }
         Some(attempt)
     }
 
@@ -408,8 +406,8 @@ impl Flight {
             // its key).
             Admission::Send if self.abandon.is_cancelled() => None,
             Admission::Send => {
-                let answer = self.put_first(work, Some(turn), started).await?;
-                self.land(answer).await
+                let sent = self.put_first(work, started).await?;
+                self.land(sent, Some(turn)).await
             }
         }
     }
@@ -491,8 +489,8 @@ impl Flight {
                 asking = Some(held);
             }
             self.metrics.resent();
-            let answer = self.put(attempt.work, attempt.turn, Instant::now()).await?;
-            attempt = answer.await;
+            let sent = self.put(attempt.work, Instant::now()).await?;
+            attempt = sent.answer().await;
         }
         // Settled after the broker was found away: it answers again.
         if let Some(mut held) = asking {
@@ -735,7 +733,10 @@ impl PublishStage {
     /// Takes the work's turn in its key's line, and returns its send: the
     /// message goes on the wire now if nothing of its key is before it
     /// (sends keep the input's order), and later, in its life in flight,
-    /// if something is.
+    /// if something is. The turn goes with the work: to
+    /// [`Flight::after_turn`] if it waits, else to [`Flight::land`], which
+    /// ends it with the message's answer; a parked message's ends as it
+    /// is parked.
     fn start(&self, flight: &Flight, place: u64, work: Work) -> Sending {
         let started = Instant::now();
         let flight = flight.clone();
@@ -756,8 +757,8 @@ impl PublishStage {
             },
         };
         async move {
-            match flight.put_first(work, turn, started).await {
-                Some(answer) => Life::of(place, flight.land(answer)),
+            match flight.put_first(work, started).await {
+                Some(sent) => Life::of(place, flight.land(sent, turn)),
                 None => Life::landed(place, None),
             }
         }

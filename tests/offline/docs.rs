@@ -184,3 +184,45 @@ fn the_front_documents_stay_short() {
         assert!(lines <= most, "{name} has {lines} lines, more than {most}");
     }
 }
+
+/// The code spans of a line outside fenced blocks.
+fn code_spans(line: &str) -> Vec<&str> {
+    line.split('`').skip(1).step_by(2).collect()
+}
+
+/// The project paths a document names in code spans (`src/…`, `tests/…`):
+/// a file moved or split must not leave a reader looking for it.
+#[test]
+fn every_project_path_named_in_the_documents_exists() {
+    let roots = ["src/", "tests/", "benches/", "scripts/", "docs/"];
+    let (mut problems, mut checked) = (Vec::new(), 0);
+    for source in documents() {
+        let text = std::fs::read_to_string(&source).expect("a document");
+        let mut in_fence = false;
+        for (number, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("```") {
+                in_fence = !in_fence;
+            }
+            if in_fence {
+                continue;
+            }
+            for span in code_spans(line) {
+                let path = span.split_whitespace().next().unwrap_or_default();
+                let path = path.split(':').next().unwrap_or_default();
+                if !roots.iter().any(|root| path.starts_with(root)) || path.contains(['*', '<']) {
+                    continue;
+                }
+                checked += 1;
+                if !root().join(path).exists() {
+                    let place = format!("{}:{}", source.display(), number + 1);
+                    problems.push(format!("{place}: {path}: no such file or folder"));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "stale paths:\n{}", problems.join("\n"));
+    assert!(
+        checked > 10,
+        "only {checked} paths found: is the parser blind?"
+    );
+}

@@ -1,0 +1,495 @@
+//! The change-stream source: the fast path from commit to publish.
+//!
+//! It tails inserts of pending messages on the outbox collection, with the
+//! document taken from the insert event itself, so a message reaches the
+//! publisher with no further database round trip. How it starts is
+//! [`start`]'s decision: it resumes from the stored token, or, when there
+//! is none, the server can no longer resume from it (the history is gone,
+//! or the token is not one it accepts), or more is pending than a replay
+//! should read (`--max-replay`), it says so and runs the catch-up pass over
+//! a snapshot of the collection, then tails from the snapshot's moment, so
+//! nothing committed in the gap is lost and no key's messages are read out
+//! of order. On idle streams it still passes on the server's newest
+//! position now and then, so the stored token does not fall behind the
+//! oplog's history.
+//!
+//! A stream can also end: dropping or renaming the collection or its
+//! database invalidates it, and the server closes its cursor. The source
+//! notices at once, says so, waits (with backoff, idle) until the collection
+//! exists again, prepares it again (its indexes went with it), and reopens
+//! from that moment with a catch-up pass, so what was written since is
+//! delivered. Readiness is down meanwhile.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{doc, oid::ObjectId, DateTime, Document, RawDocumentBuf};
+use futures::future::BoxFuture;
+use mongodb::change_stream::event::{OperationType, ResumeToken};
+use mongodb::change_stream::ChangeStream;
+use mongodb::error::ErrorKind;
+use mongodb::Collection;
+use serde::Deserialize;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::progress::StreamProgress;
+
+mod start;
+use crate::contract::{field, status, DecodeRules};
+use crate::observe::{Metrics, Role};
+use crate::retry::{pause, reconnect_backoff, until_settled};
+use crate::setup::collection_exists;
+use crate::work::{Feed, Work};
+
+type Events = ChangeStream<Event>;
+
+/// The fields of a change event the relay keeps. The inserted document,
+/// and the document key that repeats its `_id`, are kept as the server
+/// sent them, so a document the driver cannot read (a string that is not
+/// UTF-8, say) fails alone instead of breaking the stream at its event for
+/// good. The namespace is skipped rather than built into a document.
+#[derive(Debug, Deserialize)]
+struct Event {
+    #[serde(rename = "_id")]
+    id: ResumeToken,
+    #[serde(rename = "operationType")]
+    operation_type: OperationType,
+    #[serde(rename = "clusterTime")]
+    cluster_time: Option<bson::Timestamp>,
+    #[serde(rename = "wallTime")]
+    wall_time: Option<DateTime>,
+    #[serde(rename = "fullDocument")]
+    full_document: Option<RawDocumentBuf>,
+    /// Never read: named so that it is not walked.
+    #[serde(rename = "documentKey")]
+    _document_key: Option<RawDocumentBuf>,
+}
+
+/// The change-stream label servers put on errors a stream can resume after.
+const RESUMABLE_LABEL: &str = "ResumableChangeStreamError";
+
+/// CursorNotFound: resumable by the change streams specification.
+const CURSOR_NOT_FOUND: i32 = 43;
+
+/// Where this source logs: the benchmark reads its lines (see [`said`]).
+#[cfg(feature = "bench")]
+pub(crate) const LOG_TARGET: &str = module_path!();
+
+/// What the source says of how it started, in words the benchmark looks
+/// for in a relay's log to refuse a drain of the wrong kind.
+pub(crate) mod said {
+    /// A catch-up pass read the backlog (info).
+    pub(crate) const PASS_QUEUED: &str = "catch-up pass queued the pending messages";
+    /// The backlog could not be counted, so the stream replays (warn).
+    pub(crate) const NOT_COUNTED: &str = "could not count the pending messages";
+    /// The stored position is gone from the oplog (error).
+    pub(crate) const CANNOT_RESUME: &str = "the change stream cannot resume from the stored token";
+}
+
+/// Tails the outbox collection's inserts.
+pub(crate) struct ChangeStreamSource {
+    pub outbox: Collection<Document>,
+    pub rules: DecodeRules,
+    pub max_await_time: Duration,
+    /// Least time between two idle position updates.
+    pub idle_checkpoint_interval: Duration,
+    /// How long after a catch-up pass the stream may still repeat its messages.
+    pub grace_period: Duration,
+    /// Most due messages a first resume replays rather than catches up.
+    pub max_replay: u32,
+    pub metrics: Metrics,
+    /// Prepares the collection again after it was dropped and recreated.
+    pub prepare: Prepare,
+    /// How far the source has read, for the sweep.
+    pub progress: StreamProgress,
+}
+
+/// Prepares the outbox collection (indexes, retention, validator).
+pub(crate) type Prepare = Arc<dyn Fn() -> BoxFuture<'static, crate::Result<()>> + Send + Sync>;
+
+impl ChangeStreamSource {
+    /// Feeds the pipeline from the stream, starting after `token` (or from
+    /// now), until shutdown. A broken stream is reopened where it stopped.
+    pub async fn run(self, token: Option<ResumeToken>, output: Feed, shutdown: CancellationToken) {
+        let mut position = token;
+        let mut backoff = reconnect_backoff();
+        // What a catch-up pass read, still to be skipped by a stream that
+        // broke before it passed the pass's snapshot.
+        let mut carried = None;
+        while let Some((events, caught_up)) = self
+            .start(position.clone(), carried.take(), &output, &shutdown)
+            .await
+        {
+            match self.tail(events, caught_up, &output, &shutdown).await {
+                Tail::Stopped => return,
+                // A stream that breaks again where it broke before is
+                // reopened with backoff, not in a tight loop.
+                Tail::Broken(last, caught_up) if last == position => {
+                    carried = Some(caught_up);
+                    if !pause(&mut backoff, &shutdown).await {
+                        return;
+                    }
+                }
+                Tail::Broken(last, caught_up) => {
+                    carried = Some(caught_up);
+                    backoff = reconnect_backoff();
+                    position = last;
+                }
+                Tail::Ended => {
+                    self.metrics.stream_ended();
+                    self.metrics.set_role_unless_stopping(Role::Leading);
+                    if !self.await_collection(&shutdown).await {
+                        return;
+                    }
+                    position = None;
+                }
+            }
+        }
+    }
+
+    /// Waits, with backoff, until the outbox collection exists again, then
+    /// prepares it. False if the relay stopped first.
+    async fn await_collection(&self, shutdown: &CancellationToken) -> bool {
+        let namespace = self.outbox.namespace();
+        tracing::error!(
+            %namespace,
+            "the change stream ended: the outbox collection or its database was dropped or \
+             renamed; waiting for it to exist again, then delivering what is pending in it"
+        );
+        let database = self.outbox.client().database(&namespace.db);
+        let mut backoff = reconnect_backoff();
+        loop {
+            match collection_exists(&database, &namespace.coll).await {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(error) => tracing::debug!(%error, "listing collections failed"),
+            }
+            if !pause(&mut backoff, shutdown).await {
+                return false;
+            }
+        }
+        if let Err(error) = (self.prepare)().await {
+            tracing::warn!(%error, "could not prepare the recreated outbox collection");
+        }
+        tracing::info!(%namespace, "the outbox collection exists again: reopening the change stream");
+        true
+    }
+
+    /// Opens the stream at `position`, asking for `batch` events at a time
+    /// (see [`super::catch_up::read_batch`]): a replay's events carry whole
+    /// messages, as the pass's documents are. The stream keeps its batch
+    /// for as long as it stays open, after the backlog that sized it is
+    /// gone; the least batch, sixteen events a round trip, still outpaces
+    /// what a live stream brings.
+    async fn open(&self, position: Position, batch: u32) -> mongodb::error::Result<Events> {
+        let watch = self
+            .outbox
+            .watch()
+            .pipeline(new_messages())
+            .batch_size(batch)
+            .max_await_time(self.max_await_time);
+        let events = match position {
+            Position::After(token) => watch.start_after(token).await,
+            Position::At(Some(time)) => watch.start_at_operation_time(time).await,
+            Position::At(None) => watch.await,
+        };
+        events.map(ChangeStream::with_type)
+    }
+
+    /// Opens the stream at `position`, retrying passing errors with
+    /// backoff. Returns the stream, or the error no retry mends; `None` if
+    /// the relay stopped first.
+    async fn open_retrying(
+        &self,
+        position: Position,
+        batch: u32,
+        shutdown: &CancellationToken,
+    ) -> Option<mongodb::error::Result<Events>> {
+        let open = || self.open(position.clone(), batch);
+        until_settled("MongoDB change stream", shutdown, open, |error| {
+            !is_resumable(error)
+        })
+        .await
+    }
+
+    /// Passes each insert on, with stream positions in between, until
+    /// shutdown or until the stream breaks.
+    ///
+    /// Messages the catch-up pass already queued are passed on as bare
+    /// positions (see [`CaughtUp`]).
+    async fn tail(
+        &self,
+        mut events: Events,
+        mut caught_up: CaughtUp,
+        output: &Feed,
+        shutdown: &CancellationToken,
+    ) -> Tail {
+        let mut last = events.resume_token();
+        let mut last_sent = Instant::now();
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => {
+                    // The newest position the stream reported: every event
+                    // before it has been passed on, so it may be recorded.
+                    if let Some(token) = events.resume_token().filter(|t| Some(t) != last.as_ref()) {
+                        let _ = output.send(Work::marker(token, Some(DateTime::now()))).await;
+                    }
+                    return Tail::Stopped;
+                }
+                next = events.next_if_any() => next,
+            };
+            let work = match next {
+                Ok(Some(event)) if event.operation_type == OperationType::Invalidate => {
+                    return Tail::Ended;
+                }
+                Ok(None) if !events.is_alive() => return Tail::Ended,
+                Ok(Some(event)) => {
+                    let token = event.id;
+                    last = Some(token.clone());
+                    let at = commit_time(event.wall_time, event.cluster_time);
+                    self.progress.read(at);
+                    self.metrics.stream_event(at);
+                    match event.full_document {
+                        // Left to the sweep, which reads the document itself.
+                        Some(document) if document.get(OVERSIZED).ok().flatten().is_some() => {
+                            Work::marker(token, at)
+                        }
+                        Some(document) if !caught_up.repeats(&document, event.cluster_time) => {
+                            Work::from_stream(self.rules.decode_raw(&document), token, at)
+                        }
+                        _ => Work::marker(token, at),
+                    }
+                }
+                Ok(None) => {
+                    // Nothing more committed: read up to now.
+                    self.progress.read(Some(DateTime::now()));
+                    self.metrics.stream_idle();
+                    match events.resume_token() {
+                        Some(token)
+                            if Some(&token) != last.as_ref()
+                                && last_sent.elapsed() >= self.idle_checkpoint_interval =>
+                        {
+                            last = Some(token.clone());
+                            Work::marker(token, Some(DateTime::now()))
+                        }
+                        _ => continue,
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(error = %error, "change stream failed; reopening it");
+                    return Tail::Broken(last, caught_up);
+                }
+            };
+            if output.send(work).await.is_err() {
+                return Tail::Stopped;
+            }
+            last_sent = Instant::now();
+        }
+    }
+}
+
+/// The stream's pipeline: inserts of pending messages, and the event that
+/// ends the stream. A document inserted in any other state (restored from a
+/// backup, copied from another outbox) is history, not news.
+///
+/// A change event may not exceed 16 MiB, and an event carrying a document
+/// near that size would break the stream at its position for good (MongoDB
+/// fails the read with `BSONObjectTooLarge`, and resuming meets the same
+/// event). So such a document comes as a stub of its `_id`, and the sweep,
+/// which reads the document itself, delivers or fails it.
+pub(crate) fn new_messages() -> [Document; 2] {
+    let full = "$fullDocument";
+    [
+        doc! { "$match": { "$or": [
+            { "operationType": "insert", "fullDocument.status": status::PENDING },
+            { "operationType": "invalidate" },
+        ] } },
+        doc! { "$addFields": { "fullDocument": { "$cond": [
+            { "$gt": [{ "$bsonSize": full }, LARGEST_DOCUMENT_IN_AN_EVENT] },
+            { field::ID: "$fullDocument._id", OVERSIZED: true },
+            full,
+        ] } } },
+    ]
+}
+
+/// The largest document an event carries whole: 16 MiB less room for the
+/// event's own fields (resume token, namespace, document key, times).
+const LARGEST_DOCUMENT_IN_AN_EVENT: i64 = (16 << 20) - (64 << 10);
+
+/// The field that marks the stub of a document too large for an event.
+const OVERSIZED: &str = "outboxRelayOversized";
+
+/// Where a stream opens.
+#[derive(Clone)]
+enum Position {
+    /// Just after a stored token.
+    After(ResumeToken),
+    /// At a cluster time (a catch-up snapshot's); from now without one.
+    At(Option<bson::Timestamp>),
+}
+
+/// How tailing ended.
+enum Tail {
+    /// Shutdown, or the pipeline closed.
+    Stopped,
+    /// The stream failed; reopen after this position, still skipping what
+    /// the catch-up pass read.
+    Broken(Option<ResumeToken>, CaughtUp),
+    /// The stream ended for good (invalidated, or its cursor closed).
+    Ended,
+}
+
+/// What a catch-up pass read, for the stream to skip.
+///
+/// The stream opens at a cluster time no later than the pass's snapshot,
+/// so its first events may be of messages the pass read already. Those
+/// the pass queued are skipped until the stream passes the snapshot's own
+/// time (no event after it can be in the snapshot), or, where the server
+/// did not say that time, for the grace period. The set is carried over a
+/// stream that breaks and resumes. (A server whose snapshot held commits
+/// after the time it reported would see those sent again, and JetStream
+/// drop the repeats.)
+struct CaughtUp {
+    ids: HashSet<ObjectId>,
+    /// The snapshot's cluster time, as the server reported it.
+    upto: Option<bson::Timestamp>,
+    until: Instant,
+}
+
+impl CaughtUp {
+    fn none() -> Self {
+        CaughtUp {
+            ids: HashSet::new(),
+            upto: None,
+            until: Instant::now(),
+        }
+    }
+
+    fn new(ids: HashSet<ObjectId>, upto: Option<bson::Timestamp>, grace_period: Duration) -> Self {
+        CaughtUp {
+            ids,
+            upto,
+            until: Instant::now() + grace_period,
+        }
+    }
+
+    /// Whether the pass already queued this document, committed at `at`
+    /// (each is matched once).
+    fn repeats(&mut self, document: &RawDocumentBuf, at: Option<bson::Timestamp>) -> bool {
+        if self.ids.is_empty() {
+            return false;
+        }
+        let past = match (self.upto, at) {
+            (Some(upto), Some(at)) => at > upto,
+            _ => Instant::now() > self.until,
+        };
+        if past {
+            self.ids = HashSet::new();
+            return false;
+        }
+        document
+            .get_object_id(field::ID)
+            .is_ok_and(|id| self.ids.remove(&id))
+    }
+}
+
+/// When an event committed: its wall time (MongoDB 6.0 and later), else its
+/// cluster time, which counts whole seconds.
+fn commit_time(
+    wall_time: Option<DateTime>,
+    cluster_time: Option<bson::Timestamp>,
+) -> Option<DateTime> {
+    wall_time.or_else(|| cluster_time.map(|t| DateTime::from_millis(i64::from(t.time) * 1000)))
+}
+
+/// Whether a change stream may resume after this error, by the rule of the
+/// change streams specification: any error that is not a server's reply,
+/// CursorNotFound, or a reply labelled resumable.
+fn is_resumable(error: &mongodb::error::Error) -> bool {
+    match &*error.kind {
+        ErrorKind::Command(command) => {
+            command.code == CURSOR_NOT_FOUND || error.contains_label(RESUMABLE_LABEL)
+        }
+        ErrorKind::Write(_) | ErrorKind::InsertMany(_) | ErrorKind::BulkWrite(_) => false,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::{rawdoc, Timestamp};
+
+    use super::*;
+
+    /// A document whose `_id` is a string of bytes that are not UTF-8, as a
+    /// raw writer can make.
+    fn not_utf8() -> RawDocumentBuf {
+        crate::unreadable::tests::not_utf8(b"bad\xff\xfeid")
+    }
+
+    #[test]
+    fn an_event_of_a_document_that_is_not_utf8_is_read_and_left_to_decoding() {
+        let event = rawdoc! {
+            "_id": { "_data": "8263" },
+            "operationType": "insert",
+            "clusterTime": Timestamp { time: 1_800_000_000, increment: 1 },
+            "ns": { "db": "app", "coll": "outbox" },
+            "documentKey": not_utf8(),
+            "fullDocument": not_utf8(),
+        };
+        let read: Event = bson::from_slice(event.as_bytes()).expect("the event is read");
+        assert_eq!(read.operation_type, OperationType::Insert);
+        assert!(read.full_document.is_some());
+        // The driver's own event type builds the document key, and fails.
+        assert!(
+            bson::from_slice::<mongodb::change_stream::event::ChangeStreamEvent<RawDocumentBuf>>(
+                event.as_bytes()
+            )
+            .is_err()
+        );
+    }
+
+    fn document(id: ObjectId) -> RawDocumentBuf {
+        rawdoc! { "_id": id }
+    }
+
+    fn at(increment: u32) -> Option<Timestamp> {
+        Some(Timestamp {
+            time: 1_800_000_000,
+            increment,
+        })
+    }
+
+    #[test]
+    fn queued_messages_are_skipped_until_the_stream_passes_the_snapshot() {
+        let (queued, other, late) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
+        let ids = [queued, late].into_iter().collect();
+        let mut caught_up = CaughtUp::new(ids, at(10), Duration::ZERO);
+        assert!(!caught_up.repeats(&document(other), at(9)), "not queued");
+        assert!(
+            caught_up.repeats(&document(queued), at(10)),
+            "in the snapshot"
+        );
+        assert!(
+            !caught_up.repeats(&document(queued), at(10)),
+            "matched once"
+        );
+        assert!(
+            !caught_up.repeats(&document(late), at(11)),
+            "past the snapshot's time nothing repeats"
+        );
+        assert!(
+            !caught_up.repeats(&document(late), at(10)),
+            "the set is gone"
+        );
+
+        let ids = [queued].into_iter().collect();
+        let mut untimed = CaughtUp::new(ids, None, Duration::from_secs(3600));
+        assert!(
+            untimed.repeats(&document(queued), at(99)),
+            "without the snapshot's time, within the grace period"
+        );
+    }
+}
