@@ -308,7 +308,7 @@ pub struct Held {
 
 /// A name for this process that is unique among relays: host, pid and a
 /// random part (so a restarted process with a recycled pid is someone new).
-fn owner_name() -> String {
+pub(crate) fn owner_name() -> String {
     let host = std::fs::read_to_string("/etc/hostname")
         .ok()
         .map(|h| h.trim().to_owned())

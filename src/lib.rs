@@ -37,8 +37,11 @@
 //! - [`check`]: the start-up checks and their exit codes;
 //! - [`observe`]: metrics, health endpoints and the collector;
 //! - [`admin`]: the `status` and `dlq` commands;
+//! - [`replay`]: sending delivered messages again, resumable, beside a
+//!   running relay;
 //! - [`bench`](mod@bench): the latency and drain benchmark;
 //! - `retry`: waiting out a server, shared by every stage;
+//! - `usage`: a process's peak memory, for the benchmark and a replay;
 //! - `unreadable`: finding and changing a document whose `_id` or
 //!   `attempts` the driver cannot read (a string that is not UTF-8);
 //! - [`error`]: the library's error kinds.
@@ -61,6 +64,7 @@ mod pipeline;
 pub mod publish;
 pub mod redact;
 pub mod relay;
+pub mod replay;
 mod retry;
 pub mod setup;
 pub mod source;
@@ -69,6 +73,7 @@ mod stop;
 mod testing;
 mod time;
 mod unreadable;
+mod usage;
 mod work;
 pub mod writer;
 

@@ -22,10 +22,28 @@ fn millis(duration: Duration) -> i64 {
 }
 
 /// The smallest ObjectId of the second `time` falls in: every id generated
-/// before that second sorts below it.
+/// before that second sorts below it. A time outside what an ObjectId
+/// holds (before 1970, after 2106) bounds at its nearest end.
 pub(crate) fn object_id_at(time: DateTime) -> ObjectId {
-    let seconds = u32::try_from(time.timestamp_millis().div_euclid(1000)).unwrap_or(0);
+    let seconds = time
+        .timestamp_millis()
+        .div_euclid(1000)
+        .clamp(0, i64::from(u32::MAX));
+    let seconds = u32::try_from(seconds).unwrap_or(u32::MAX);
     let mut bytes = [0u8; 12];
     bytes[..4].copy_from_slice(&seconds.to_be_bytes());
     ObjectId::from_bytes(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_moment_beyond_what_an_object_id_holds_bounds_at_its_end() {
+        let far = DateTime::parse_rfc3339_str("2206-01-01T00:00:00Z").expect("a time");
+        assert_eq!(object_id_at(far).bytes()[..4], u32::MAX.to_be_bytes());
+        let early = DateTime::from_millis(-5_000);
+        assert_eq!(object_id_at(early).bytes()[..4], [0; 4]);
+    }
 }

@@ -100,14 +100,7 @@ impl RelayProcess {
     pub fn usage(&self) -> Usage {
         let pid = self.child.id();
         let cpu_seconds = cpu_seconds(&pid.to_string());
-        let peak_rss_mib = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|status| {
-                let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-                let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-                Some(kib / 1024.0)
-            })
-            .unwrap_or(0.0);
+        let peak_rss_mib = crate::usage::peak_memory_mib(&pid.to_string()).unwrap_or(0.0);
         Usage {
             cpu_seconds,
             peak_rss_mib,

@@ -5,6 +5,7 @@
 
 #[cfg(feature = "bench")]
 pub mod bench;
+pub mod replay;
 mod settings;
 
 use std::time::Duration;
@@ -54,6 +55,8 @@ pub enum Command {
     /// List, replay or discard failed messages (the dead letters).
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Send delivered messages again, chosen by time, type, subject or key, to their subjects or a new prefix.
+    Replay(Box<replay::ReplayArgs>),
     /// Look into a consumer's inbox (see outbox_relay::inbox).
     #[command(subcommand)]
     Inbox(InboxCommand),

@@ -19,6 +19,7 @@ use bytes::Bytes;
 
 pub use schema::contract_schema;
 pub use subject::{pattern_matches, validate_subject, SubjectRules, MAX_SUBJECT_CHARS};
+pub(crate) use subject::{pattern_regex, validate_pattern};
 
 use crate::unreadable::RawField;
 
@@ -64,6 +65,11 @@ pub mod header {
     pub const TYPE: &str = "Outbox-Type";
     pub const CORRELATION_ID: &str = "Outbox-Correlation-Id";
     pub const KEY: &str = "Outbox-Key";
+    /// On a replayed message: the replay that sent it.
+    pub const REPLAY: &str = "Outbox-Replay";
+    /// On a replayed message: its first delivery's `Nats-Msg-Id`, by which
+    /// an inbox knows it.
+    pub const REPLAY_OF: &str = "Outbox-Replay-Of";
     pub const CONTENT_TYPE: &str = "Content-Type";
     /// Prefixes of the header names reserved to the relay.
     pub const RESERVED_PREFIXES: [&str; 2] = ["Nats-", "Outbox-"];

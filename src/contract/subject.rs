@@ -94,6 +94,41 @@ impl SubjectRules {
         )))
     }
 
+    /// Checks a prefix that other subjects are to be sent under (a
+    /// replay's `--replay-prefix`): valid syntax, not reserved, and every
+    /// subject under it under the relay's prefix or allowed by one pattern
+    /// (`<prefix>.>`, or a pattern ending in `>` that covers it).
+    pub fn check_prefix(&self, prefix: &str) -> Result<(), ContractViolation> {
+        validate_subject(prefix)?;
+        refuse_reserved(prefix)?;
+        let tokens: Vec<&str> = prefix.split('.').collect();
+        let covers = |pattern: &String| {
+            for (n, token) in pattern.split('.').enumerate() {
+                match (token, tokens.get(n)) {
+                    (">", _) => return true,
+                    (_, None) => return false,
+                    ("*", Some(_)) => {}
+                    (literal, Some(own)) if literal == *own => {}
+                    _ => return false,
+                }
+            }
+            false
+        };
+        let under_own = prefix == self.prefix
+            || prefix
+                .strip_prefix(self.prefix.as_str())
+                .is_some_and(|rest| rest.starts_with('.'));
+        if under_own || self.allowed.iter().any(covers) {
+            return Ok(());
+        }
+        Err(ContractViolation::new(format!(
+            "not every subject under {prefix:?} is one this relay publishes to: the prefix must \
+             begin with \"{}.\", or an operator must allow its subjects with --allow-subject \
+             '{prefix}.>'",
+            self.prefix
+        )))
+    }
+
     fn permits(&self, subject: &str) -> bool {
         let under_prefix = subject
             .strip_prefix(self.prefix.as_str())
@@ -162,7 +197,7 @@ fn refuse_reserved(subject: &str) -> Result<(), ContractViolation> {
 
 /// Checks an allow-list pattern: subject syntax where a token may be `*`
 /// and the last may be `>`, not beginning in NATS's reserved space.
-fn validate_pattern(pattern: &str) -> Result<(), ContractViolation> {
+pub(crate) fn validate_pattern(pattern: &str) -> Result<(), ContractViolation> {
     let bad = |why: &str| {
         Err(ContractViolation::new(format!(
             "invalid subject pattern {pattern:?}: {why}"
@@ -206,7 +241,7 @@ pub fn pattern_matches(pattern: &str, subject: &str) -> bool {
 }
 
 /// A NATS pattern as an anchored regular expression.
-fn pattern_regex(pattern: &str) -> String {
+pub(crate) fn pattern_regex(pattern: &str) -> String {
     let tokens: Vec<String> = pattern
         .split('.')
         .map(|token| match token {
@@ -248,6 +283,34 @@ mod tests {
             .and_then(|r| r.allow("billing.>"))
             .and_then(|r| r.allow("audit.*.events"))
             .expect("valid rules")
+    }
+
+    #[test]
+    fn a_replay_prefix_must_have_every_subject_under_it_allowed() {
+        let rules = rules()
+            .allow("replay.*.>")
+            .and_then(|r| r.allow("narrow.orders.*"))
+            .expect("valid rules");
+        for good in [
+            "outbox.replay",
+            "billing",
+            "billing.again",
+            "replay.x",
+            "replay.x.y",
+        ] {
+            assert!(rules.check_prefix(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "replay",
+            "narrow.orders",
+            "narrow",
+            "audit.x",
+            "elsewhere",
+            "$JS.API",
+            "_INBOX",
+        ] {
+            assert!(rules.check_prefix(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

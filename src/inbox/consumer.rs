@@ -997,7 +997,9 @@ fn read_delivery(message: &jetstream::Message) -> Delivery {
     Delivery {
         subject: message.subject.to_string(),
         payload: message.payload.clone(),
-        message_id: find(header::MSG_ID),
+        // A replayed message is known by its first delivery's id: an
+        // inbox applies an outbox message once, whichever delivery brings it.
+        message_id: find(header::REPLAY_OF).or_else(|| find(header::MSG_ID)),
         key: find(header::KEY),
         headers,
         stream_sequence,

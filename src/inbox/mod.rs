@@ -52,7 +52,10 @@
 //! - `metrics`: what the consumer counts, in the Prometheus text format.
 //!
 //! A message without `Nats-Msg-Id` (not from the relay) is handled without
-//! deduplication: its handler runs for every delivery of it.
+//! deduplication: its handler runs for every delivery of it. A replayed
+//! message (`outbox-relay replay`) is known by its first delivery's id
+//! (`Outbox-Replay-Of`): a consumer that handled it skips it, and one that
+//! is to apply the history again is given a new consumer name.
 
 mod consumer;
 mod metrics;
@@ -241,7 +244,10 @@ pub struct Delivery {
     pub payload: Bytes,
     /// Its headers, each name with its first value.
     pub headers: Vec<(String, String)>,
-    /// `Nats-Msg-Id`: the outbox message's id, what repeats are known by.
+    /// The outbox message's id, what repeats are known by: `Nats-Msg-Id`,
+    /// or for a replayed message `Outbox-Replay-Of`, its first delivery's.
+    /// So a consumer skips a replay of what it handled; to apply a
+    /// history again, replay it to a consumer of a new name.
     pub message_id: Option<String>,
     /// `Outbox-Key`: messages of one key are handled one at a time, in
     /// stream order.

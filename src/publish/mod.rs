@@ -19,6 +19,7 @@ pub(crate) mod stage;
 mod tests;
 
 pub use connection::{connect_nats, NatsConnection};
+pub(crate) use nats::PERMISSION_DENIED;
 pub use nats::{NatsPublisher, StreamSetup};
 
 use futures::future::BoxFuture;

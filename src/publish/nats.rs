@@ -268,7 +268,7 @@ impl NatsPublisher {
                 }),
                 Err(PublishError::Unavailable(_)) if denials.denied(&subject, window) => {
                     Err(PublishError::Refused(format!(
-                        "permission denied: NATS does not let this relay publish to {subject:?}"
+                        "{PERMISSION_DENIED}: NATS does not let this relay publish to {subject:?}"
                     )))
                 }
                 Err(error) => Err(error),
@@ -492,6 +492,10 @@ fn headers(message: &OutboxMessage) -> HeaderMap {
     }
     map
 }
+
+/// How a refusal for want of permission begins: NATS refuses the subject,
+/// whatever the message.
+pub(crate) const PERMISSION_DENIED: &str = "permission denied";
 
 /// Sorts a JetStream publish error by whose fault it is.
 fn classify_jetstream(error: async_nats::jetstream::context::PublishError) -> PublishError {

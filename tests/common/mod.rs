@@ -179,25 +179,15 @@ impl TestEnv {
             .get_stream(&self.stream)
             .await
             .expect("stream");
-        let state = stream.info().await.expect("stream info").state.clone();
-        let mut stored = Vec::new();
-        for sequence in state.first_sequence..=state.last_sequence {
-            let Ok(message) = stream.get_raw_message(sequence).await else {
-                continue; // deleted, or never there (an empty stream)
-            };
-            let header = |name: &str| {
-                message
-                    .headers
-                    .get(name)
-                    .map(|value| value.as_str().to_owned())
-            };
-            stored.push(Stored {
-                sequence,
-                id: header("Nats-Msg-Id").unwrap_or_default(),
-                key: header("Outbox-Key"),
-            });
-        }
-        stored
+        stream_messages(&mut stream)
+            .await
+            .iter()
+            .map(|message| Stored {
+                sequence: message.sequence,
+                id: stored_header(message, "Nats-Msg-Id").unwrap_or_default(),
+                key: stored_header(message, "Outbox-Key"),
+            })
+            .collect()
     }
 
     /// Inserts a pending message of `key` whose payload is `size` bytes;
@@ -346,6 +336,29 @@ impl Receiver {
         }
         messages
     }
+}
+
+/// Every message `stream` holds, in stream order, with its headers.
+pub async fn stream_messages(
+    stream: &mut jetstream::stream::Stream,
+) -> Vec<jetstream::message::StreamMessage> {
+    let state = stream.info().await.expect("stream info").state.clone();
+    let mut messages = Vec::new();
+    for sequence in state.first_sequence..=state.last_sequence {
+        // Deleted, or never there (an empty stream): skipped.
+        if let Ok(message) = stream.get_raw_message(sequence).await {
+            messages.push(message);
+        }
+    }
+    messages
+}
+
+/// A header of a message as a stream holds it.
+pub fn stored_header(message: &jetstream::message::StreamMessage, name: &str) -> Option<String> {
+    message
+        .headers
+        .get(name)
+        .map(|value| value.as_str().to_owned())
 }
 
 pub fn header(message: &async_nats::Message, name: &str) -> Option<String> {
@@ -841,10 +854,15 @@ pub fn relay_command(env: &TestEnv) -> Command {
 /// Runs a command to its end, failing the test if it takes longer than
 /// [`WAIT`] (a hang is a failure, not a stuck suite).
 pub async fn bounded(command: Command) -> std::process::Output {
+    bounded_for(command, WAIT).await
+}
+
+/// [`bounded`], for a command that may take longer than a short wait.
+pub async fn bounded_for(command: Command, within: Duration) -> std::process::Output {
     let run = tokio::process::Command::from(command)
         .kill_on_drop(true)
         .output();
-    tokio::time::timeout(WAIT, run)
+    tokio::time::timeout(within, run)
         .await
         .expect("the command ends by itself")
         .expect("run the command")

@@ -15,5 +15,6 @@ mod order;
 mod poison;
 mod process;
 mod relay;
+mod replay;
 mod secured;
 mod sweep;

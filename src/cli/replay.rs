@@ -1,0 +1,161 @@
+//! `outbox-relay replay`: its flags, and its progress on a terminal.
+
+use std::io::IsTerminal;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use clap::Args;
+use outbox_relay::replay::{self, parse_moment, Report, Request, Selection};
+use outbox_relay::{Error, Result};
+
+use super::RunArgs;
+
+/// `outbox-relay replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Messages created at or after this: an RFC 3339 time, or a duration ago (2h, 7days).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Messages created before this: an RFC 3339 time, or a duration ago.
+    #[arg(long)]
+    pub until: Option<String>,
+    /// Messages of types matching this NATS-style pattern (order.*, billing.>); repeatable.
+    #[arg(long = "type")]
+    pub types: Vec<String>,
+    /// Messages first delivered to subjects matching this pattern; repeatable.
+    #[arg(long = "subject")]
+    pub subjects: Vec<String>,
+    /// Messages of this key; repeatable.
+    #[arg(long = "key")]
+    pub keys: Vec<String>,
+    /// Every delivered message (needed when no other criterion is given).
+    #[arg(long)]
+    pub all: bool,
+    /// Failed messages too, not only delivered ones.
+    #[arg(long)]
+    pub include_failed: bool,
+    /// Send to NEW.<subject> instead of the messages' own subjects (--subject-prefix is the relay's).
+    #[arg(long, value_name = "NEW")]
+    pub replay_prefix: Option<String>,
+    /// Most messages a second, so the replay never starves live delivery.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Count what would be sent, by type, and send nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Go on with a replay that stopped, by the id it printed (its selection is recorded).
+    #[arg(long, conflicts_with_all = ["since", "until", "types", "subjects", "keys", "all", "include_failed", "replay_prefix"])]
+    pub resume: Option<String>,
+    /// The collection replay records are kept in.
+    #[arg(long, default_value = replay::DEFAULT_COLLECTION)]
+    pub replays_collection: String,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub settings: RunArgs,
+}
+
+impl ReplayArgs {
+    /// The checked request and its options.
+    pub fn resolve(&self) -> Result<(Request, replay::Options)> {
+        let options = replay::Options {
+            records_collection: self.replays_collection.clone(),
+            rate: self.rate,
+            dry_run: self.dry_run,
+        };
+        if let Some(id) = &self.resume {
+            return Ok((Request::Resume(id.trim().to_owned()), options));
+        }
+        let now = SystemTime::now();
+        let moment = |flag: &str, text: &Option<String>| {
+            text.as_deref()
+                .map(|text| parse_moment(text, now))
+                .transpose()
+                .map_err(|e| Error::Config(format!("{flag} {e}")))
+        };
+        let selection = Selection {
+            since: moment("--since", &self.since)?,
+            until: moment("--until", &self.until)?,
+            types: self.types.clone(),
+            subjects: self.subjects.clone(),
+            keys: self.keys.clone(),
+            include_failed: self.include_failed,
+        };
+        if selection.is_everything() && !self.all {
+            return Err(Error::Config(
+                "say what to replay (--since, --until, --type, --subject, --key), or --all for \
+                 every delivered message"
+                    .to_owned(),
+            ));
+        }
+        let request = Request::New {
+            selection,
+            replay_prefix: self.replay_prefix.as_ref().map(|p| p.trim().to_owned()),
+        };
+        Ok((request, options))
+    }
+}
+
+/// Shows a replay's progress: a bar on a terminal, else a log line every
+/// few seconds.
+pub struct Shown {
+    bar: Option<indicatif::ProgressBar>,
+    logged: Mutex<Duration>,
+}
+
+/// Time between two log lines where there is no terminal.
+const LOG_EVERY: Duration = Duration::from_secs(5);
+
+impl Shown {
+    pub fn new(quiet: bool) -> Self {
+        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
+            let bar = indicatif::ProgressBar::new(0);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "replay [{bar:40}] {pos}/{len} read, {msg} ({per_sec}, {eta} left)",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar
+        });
+        Shown {
+            bar,
+            logged: Mutex::new(Duration::ZERO),
+        }
+    }
+
+    pub fn show(&self, report: &Report) {
+        match &self.bar {
+            Some(bar) => {
+                bar.set_length(report.total.unwrap_or(report.scanned).max(report.scanned));
+                bar.set_position(report.scanned);
+                bar.set_message(format!("{} sent, {} skipped", report.sent, report.skipped));
+            }
+            None => {
+                let Ok(mut logged) = self.logged.lock() else {
+                    return;
+                };
+                if report.elapsed < *logged + LOG_EVERY {
+                    return;
+                }
+                *logged = report.elapsed;
+                let rate = report.scanned as f64 / report.elapsed.as_secs_f64().max(0.001);
+                tracing::info!(
+                    read = report.scanned,
+                    of = report.total,
+                    sent = report.sent,
+                    skipped = report.skipped,
+                    per_second = rate.round(),
+                    "replaying"
+                );
+            }
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
