@@ -8,8 +8,14 @@
 //! between commit and acknowledgement or a repeat past JetStream's duplicate
 //! window, and shows that the projection did not change.
 //!
+//! With DEMO_CONSUMER set to a new name, it is a new consumer of a
+//! replay (`outbox-relay replay`, see scripts/demo.sh): its inbox has no
+//! records, so it applies the replayed history to a projection of its own,
+//! which must match the orders too; the second delivery is left out.
+//!
 //! Settings (environment): MONGODB_URI, NATS_URL, DEMO_DATABASE (demo),
-//! DEMO_PREFIX (demo), DEMO_STREAM (DEMO).
+//! DEMO_PREFIX (demo), DEMO_STREAM (DEMO), DEMO_CONSUMER (projection),
+//! DEMO_SUBJECT (<prefix>.order.placed).
 
 use std::error::Error;
 use std::time::Duration;
@@ -78,8 +84,8 @@ async fn sums(
     Ok((number("orders"), number("cents")))
 }
 
-/// Runs the inbox's consumer (durable `projection`) until JetStream has
-/// nothing left for it.
+/// Runs the inbox's consumer (durable, named as the inbox's consumer)
+/// until JetStream has nothing left for it.
 async fn drain(
     inbox: &Inbox,
     jetstream: &jetstream::Context,
@@ -87,9 +93,10 @@ async fn drain(
     subject: &str,
     handler: impl Handler,
 ) -> Result<(), Box<dyn Error + Send + Sync>> {
+    let name = inbox.name().to_owned();
     let consumer = inbox
         .consumer(jetstream.clone(), stream)
-        .durable("projection")
+        .durable(&name)
         .filter_subject(subject)
         .bind()
         .await?;
@@ -104,7 +111,7 @@ async fn drain(
         let mut consumer: jetstream::consumer::PullConsumer = jetstream
             .get_stream(stream)
             .await?
-            .get_consumer("projection")
+            .get_consumer(&name)
             .await?;
         let info = consumer.info().await?;
         let now_left = info.num_pending + info.num_ack_pending as u64;
@@ -125,8 +132,8 @@ async fn drain(
     Ok(())
 }
 
-fn counter(metrics: &str, name: &str) -> u64 {
-    let prefix = format!("outbox_inbox_{name}_total{{consumer=\"projection\"}} ");
+fn counter(metrics: &str, consumer: &str, name: &str) -> u64 {
+    let prefix = format!("outbox_inbox_{name}_total{{consumer=\"{consumer}\"}} ");
     metrics
         .lines()
         .find_map(|line| line.strip_prefix(&prefix))
@@ -141,21 +148,26 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     let database = setting("DEMO_DATABASE", "demo");
     let prefix = setting("DEMO_PREFIX", "demo");
     let stream = setting("DEMO_STREAM", "DEMO");
+    let name = setting("DEMO_CONSUMER", "projection");
+    let subject = setting("DEMO_SUBJECT", &format!("{prefix}.order.placed"));
+    let fresh = name != "projection";
 
     let client = outbox_relay::connect::connect_mongodb(&mongodb_uri).await?;
     let db = client.database(&database);
     let jetstream = jetstream::new(async_nats::connect(&nats_url).await?);
-    let totals = db.collection::<Document>("order_totals");
+    let totals = match fresh {
+        false => db.collection::<Document>("order_totals"),
+        true => db.collection::<Document>(&format!("order_totals_{name}")),
+    };
     totals.drop().await?;
-    let inbox = Inbox::builder(&db, "projection").build().await?;
+    let inbox = Inbox::builder(&db, &name).build().await?;
     inbox
         .collection()
-        .delete_many(doc! { "consumer": "projection" })
+        .delete_many(doc! { "consumer": &name })
         .await?;
-    let subject = format!("{prefix}.order.placed");
     // A consumer left by an earlier run would start where that one ended.
     if let Ok(stream) = jetstream.get_stream(&stream).await {
-        let _ = stream.delete_consumer("projection").await;
+        let _ = stream.delete_consumer(&name).await;
     }
 
     drain(
@@ -183,13 +195,19 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     );
     println!(
         "handled {}, repeats skipped {}",
-        counter(&metrics, "handled"),
-        counter(&metrics, "repeats")
+        counter(&metrics, &name, "handled"),
+        counter(&metrics, &name, "repeats")
     );
+    if fresh {
+        if projected != ordered {
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
 
     // Every message delivered again: the inbox knows them all.
     if let Ok(stream) = jetstream.get_stream(&stream).await {
-        stream.delete_consumer("projection").await?;
+        stream.delete_consumer(&name).await?;
     }
     drain(
         &inbox,
@@ -203,7 +221,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     let metrics = inbox.metrics().render();
     println!(
         "replayed the whole stream: {} repeats skipped, projection {} orders, {} cents{}",
-        counter(&metrics, "repeats"),
+        counter(&metrics, &name, "repeats"),
         replayed.0,
         replayed.1,
         if replayed == projected {

@@ -3,7 +3,9 @@
 # messages for ~10 s, and prints what arrives on NATS with a latency summary
 # (examples/demo.rs); then a consumer applies the orders to a projection
 # through the inbox, and the whole stream is delivered to it a second time,
-# which changes nothing (examples/consumer.rs).
+# which changes nothing (examples/consumer.rs). Last, the orders are
+# replayed into a new stream (outbox-relay replay), and a new consumer
+# builds its own projection from them.
 #
 #   scripts/demo.sh            (DEMO_RATE=300 DEMO_SECONDS=10 by default)
 set -euo pipefail
@@ -33,3 +35,11 @@ target/release/examples/demo
 echo
 echo "consumer: applying the orders to a projection through the inbox"
 DEMO_STREAM=DEMO target/release/examples/consumer
+echo
+echo "replay: the orders sent again into a stream of their own, for a new consumer"
+target/release/outbox-relay replay --mongodb-uri "$MONGODB_URI" --database "$DEMO_DATABASE" \
+  --nats-url "$NATS_URL" --subject-prefix "$DEMO_PREFIX" --type order.placed \
+  --replay-prefix "${DEMO_PREFIX}_replay" --allow-subject "${DEMO_PREFIX}_replay.>" \
+  --create-stream DEMO_REPLAY --log-format text 2>.services/demo-replay.log
+DEMO_STREAM=DEMO_REPLAY DEMO_CONSUMER=rebuild \
+  DEMO_SUBJECT="${DEMO_PREFIX}_replay.${DEMO_PREFIX}.order.placed" target/release/examples/consumer
