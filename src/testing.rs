@@ -8,7 +8,7 @@ use bson::{oid::ObjectId, Bson};
 use futures::future::{self, BoxFuture, FutureExt};
 use mongodb::Database;
 
-use crate::contract::{ContractViolation, Decoded, OutboxMessage};
+use crate::contract::{ContractViolation, Decoded, OutboxMessage, Rule};
 use crate::publish::{Ack, AckFuture, PublishError, Publisher};
 
 /// A database of the test's own, with the relay's read and write concerns.
@@ -42,7 +42,7 @@ impl Publisher for TakesAll {
 pub(crate) fn keyed(id: ObjectId, key: &str) -> Decoded {
     Decoded {
         id: Bson::ObjectId(id),
-        message: Err(ContractViolation::new("not sent")),
+        message: Err(ContractViolation::new(Rule::Document, "not sent")),
         attempts: None,
         key: Some(key.to_owned()),
         stored: None,

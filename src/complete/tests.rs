@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::CompletionStage;
 use crate::checkpoint::CheckpointStore;
 use crate::config::RelayConfig;
-use crate::contract::{ContractViolation, DecodeRules, StoredFields};
+use crate::contract::{ContractViolation, DecodeRules, Rule, StoredFields};
 use crate::lease::Term;
 use crate::observe::Metrics;
 use crate::unreadable::RawField;
@@ -111,7 +111,7 @@ async fn a_document_named_by_its_stored_bytes_is_failed_and_the_fences_still_hol
         ])
         .await
         .expect("insert");
-    let violation = ContractViolation::new("type must be a non-empty string");
+    let violation = ContractViolation::new(Rule::Type, "type must be a non-empty string");
     let broken_work = as_unreadable(&outbox, broken).await;
     let stale_work = as_unreadable(&outbox, counted_since).await;
     // Another processor counted an attempt since this one read it.

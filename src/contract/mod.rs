@@ -82,12 +82,80 @@ const TEXT: &str = "text/plain; charset=utf-8";
 /// Why a document cannot be delivered. No retry can fix it: the relay marks
 /// such a document `failed` with this text as `lastError`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ContractViolation(String);
+#[error("{message}")]
+pub struct ContractViolation {
+    rule: Rule,
+    message: String,
+}
 
 impl ContractViolation {
-    pub(crate) fn new(message: impl Into<String>) -> Self {
-        ContractViolation(message.into())
+    pub(crate) fn new(rule: Rule, message: impl Into<String>) -> Self {
+        ContractViolation {
+            rule,
+            message: message.into(),
+        }
+    }
+
+    /// The rule the document breaks.
+    pub fn rule(&self) -> Rule {
+        self.rule
+    }
+}
+
+/// Which rule of the contract a document breaks: a kind to match on, with
+/// a stable name ([`Rule::as_str`]) that the writers in other languages
+/// (`examples/writers/`) report for the same input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Rule {
+    /// Not readable as BSON, or an `_id` that is missing or not an ObjectId.
+    Document,
+    /// A `type` that is missing, not a string, empty, or unable to end a
+    /// subject.
+    Type,
+    /// A `payload` that is missing or has no wire form.
+    Payload,
+    /// A `correlationId`, `key` or `subject` that is not a string, or
+    /// `headers` that are not a document of strings.
+    FieldType,
+    /// A subject NATS cannot carry: bad syntax, a wildcard, too long.
+    Subject,
+    /// A subject in NATS's own space (`$…`, `_INBOX…`).
+    ReservedSubject,
+    /// A subject outside the relay's prefix and allow-list.
+    SubjectNotAllowed,
+    /// A header NATS cannot carry.
+    Header,
+    /// A header the relay keeps for itself (`Nats-*`, `Outbox-*`).
+    ReservedHeader,
+    /// Larger than the NATS server's `max_payload`.
+    TooLarge,
+    /// Refused by the broker as invalid, for a reason only it knows.
+    Refused,
+}
+
+impl Rule {
+    /// The rule's stable name, as the writers in every language report it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rule::Document => "document",
+            Rule::Type => "type",
+            Rule::Payload => "payload",
+            Rule::FieldType => "field_type",
+            Rule::Subject => "subject",
+            Rule::ReservedSubject => "reserved_subject",
+            Rule::SubjectNotAllowed => "subject_not_allowed",
+            Rule::Header => "header",
+            Rule::ReservedHeader => "reserved_header",
+            Rule::TooLarge => "too_large",
+            Rule::Refused => "refused",
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -222,9 +290,10 @@ impl DecodeRules {
                     id: id.as_ref().map_or(Bson::Null, |id| {
                         id.as_bson().unwrap_or_else(|| id.stand_in())
                     }),
-                    message: Err(ContractViolation::new(format!(
-                        "the document cannot be read as BSON: {error}"
-                    ))),
+                    message: Err(ContractViolation::new(
+                        Rule::Document,
+                        format!("the document cannot be read as BSON: {error}"),
+                    )),
                     attempts: attempts.as_ref().and_then(RawField::as_bson),
                     key: raw.get_str(field::KEY).ok().map(str::to_owned),
                     stored: unreadable.then_some(StoredFields { id, attempts }),
@@ -260,21 +329,27 @@ impl DecodeRules {
     ) -> Result<OutboxMessage, ContractViolation> {
         let id = match id {
             Bson::ObjectId(oid) => *oid,
-            Bson::Null => return Err(ContractViolation::new("the document has no _id")),
+            Bson::Null => {
+                return Err(ContractViolation::new(
+                    Rule::Document,
+                    "the document has no _id",
+                ))
+            }
             other => {
-                return Err(ContractViolation::new(format!(
-                    "_id must be an ObjectId, found {}",
-                    type_name(other)
-                )))
+                return Err(ContractViolation::new(
+                    Rule::Document,
+                    format!("_id must be an ObjectId, found {}", type_name(other)),
+                ))
             }
         };
-        let message_type = required_string(doc, field::TYPE)?;
+        let message_type = message_type(doc)?;
         validate_type(&message_type)?;
         // The type must be able to end a subject even where the document
         // names its own, so that one type means one thing everywhere (and
         // the validator, which cannot look at both fields, agrees).
         let default_subject = self.subjects.default_subject(&message_type);
-        validate_subject(&default_subject)?;
+        validate_subject(&default_subject)
+            .map_err(|violation| ContractViolation::new(Rule::Type, violation.message))?;
         let subject = match optional_string(doc, field::SUBJECT)? {
             Some(subject) => subject,
             None => default_subject,
@@ -312,12 +387,15 @@ impl DecodeRules {
             body,
         };
         if message.wire_size() > self.max_payload {
-            return Err(ContractViolation::new(format!(
+            return Err(ContractViolation::new(
+                Rule::TooLarge,
+                format!(
                 "the message is {} bytes with headers, over the NATS server's max_payload of {} \
                  bytes",
                 message.wire_size(),
                 self.max_payload
-            )));
+            ),
+            ));
         }
         Ok(message)
     }
@@ -326,7 +404,10 @@ impl DecodeRules {
 /// Checks a message type: non-empty, and usable as the last tokens of a subject.
 pub fn validate_type(message_type: &str) -> Result<(), ContractViolation> {
     if message_type.is_empty() {
-        return Err(ContractViolation::new("type must be a non-empty string"));
+        return Err(ContractViolation::new(
+            Rule::Type,
+            "type must be a non-empty string",
+        ));
     }
     Ok(())
 }
@@ -335,14 +416,16 @@ pub fn validate_type(message_type: &str) -> Result<(), ContractViolation> {
 /// a value without line breaks, and none of the names the relay reserves.
 pub fn validate_header(name: &str, value: &str) -> Result<(), ContractViolation> {
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
-        return Err(ContractViolation::new(format!(
-            "invalid header name {name:?}: use visible ASCII characters other than ':'"
-        )));
+        return Err(ContractViolation::new(
+            Rule::Header,
+            format!("invalid header name {name:?}: use visible ASCII characters other than ':'"),
+        ));
     }
     if value.contains(['\r', '\n']) {
-        return Err(ContractViolation::new(format!(
-            "invalid value for header {name:?}: it contains a line break"
-        )));
+        return Err(ContractViolation::new(
+            Rule::Header,
+            format!("invalid value for header {name:?}: it contains a line break"),
+        ));
     }
     Ok(())
 }
@@ -355,10 +438,13 @@ pub(crate) fn validate_own_header(name: &str, value: &str) -> Result<(), Contrac
             .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
     });
     if reserved {
-        return Err(ContractViolation::new(format!(
+        return Err(ContractViolation::new(
+            Rule::ReservedHeader,
+            format!(
             "header {name:?} is reserved to the relay (every Nats-* and Outbox-* header) and may \
              not be given in headers"
-        )));
+        ),
+        ));
     }
     Ok(())
 }
@@ -368,10 +454,13 @@ fn document_headers(doc: &Document) -> Result<Vec<(String, String)>, ContractVio
         None | Some(Bson::Null) => return Ok(Vec::new()),
         Some(Bson::Document(headers)) => headers,
         Some(other) => {
-            return Err(ContractViolation::new(format!(
-                "headers must be a document of strings, found {}",
-                type_name(other)
-            )))
+            return Err(ContractViolation::new(
+                Rule::FieldType,
+                format!(
+                    "headers must be a document of strings, found {}",
+                    type_name(other)
+                ),
+            ))
         }
     };
     headers
@@ -381,10 +470,13 @@ fn document_headers(doc: &Document) -> Result<Vec<(String, String)>, ContractVio
                 validate_own_header(name, value)?;
                 Ok((name.clone(), value.clone()))
             }
-            other => Err(ContractViolation::new(format!(
-                "header {name:?} must be a string, found {}",
-                type_name(other)
-            ))),
+            other => Err(ContractViolation::new(
+                Rule::FieldType,
+                format!(
+                    "header {name:?} must be a string, found {}",
+                    type_name(other)
+                ),
+            )),
         })
         .collect()
 }
@@ -408,39 +500,61 @@ fn encode_payload(payload: Option<Bson>) -> Result<(Bytes, &'static str), Contra
         Some(Bson::Document(document)) => {
             let json = Bson::Document(document).into_relaxed_extjson();
             let body = serde_json::to_vec(&json).map_err(|e| {
-                ContractViolation::new(format!("payload cannot be written as JSON: {e}"))
+                ContractViolation::new(
+                    Rule::Payload,
+                    format!("payload cannot be written as JSON: {e}"),
+                )
             })?;
             Ok((fitted(body), JSON))
         }
         Some(Bson::Binary(binary)) if binary.subtype == BinarySubtype::Generic => {
             Ok((Bytes::from(binary.bytes), BINARY))
         }
-        Some(Bson::Binary(binary)) => Err(ContractViolation::new(format!(
-            "payload is binData of subtype {:?}; use the generic subtype 0",
-            binary.subtype
-        ))),
+        Some(Bson::Binary(binary)) => Err(ContractViolation::new(
+            Rule::Payload,
+            format!(
+                "payload is binData of subtype {:?}; use the generic subtype 0",
+                binary.subtype
+            ),
+        )),
         Some(Bson::String(text)) => Ok((Bytes::from(text.into_bytes()), TEXT)),
-        None => Err(ContractViolation::new("the document has no payload")),
-        Some(other) => Err(ContractViolation::new(format!(
-            "payload must be a document, binData or string, found {}",
-            type_name(&other)
-        ))),
+        None => Err(ContractViolation::new(
+            Rule::Payload,
+            "the document has no payload",
+        )),
+        Some(other) => Err(ContractViolation::new(
+            Rule::Payload,
+            format!(
+                "payload must be a document, binData or string, found {}",
+                type_name(&other)
+            ),
+        )),
     }
 }
 
-fn required_string(doc: &Document, name: &str) -> Result<String, ContractViolation> {
-    optional_string(doc, name)?
-        .ok_or_else(|| ContractViolation::new(format!("the document has no {name}")))
+/// The `type`: every way it can be wrong breaks [`Rule::Type`].
+fn message_type(doc: &Document) -> Result<String, ContractViolation> {
+    string_field(doc, field::TYPE, Rule::Type)?
+        .ok_or_else(|| ContractViolation::new(Rule::Type, "the document has no type"))
 }
 
 fn optional_string(doc: &Document, name: &str) -> Result<Option<String>, ContractViolation> {
+    string_field(doc, name, Rule::FieldType)
+}
+
+/// A field that is a string if present; another type breaks `rule`.
+fn string_field(
+    doc: &Document,
+    name: &str,
+    rule: Rule,
+) -> Result<Option<String>, ContractViolation> {
     match doc.get(name) {
         None | Some(Bson::Null) => Ok(None),
         Some(Bson::String(value)) => Ok(Some(value.clone())),
-        Some(other) => Err(ContractViolation::new(format!(
-            "{name} must be a string, found {}",
-            type_name(other)
-        ))),
+        Some(other) => Err(ContractViolation::new(
+            rule,
+            format!("{name} must be a string, found {}", type_name(other)),
+        )),
     }
 }
 

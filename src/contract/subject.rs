@@ -9,7 +9,7 @@
 //! patterns, and never to a subject beginning with `$` or `_INBOX`, whatever
 //! the patterns say.
 
-use super::ContractViolation;
+use super::{ContractViolation, Rule};
 
 /// The longest subject the relay publishes, in characters. A NATS protocol
 /// line must fit `max_control_line` (4096 bytes by default) with the reply
@@ -83,15 +83,18 @@ impl SubjectRules {
         if self.permits(subject) {
             return Ok(());
         }
-        Err(ContractViolation::new(format!(
-            "subject {subject:?} is outside what this relay publishes to: it must begin with \
+        Err(ContractViolation::new(
+            Rule::SubjectNotAllowed,
+            format!(
+                "subject {subject:?} is outside what this relay publishes to: it must begin with \
              \"{}.\"{}; an operator may allow more with --allow-subject PATTERN",
-            self.prefix,
-            match self.allowed.as_slice() {
-                [] => String::new(),
-                patterns => format!(" or match one of {patterns:?}"),
-            }
-        )))
+                self.prefix,
+                match self.allowed.as_slice() {
+                    [] => String::new(),
+                    patterns => format!(" or match one of {patterns:?}"),
+                }
+            ),
+        ))
     }
 
     /// Checks a prefix that other subjects are to be sent under (a
@@ -121,12 +124,15 @@ impl SubjectRules {
         if under_own || self.allowed.iter().any(covers) {
             return Ok(());
         }
-        Err(ContractViolation::new(format!(
+        Err(ContractViolation::new(
+            Rule::SubjectNotAllowed,
+            format!(
             "not every subject under {prefix:?} is one this relay publishes to: the prefix must \
              begin with \"{}.\", or an operator must allow its subjects with --allow-subject \
              '{prefix}.>'",
             self.prefix
-        )))
+        ),
+        ))
     }
 
     fn permits(&self, subject: &str) -> bool {
@@ -154,10 +160,10 @@ impl SubjectRules {
 /// would read as a pattern), and at most [`MAX_SUBJECT_CHARS`] characters.
 pub fn validate_subject(subject: &str) -> Result<(), ContractViolation> {
     let bad = |why: String| {
-        Err(ContractViolation::new(format!(
-            "invalid subject {}: {why}",
-            shown(subject)
-        )))
+        Err(ContractViolation::new(
+            Rule::Subject,
+            format!("invalid subject {}: {why}", shown(subject)),
+        ))
     };
     if subject.is_empty() {
         return bad("it is empty".into());
@@ -186,11 +192,14 @@ pub fn validate_subject(subject: &str) -> Result<(), ContractViolation> {
 fn refuse_reserved(subject: &str) -> Result<(), ContractViolation> {
     let first = subject.split('.').next().unwrap_or_default();
     if subject.starts_with(RESERVED_START) || first == INBOX {
-        return Err(ContractViolation::new(format!(
+        return Err(ContractViolation::new(
+            Rule::ReservedSubject,
+            format!(
             "subject {} is reserved to NATS (subjects beginning with '$' or '_INBOX' reach the \
              server's own APIs and other clients' replies); the relay never publishes there",
             shown(subject)
-        )));
+        ),
+        ));
     }
     Ok(())
 }
@@ -199,9 +208,10 @@ fn refuse_reserved(subject: &str) -> Result<(), ContractViolation> {
 /// and the last may be `>`, not beginning in NATS's reserved space.
 pub(crate) fn validate_pattern(pattern: &str) -> Result<(), ContractViolation> {
     let bad = |why: &str| {
-        Err(ContractViolation::new(format!(
-            "invalid subject pattern {pattern:?}: {why}"
-        )))
+        Err(ContractViolation::new(
+            Rule::Subject,
+            format!("invalid subject pattern {pattern:?}: {why}"),
+        ))
     };
     let tokens: Vec<&str> = pattern.split('.').collect();
     for (n, token) in tokens.iter().enumerate() {

@@ -25,7 +25,7 @@ use super::connection::{NatsConnection, Session};
 use super::denials::Denials;
 use super::{Ack, AckFuture, Health, PublishError, Publisher};
 use crate::config::{NatsMode, RelayConfig};
-use crate::contract::{ContractViolation, OutboxMessage};
+use crate::contract::{ContractViolation, OutboxMessage, Rule};
 use crate::error::{Error, Result};
 use crate::observe::Metrics;
 
@@ -366,7 +366,7 @@ impl NatsPublisher {
             .await
             .map_err(|e| match e.kind() {
                 async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
-                    PublishError::Invalid(ContractViolation::new(e.to_string()))
+                    PublishError::Invalid(ContractViolation::new(Rule::TooLarge, e.to_string()))
                 }
                 _ => PublishError::Unavailable(e.to_string()),
             })?;
@@ -505,7 +505,7 @@ fn classify_jetstream(error: async_nats::jetstream::context::PublishError) -> Pu
     };
     match error.kind() {
         PublishErrorKind::MaxPayloadExceeded => {
-            PublishError::Invalid(ContractViolation::new(detail))
+            PublishError::Invalid(ContractViolation::new(Rule::TooLarge, detail))
         }
         PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
             PublishError::Refused(detail)

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::stage::PublishStage;
 use super::{Ack, AckFuture, Health, PublishError, Publisher};
 use crate::config::DeadLetters;
-use crate::contract::{header, ContractViolation, Decoded, OutboxMessage};
+use crate::contract::{header, ContractViolation, Decoded, OutboxMessage, Rule};
 use crate::lease::Term;
 use crate::observe::Metrics;
 use crate::order::{HeldKey, Holder, KeyOrder};
@@ -362,7 +362,7 @@ fn broken(name: &str, why: &str) -> Work {
     Work::from_collection(
         Decoded {
             id: Bson::ObjectId(named(name)),
-            message: Err(ContractViolation::new(why)),
+            message: Err(ContractViolation::new(Rule::Document, why)),
             attempts: None,
             key: None,
             stored: None,
@@ -605,7 +605,7 @@ async fn a_message_that_failed_decoding_is_rejected_without_reaching_the_broker(
         [
             (
                 "broken".into(),
-                Verdict::Rejected(ContractViolation::new("no type"))
+                Verdict::Rejected(ContractViolation::new(Rule::Document, "no type"))
             ),
             ("a".into(), Verdict::Delivered),
         ]
@@ -621,8 +621,8 @@ async fn a_message_that_failed_decoding_is_rejected_without_reaching_the_broker(
 #[tokio::test(start_paused = true)]
 async fn a_message_the_broker_calls_invalid_is_rejected_with_its_violation() {
     let (broker, mut stage) = start(8);
-    let too_large = ContractViolation::new("too large");
-    let bad_header = ContractViolation::new("bad header");
+    let too_large = ContractViolation::new(Rule::TooLarge, "too large");
+    let bad_header = ContractViolation::new(Rule::Header, "bad header");
     broker.reply(
         "big",
         [Reply::SendFails(PublishError::Invalid(too_large.clone()))],
