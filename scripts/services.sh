@@ -15,18 +15,14 @@ NATS_PORT="${NATS_PORT:-4222}"
 SECANTUS_VERSION="0.7.0b3"
 VENV="$STATE/venv"
 
-log() { printf 'services: %s\n' "$*" >&2; }
-
-as_root() {
-  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
-    log "need root to run: $*"; exit 1; fi
-}
+LOG_NAME=services
+# shellcheck source=scripts/common.sh
+. "$ROOT/scripts/common.sh"
 
 install_nats() {
   command -v nats-server >/dev/null && return
   log "installing nats-server from Debian's packages"
-  as_root apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq nats-server >/dev/null
+  apt_install nats-server
 }
 
 install_secantus() {
@@ -34,8 +30,7 @@ install_secantus() {
   log "installing SecantusDB $SECANTUS_VERSION into $VENV"
   mkdir -p "$STATE"
   if ! python3 -m venv "$VENV" 2>/dev/null; then
-    as_root apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq python3-venv >/dev/null
+    apt_install python3-venv
     python3 -m venv "$VENV"
   fi
   "$VENV/bin/pip" install -q --disable-pip-version-check "SecantusDB==$SECANTUS_VERSION"

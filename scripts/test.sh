@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 scripts/services.sh start
+scripts/writers.sh
 export MONGODB_URI="${MONGODB_URI:-mongodb://127.0.0.1:${MONGO_PORT:-27017}}"
 export NATS_URL="${NATS_URL:-nats://127.0.0.1:${NATS_PORT:-4222}}"
 
@@ -17,6 +18,8 @@ cargo clippy --all-targets --locked -- -D warnings
 cargo clippy --lib --no-default-features --locked -- -D warnings
 rm -f target/fault-report.jsonl
 cargo test --all-targets --locked
+# README's Rust snippets and the rustdoc examples.
+cargo test --doc --locked
 if [ -f target/fault-report.jsonl ]; then
   echo "fault-injection figures (tests/faults.rs):"
   cat target/fault-report.jsonl

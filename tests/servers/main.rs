@@ -18,3 +18,4 @@ mod relay;
 mod replay;
 mod secured;
 mod sweep;
+mod writers;

@@ -1,0 +1,187 @@
+// Adding outbox messages from Node.js (the official `mongodb` driver),
+// inside the caller's transaction.
+//
+// An outbox message means something only if it commits or aborts with the
+// business write it announces, so addMessage refuses a session with no
+// transaction in progress. Each message is checked as the relay checks it
+// (the rules of docs/contract.md, as every relay holds them), so a bad one
+// fails here, in the application, and not later as a dead letter; the
+// reason's rule name is the one the Rust writer and the relay report.
+
+import { ObjectId } from 'mongodb';
+
+export const DEFAULT_COLLECTION = 'outbox';
+export const DEFAULT_SUBJECT_PREFIX = 'outbox';
+export const MAX_SUBJECT_CHARS = 512;
+const RESERVED_HEADER_PREFIXES = ['nats-', 'outbox-'];
+
+/** A message the relay would refuse; `rule` names the rule it breaks. */
+export class OutboxViolation extends Error {
+  constructor(rule, message) {
+    super(message);
+    this.name = 'OutboxViolation';
+    this.rule = rule;
+  }
+}
+
+/** addMessage was called outside a transaction. */
+export class NoTransaction extends Error {
+  constructor() {
+    super(
+      'outbox messages must be added inside a transaction: start one ' +
+        '(session.withTransaction) so the message commits with the write it announces',
+    );
+    this.name = 'NoTransaction';
+  }
+}
+
+/**
+ * Adds one message inside `session`'s transaction and returns its _id.
+ *
+ * `payload` is a plain object (sent as JSON), a Buffer or Uint8Array (sent
+ * as is) or a string (sent as UTF-8). `subject` overrides the default
+ * `<prefix>.<type>`.
+ */
+export async function addMessage(collection, session, type, payload, options = {}) {
+  const document = newDocument(type, payload, options);
+  if (!session || !session.inTransaction()) {
+    throw new NoTransaction();
+  }
+  await collection.insertOne(document, { session });
+  return document._id;
+}
+
+/** The outbox document for a message, checked; throws OutboxViolation. */
+export function newDocument(type, payload, options = {}) {
+  const { key, correlationId, headers, subject } = options;
+  const prefix = options.subjectPrefix ?? DEFAULT_SUBJECT_PREFIX;
+  // In the relay's order, so a message that breaks two rules is refused
+  // for the same one.
+  checkType(type, prefix);
+  if (subject !== undefined && subject !== null) {
+    checkString('subject', subject);
+    checkSubject(subject);
+    refuseReserved(subject);
+  }
+  checkPayload(payload);
+  checkString('correlationId', correlationId);
+  checkString('key', key);
+  const checkedHeaders = checkHeaders(headers);
+  // The relay sends these two as headers, which cannot break a line.
+  for (const [name, value] of [['Outbox-Correlation-Id', correlationId], ['Outbox-Key', key]]) {
+    if (typeof value === 'string' && /[\r\n]/.test(value)) throw lineBreak(name);
+  }
+  const document = {
+    _id: new ObjectId(),
+    type,
+    payload,
+    status: 'pending',
+    createdAt: new Date(),
+  };
+  for (const [name, value] of [['correlationId', correlationId], ['key', key], ['subject', subject]]) {
+    if (value !== undefined && value !== null) document[name] = value;
+  }
+  if (checkedHeaders) document.headers = checkedHeaders;
+  return document;
+}
+
+function checkType(type, prefix) {
+  if (type === undefined || type === null) {
+    throw new OutboxViolation('type', 'the document has no type');
+  }
+  if (typeof type !== 'string') {
+    throw new OutboxViolation('type', `type must be a string, found ${kind(type)}`);
+  }
+  if (type === '') throw new OutboxViolation('type', 'type must be a non-empty string');
+  try {
+    checkSubject(`${prefix}.${type}`);
+  } catch (violation) {
+    throw new OutboxViolation('type', violation.message);
+  }
+}
+
+function checkString(name, value) {
+  if (value !== undefined && value !== null && typeof value !== 'string') {
+    throw new OutboxViolation('field_type', `${name} must be a string, found ${kind(value)}`);
+  }
+}
+
+function isPlainObject(value) {
+  return Object.prototype.toString.call(value) === '[object Object]';
+}
+
+function checkPayload(payload) {
+  if (payload === undefined || payload === null) {
+    throw new OutboxViolation('payload', 'the document has no payload');
+  }
+  const fits = isPlainObject(payload) || payload instanceof Uint8Array || typeof payload === 'string';
+  if (!fits) {
+    throw new OutboxViolation(
+      'payload',
+      `payload must be a document, binData or string, found ${kind(payload)}`,
+    );
+  }
+}
+
+function checkSubject(subject) {
+  const bad = (why) => new OutboxViolation('subject', `invalid subject ${JSON.stringify(subject)}: ${why}`);
+  if (subject === '') throw bad('it is empty');
+  // Characters as the relay counts them: code points, not UTF-16 units.
+  const length = [...subject].length;
+  if (length > MAX_SUBJECT_CHARS) {
+    throw bad(`it is ${length} characters long; the limit is ${MAX_SUBJECT_CHARS}`);
+  }
+  if (subject.split('.').some((token) => token === '')) {
+    throw bad("it has an empty token (leading, trailing or doubled '.')");
+  }
+  if (/[ \u0000-\u001f\u007f-\u009f]/u.test(subject)) {
+    throw bad('it contains a space or a control character');
+  }
+  if (/[*>]/.test(subject)) throw bad("it contains a wildcard ('*' or '>')");
+}
+
+function refuseReserved(subject) {
+  if (subject.startsWith('$') || subject.split('.')[0] === '_INBOX') {
+    throw new OutboxViolation(
+      'reserved_subject',
+      `subject ${JSON.stringify(subject)} is reserved to NATS (subjects beginning with '$' or ` +
+        "'_INBOX'); the relay never publishes there",
+    );
+  }
+}
+
+function checkHeaders(headers) {
+  if (headers === undefined || headers === null) return null;
+  if (!isPlainObject(headers)) {
+    throw new OutboxViolation('field_type', `headers must be a document of strings, found ${kind(headers)}`);
+  }
+  for (const [name, value] of Object.entries(headers)) {
+    if (typeof value !== 'string') {
+      throw new OutboxViolation('field_type', `header ${JSON.stringify(name)} must be a string, found ${kind(value)}`);
+    }
+    if (!/^[\x21-\x39\x3b-\x7e]+$/.test(name)) {
+      throw new OutboxViolation(
+        'header',
+        `invalid header name ${JSON.stringify(name)}: use visible ASCII characters other than ':'`,
+      );
+    }
+    if (/[\r\n]/.test(value)) throw lineBreak(name);
+    if (RESERVED_HEADER_PREFIXES.some((prefix) => name.toLowerCase().startsWith(prefix))) {
+      throw new OutboxViolation(
+        'reserved_header',
+        `header ${JSON.stringify(name)} is reserved to the relay (every Nats-* and Outbox-* header)`,
+      );
+    }
+  }
+  return { ...headers };
+}
+
+function lineBreak(name) {
+  return new OutboxViolation('header', `invalid value for header ${JSON.stringify(name)}: it contains a line break`);
+}
+
+function kind(value) {
+  if (Array.isArray(value)) return 'array';
+  if (value instanceof Date) return 'date';
+  return typeof value;
+}

@@ -1,0 +1,178 @@
+"""Adding outbox messages from Python (pymongo), inside the caller's transaction.
+
+An outbox message means something only if it commits or aborts with the
+business write it announces, so add_message refuses a session with no
+transaction in progress. Each message is checked as the relay checks it
+(the rules of docs/contract.md, as every relay holds them), so a bad one
+fails here, in the application, and not later as a dead letter; the
+reason's rule name is the one the Rust writer and the relay report.
+"""
+
+import unicodedata
+from datetime import datetime, timezone
+
+from bson import ObjectId
+
+DEFAULT_COLLECTION = "outbox"
+DEFAULT_SUBJECT_PREFIX = "outbox"
+MAX_SUBJECT_CHARS = 512
+RESERVED_HEADER_PREFIXES = ("nats-", "outbox-")
+
+
+class OutboxViolation(ValueError):
+    """A message the relay would refuse; `rule` names the rule it breaks."""
+
+    def __init__(self, rule, message):
+        super().__init__(message)
+        self.rule = rule
+
+
+class NoTransaction(RuntimeError):
+    """add_message was called outside a transaction."""
+
+
+def add_message(collection, session, message_type, payload, *, key=None,
+                correlation_id=None, headers=None, subject=None,
+                subject_prefix=DEFAULT_SUBJECT_PREFIX):
+    """Adds one message inside `session`'s transaction and returns its _id.
+
+    `payload` is a dict (sent as JSON), bytes (sent as is) or a str (sent
+    as UTF-8). `subject` overrides the default `<prefix>.<type>`.
+    """
+    document = new_document(message_type, payload, key=key,
+                            correlation_id=correlation_id, headers=headers,
+                            subject=subject, subject_prefix=subject_prefix)
+    if session is None or not session.in_transaction:
+        raise NoTransaction(
+            "outbox messages must be added inside a transaction: start one "
+            "(session.with_transaction) so the message commits with the "
+            "write it announces")
+    collection.insert_one(document, session=session)
+    return document["_id"]
+
+
+def new_document(message_type, payload, *, key=None, correlation_id=None,
+                 headers=None, subject=None,
+                 subject_prefix=DEFAULT_SUBJECT_PREFIX):
+    """The outbox document for a message, checked; raises OutboxViolation."""
+    # In the relay's order, so a message that breaks two rules is refused
+    # for the same one.
+    _check_type(message_type, subject_prefix)
+    if subject is not None:
+        _check_string("subject", subject)
+        _check_subject(subject)
+        _refuse_reserved(subject)
+    _check_payload(payload)
+    _check_string("correlationId", correlation_id)
+    _check_string("key", key)
+    headers = _checked_headers(headers)
+    # The relay sends these two as headers, which cannot break a line.
+    for name, value in (("Outbox-Correlation-Id", correlation_id),
+                        ("Outbox-Key", key)):
+        if value is not None and ("\r" in value or "\n" in value):
+            raise _line_break(name)
+    document = {
+        "_id": ObjectId(),
+        "type": message_type,
+        "payload": payload,
+        "status": "pending",
+        "createdAt": datetime.now(timezone.utc),
+    }
+    for name, value in (("correlationId", correlation_id), ("key", key),
+                        ("subject", subject)):
+        if value is not None:
+            document[name] = value
+    if headers:
+        document["headers"] = headers
+    return document
+
+
+def _check_type(message_type, subject_prefix):
+    if message_type is None:
+        raise OutboxViolation("type", "the document has no type")
+    if not isinstance(message_type, str):
+        raise OutboxViolation(
+            "type", f"type must be a string, found {_kind(message_type)}")
+    if not message_type:
+        raise OutboxViolation("type", "type must be a non-empty string")
+    try:
+        _check_subject(f"{subject_prefix}.{message_type}")
+    except OutboxViolation as violation:
+        raise OutboxViolation("type", str(violation)) from None
+
+
+def _check_string(name, value):
+    if value is not None and not isinstance(value, str):
+        raise OutboxViolation(
+            "field_type", f"{name} must be a string, found {_kind(value)}")
+
+
+def _check_payload(payload):
+    if payload is None:
+        raise OutboxViolation("payload", "the document has no payload")
+    if not isinstance(payload, (dict, bytes, str)):
+        raise OutboxViolation(
+            "payload",
+            f"payload must be a document, binData or string, found {_kind(payload)}")
+
+
+def _check_subject(subject):
+    def bad(why):
+        return OutboxViolation("subject", f"invalid subject {subject!r}: {why}")
+
+    if not subject:
+        raise bad("it is empty")
+    if len(subject) > MAX_SUBJECT_CHARS:
+        raise bad(f"it is {len(subject)} characters long; the limit is "
+                  f"{MAX_SUBJECT_CHARS}")
+    if any(token == "" for token in subject.split(".")):
+        raise bad("it has an empty token (leading, trailing or doubled '.')")
+    if any(c == " " or unicodedata.category(c) == "Cc" for c in subject):
+        raise bad("it contains a space or a control character")
+    if "*" in subject or ">" in subject:
+        raise bad("it contains a wildcard ('*' or '>')")
+
+
+def _refuse_reserved(subject):
+    if subject.startswith("$") or subject.split(".")[0] == "_INBOX":
+        raise OutboxViolation(
+            "reserved_subject",
+            f"subject {subject!r} is reserved to NATS (subjects beginning "
+            "with '$' or '_INBOX'); the relay never publishes there")
+
+
+def _checked_headers(headers):
+    if headers is None:
+        return None
+    if not isinstance(headers, dict):
+        raise OutboxViolation(
+            "field_type",
+            f"headers must be a document of strings, found {_kind(headers)}")
+    for name, value in headers.items():
+        if not isinstance(value, str):
+            raise OutboxViolation(
+                "field_type",
+                f"header {name!r} must be a string, found {_kind(value)}")
+        visible = isinstance(name, str) and name and all(
+            0x21 <= ord(c) <= 0x7E and c != ":" for c in name)
+        if not visible:
+            raise OutboxViolation(
+                "header", f"invalid header name {name!r}: use visible ASCII "
+                "characters other than ':'")
+        if "\r" in value or "\n" in value:
+            raise _line_break(name)
+        if name.lower().startswith(RESERVED_HEADER_PREFIXES):
+            raise OutboxViolation(
+                "reserved_header",
+                f"header {name!r} is reserved to the relay (every Nats-* and "
+                "Outbox-* header)")
+    return dict(headers)
+
+
+def _line_break(name):
+    return OutboxViolation(
+        "header", f"invalid value for header {name!r}: it contains a line break")
+
+
+def _kind(value):
+    return type(value).__name__

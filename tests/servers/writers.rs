@@ -1,0 +1,355 @@
+//! The writers in other languages (`examples/writers/`): one table of
+//! cases (`tests/writers/cases.json`) written by the Rust, Python and
+//! Node.js writers. Each valid case arrives from all three with the same
+//! subject, headers and body; each invalid one is refused by all three for
+//! the same rule; none of them writes outside a transaction.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::Command;
+
+use base64::Engine;
+use bson::{doc, oid::ObjectId, Bson, Document};
+use outbox_relay::contract::DecodeRules;
+use outbox_relay::{Error, NewMessage, Outbox, Payload};
+use serde::Deserialize;
+
+use crate::common::*;
+
+#[derive(Debug, Deserialize)]
+struct Table {
+    cases: Vec<Case>,
+}
+
+/// One case: a message's fields as a writer is handed them, any of them
+/// possibly of the wrong type, and the rule it breaks, if any.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Case {
+    name: String,
+    #[serde(rename = "type")]
+    message_type: Option<Bson>,
+    payload: Option<CasePayload>,
+    key: Option<Bson>,
+    correlation_id: Option<Bson>,
+    headers: Option<Bson>,
+    subject: Option<Bson>,
+    refused: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum CasePayload {
+    Document(Document),
+    Text(String),
+    /// Base64.
+    Bytes(String),
+    /// Any other value, which no writer may accept.
+    Other(Bson),
+}
+
+/// What a writer did with one case.
+#[derive(Debug, Deserialize, PartialEq)]
+struct Outcome {
+    name: String,
+    id: Option<String>,
+    refused: Option<String>,
+}
+
+/// The table with the test's subject prefix put in, as text and as cases.
+fn table(prefix: &str) -> (String, Vec<Case>) {
+    let path = manifest_dir().join("tests/writers/cases.json");
+    let text = std::fs::read_to_string(&path).expect("the case table");
+    let text = text.replace("{prefix}", prefix);
+    let table: Table = serde_json::from_str(&text).expect("a valid case table");
+    (text, table.cases)
+}
+
+fn string(value: &Option<Bson>) -> Option<Option<String>> {
+    match value {
+        None => Some(None),
+        Some(Bson::String(text)) => Some(Some(text.clone())),
+        Some(_) => None,
+    }
+}
+
+/// A payload of a kind the Rust writer takes.
+fn typed_payload(payload: &CasePayload) -> Option<Payload> {
+    Some(match payload {
+        CasePayload::Document(document) => Payload::Document(document.clone()),
+        CasePayload::Text(text) => Payload::Text(text.clone()),
+        CasePayload::Bytes(bytes) => Payload::Bytes(
+            base64::engine::general_purpose::STANDARD
+                .decode(bytes)
+                .expect("base64"),
+        ),
+        CasePayload::Other(_) => return None,
+    })
+}
+
+/// The case as the Rust writer's typed API, where it can say it: a value
+/// of the wrong type cannot be handed to it.
+fn new_message(case: &Case) -> Option<NewMessage> {
+    let payload = typed_payload(case.payload.as_ref()?)?;
+    let mut message = NewMessage::new(string(&case.message_type)??, payload);
+    if let Some(key) = string(&case.key)? {
+        message = message.key(key);
+    }
+    if let Some(correlation_id) = string(&case.correlation_id)? {
+        message = message.correlation_id(correlation_id);
+    }
+    if let Some(subject) = string(&case.subject)? {
+        message = message.subject(subject);
+    }
+    match &case.headers {
+        None => {}
+        Some(Bson::Document(headers)) => {
+            for (name, value) in headers {
+                message = message.header(name, value.as_str()?);
+            }
+        }
+        Some(_) => return None,
+    }
+    Some(message)
+}
+
+/// The document a writer in a language without types could hand over.
+fn untyped_document(case: &Case) -> Document {
+    let mut document = doc! { "_id": ObjectId::new(), "status": "pending" };
+    let payload = case.payload.as_ref().map(|payload| match payload {
+        CasePayload::Other(value) => value.clone(),
+        known => Bson::from(typed_payload(known).expect("a known kind")),
+    });
+    let fields = [
+        ("type", case.message_type.clone()),
+        ("payload", payload),
+        ("key", case.key.clone()),
+        ("correlationId", case.correlation_id.clone()),
+        ("headers", case.headers.clone()),
+        ("subject", case.subject.clone()),
+    ];
+    for (name, value) in fields {
+        if let Some(value) = value {
+            document.insert(name, value);
+        }
+    }
+    document
+}
+
+/// Each case through the Rust writer, in a transaction of its own; a case
+/// its types cannot express is decoded as the relay decodes a document.
+async fn write_in_rust(env: &TestEnv, cases: &[Case]) -> Vec<Outcome> {
+    let outbox = Outbox::new(&env.db);
+    let mut outcomes = Vec::new();
+    for case in cases {
+        let (id, refused) = match new_message(case) {
+            Some(message) => {
+                let mut session = env.client.start_session().await.expect("session");
+                session.start_transaction().await.expect("transaction");
+                match outbox.add(&mut session, message).await {
+                    Ok(id) => {
+                        session.commit_transaction().await.expect("commit");
+                        (Some(id.to_hex()), None)
+                    }
+                    Err(Error::InvalidMessage(violation)) => {
+                        (None, Some(violation.rule().to_string()))
+                    }
+                    Err(other) => panic!("{}: {other}", case.name),
+                }
+            }
+            None => {
+                let decoded = DecodeRules::any_relay().decode(&untyped_document(case));
+                let violation = decoded.message.expect_err("an untyped case is refused");
+                (None, Some(violation.rule().to_string()))
+            }
+        };
+        outcomes.push(Outcome {
+            name: case.name.clone(),
+            id,
+            refused,
+        });
+    }
+    let mut session = env.client.start_session().await.expect("session");
+    let outside = outbox
+        .add(&mut session, new_message(&cases[0]).expect("a typed case"))
+        .await;
+    assert!(
+        matches!(outside, Err(Error::NoTransaction)),
+        "the Rust writer refuses to write outside a transaction: {outside:?}"
+    );
+    outcomes
+}
+
+/// The virtualenv's Python, which has pymongo (`scripts/services.sh`).
+fn python() -> PathBuf {
+    if let Ok(python) = std::env::var("OUTBOX_PYTHON") {
+        return python.into();
+    }
+    let services = std::env::var("OUTBOX_SERVICES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| manifest_dir().join(".services"));
+    services.join("venv/bin/python")
+}
+
+/// Runs a writer's conformance script on the table; its outcomes, the
+/// last of them its call outside a transaction.
+async fn write_with(program: PathBuf, script: &str, env: &TestEnv, text: &str) -> Vec<Outcome> {
+    let input = std::env::temp_dir().join(format!("{}-{script}.json", env.name));
+    std::fs::write(&input, text).expect("write the table");
+    let mut command = Command::new(&program);
+    command
+        .arg(manifest_dir().join("tests/writers").join(script))
+        .args([&env.mongodb_uri, &env.name])
+        .stdin(std::fs::File::open(&input).expect("the table"));
+    let output = bounded(command).await;
+    let _ = std::fs::remove_file(&input);
+    assert!(
+        output.status.success(),
+        "{} {script} failed (scripts/test.sh installs what the writers need):\n{}",
+        program.display(),
+        output_text(&output)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}")))
+        .collect()
+}
+
+/// What a stream message carries that a writer decides: its subject, its
+/// headers but the message id, and its body.
+type Delivered = (String, BTreeMap<String, Vec<String>>, Vec<u8>);
+
+async fn delivered_by_id(env: &TestEnv) -> HashMap<String, Delivered> {
+    let mut stream = env.jetstream.get_stream(&env.stream).await.expect("stream");
+    let mut by_id = HashMap::new();
+    for message in stream_messages(&mut stream).await {
+        let id = stored_header(&message, "Nats-Msg-Id").expect("a message id");
+        let headers = message
+            .headers
+            .iter()
+            .filter(|(name, _)| name.to_string() != "Nats-Msg-Id")
+            .map(|(name, values)| {
+                let values = values.iter().map(|v| v.as_str().to_owned()).collect();
+                (name.to_string(), values)
+            })
+            .collect();
+        let delivered = (
+            message.subject.to_string(),
+            headers,
+            message.payload.to_vec(),
+        );
+        assert!(
+            by_id.insert(id, delivered).is_none(),
+            "a message stored twice"
+        );
+    }
+    by_id
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_and_node_writers_deliver_and_refuse_as_the_rust_writer_does() {
+    let env = TestEnv::new().await;
+    let (text, cases) = table(&env.prefix);
+    let valid = cases.iter().filter(|case| case.refused.is_none()).count();
+    assert!(valid >= 5 && cases.len() > valid + 20, "a table that tests");
+    let relay = RunningRelay::start(env.config()).await;
+
+    let rust = write_in_rust(&env, &cases).await;
+    let python = write_with(python(), "conformance.py", &env, &text).await;
+    let node = write_with("node".into(), "conformance.mjs", &env, &text).await;
+
+    for (writer, outcomes) in [("Python", &python), ("Node.js", &node)] {
+        let (last, outcomes) = outcomes.split_last().expect("outcomes");
+        assert_eq!(
+            last.refused.as_deref(),
+            Some("no_transaction"),
+            "{writer} refuses to write outside a transaction"
+        );
+        assert_eq!(outcomes.len(), cases.len(), "{writer}: one outcome a case");
+        for ((case, theirs), ours) in cases.iter().zip(outcomes).zip(&rust) {
+            assert_eq!(theirs.name, case.name);
+            assert_eq!(
+                ours.refused, case.refused,
+                "{}: the Rust writer's rule",
+                case.name
+            );
+            assert_eq!(
+                theirs.refused, case.refused,
+                "{writer}, {}: refused for the rule the Rust writer names",
+                case.name
+            );
+        }
+    }
+
+    wait_until("every valid case delivered by all three", || async {
+        env.stream_count().await == 3 * valid as u64
+    })
+    .await;
+    let delivered = delivered_by_id(&env).await;
+    let arrived = |outcome: &Outcome| {
+        let id = outcome.id.as_ref().expect("written");
+        delivered.get(id).expect("delivered").clone()
+    };
+    for (n, case) in cases.iter().enumerate() {
+        if case.refused.is_some() {
+            continue;
+        }
+        let expected = arrived(&rust[n]);
+        assert_eq!(arrived(&python[n]), expected, "Python, {}", case.name);
+        assert_eq!(arrived(&node[n]), expected, "Node.js, {}", case.name);
+    }
+    assert_eq!(
+        env.count(doc! {}).await,
+        3 * valid as u64,
+        "a refused message is never written"
+    );
+    relay.stop().await.expect("relay stops");
+    env.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_order_script_commits_an_order_with_its_message() {
+    let env = TestEnv::new().await;
+    let relay = RunningRelay::start(env.config()).await;
+    let scripts = [
+        (
+            python(),
+            "examples/writers/python/place_order.py",
+            "order-py",
+        ),
+        (
+            "node".into(),
+            "examples/writers/node/place-order.js",
+            "order-js",
+        ),
+    ];
+    for (program, script, order) in scripts {
+        let mut command = Command::new(program);
+        command.arg(manifest_dir().join(script)).args([
+            env.mongodb_uri.as_str(),
+            env.name.as_str(),
+            order,
+        ]);
+        let output = bounded(command).await;
+        assert!(
+            output.status.success(),
+            "{script}: {}",
+            output_text(&output)
+        );
+        let id = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        wait_until("the order's message delivered", || async {
+            delivered_by_id(&env).await.contains_key(&id)
+        })
+        .await;
+        let (subject, headers, body) = delivered_by_id(&env).await.remove(&id).expect("it");
+        assert_eq!(subject, format!("{}.order.placed", env.prefix), "{script}");
+        assert_eq!(headers.get("Outbox-Key"), Some(&vec![order.to_owned()]));
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(body, serde_json::json!({ "orderId": order, "total": 42 }));
+        let orders = env.db.collection::<Document>("orders");
+        let stored = orders.find_one(doc! { "_id": order }).await.expect("find");
+        assert!(stored.is_some(), "{script}: the order committed with it");
+    }
+    relay.stop().await.expect("relay stops");
+    env.drop().await;
+}

@@ -1,0 +1,64 @@
+// Writes each case of the shared table with the Node.js writer.
+//
+//     node conformance.mjs MONGODB_URI DATABASE < cases.json
+//
+// Each valid case is added in a transaction of its own; a refused one is
+// reported with its rule. One JSON line a case: {name, id} or
+// {name, refused, message}; a last line reports a call outside any
+// transaction.
+
+import { createRequire } from 'node:module';
+import { readFileSync } from 'node:fs';
+
+const writerDir = new URL('../../examples/writers/node/', import.meta.url);
+// The driver as the writer resolves it, from the writer's own install.
+const { MongoClient } = createRequire(new URL('package.json', writerDir))('mongodb');
+const outbox = await import(new URL('outbox.js', writerDir));
+
+function payloadOf(payload) {
+  if (payload === undefined || payload === null) return undefined;
+  const [[kind, value]] = Object.entries(payload);
+  return kind === 'bytes' ? Buffer.from(value, 'base64') : value;
+}
+
+function write(collection, session, c) {
+  return outbox.addMessage(collection, session, c.type, payloadOf(c.payload), {
+    key: c.key,
+    correlationId: c.correlationId,
+    headers: c.headers,
+    subject: c.subject,
+  });
+}
+
+const [uri, database] = process.argv.slice(2);
+const { cases } = JSON.parse(readFileSync(0, 'utf8'));
+const client = new MongoClient(uri);
+try {
+  const collection = client.db(database).collection(outbox.DEFAULT_COLLECTION);
+  const session = client.startSession();
+  for (const c of cases) {
+    const line = { name: c.name };
+    try {
+      let id;
+      await session.withTransaction(async () => {
+        id = await write(collection, session, c);
+      });
+      line.id = id.toHexString();
+    } catch (error) {
+      if (!(error instanceof outbox.OutboxViolation)) throw error;
+      Object.assign(line, { refused: error.rule, message: error.message });
+    }
+    console.log(JSON.stringify(line));
+  }
+  const line = { name: 'outside a transaction' };
+  try {
+    await write(collection, session, cases[0]);
+  } catch (error) {
+    if (!(error instanceof outbox.NoTransaction)) throw error;
+    Object.assign(line, { refused: 'no_transaction', message: error.message });
+  }
+  console.log(JSON.stringify(line));
+  await session.endSession();
+} finally {
+  await client.close();
+}

@@ -1,0 +1,63 @@
+"""Writes each case of the shared table with the Python writer.
+
+    python conformance.py MONGODB_URI DATABASE < cases.json
+
+Each valid case is added in a transaction of its own; a refused one is
+reported with its rule. One JSON line a case: {"name", "id"} or
+{"name", "refused", "message"}; a last line reports a call outside any
+transaction.
+"""
+
+import base64
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..",
+                                "examples", "writers", "python"))
+
+from pymongo import MongoClient  # noqa: E402
+
+import outbox  # noqa: E402
+
+
+def payload_of(case):
+    payload = case.get("payload")
+    if payload is None:
+        return None
+    (kind, value), = payload.items()
+    return base64.b64decode(value) if kind == "bytes" else value
+
+
+def write(collection, session, case):
+    return outbox.add_message(
+        collection, session, case.get("type"), payload_of(case),
+        key=case.get("key"), correlation_id=case.get("correlationId"),
+        headers=case.get("headers"), subject=case.get("subject"))
+
+
+def main():
+    uri, database = sys.argv[1], sys.argv[2]
+    cases = json.load(sys.stdin)["cases"]
+    with MongoClient(uri) as client:
+        collection = client[database][outbox.DEFAULT_COLLECTION]
+        with client.start_session() as session:
+            for case in cases:
+                line = {"name": case["name"]}
+                try:
+                    added = session.with_transaction(
+                        lambda s, case=case: write(collection, s, case))
+                    line["id"] = str(added)
+                except outbox.OutboxViolation as violation:
+                    line.update(refused=violation.rule, message=str(violation))
+                print(json.dumps(line), flush=True)
+            line = {"name": "outside a transaction"}
+            try:
+                write(collection, session, cases[0])
+            except outbox.NoTransaction as refusal:
+                line.update(refused="no_transaction", message=str(refusal))
+            print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
