@@ -22,11 +22,10 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use bson::{doc, Bson, Document};
-use futures::{FutureExt, TryStreamExt};
-use mongodb::Collection;
-use outbox_relay::inbox::{handler, Handler, Inbox};
+use futures::TryStreamExt;
+use mongodb::{ClientSession, Collection};
+use outbox_relay::inbox::{Delivery, Handler, HandlerError, Inbox};
 use serde::Deserialize;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Deserialize)]
@@ -43,23 +42,27 @@ fn setting(name: &str, default: &str) -> String {
 }
 
 /// Adds each order to its customer's totals, in the message's transaction.
-fn project(totals: Collection<Document>) -> impl Handler {
-    handler(move |session, message| {
-        let totals = totals.clone();
-        async move {
-            let order: OrderPlaced = message.json()?;
-            totals
-                .update_one(
-                    doc! { "_id": &order.customer },
-                    doc! { "$inc": { "orders": 1, "totalCents": order.total_cents } },
-                )
-                .upsert(true)
-                .session(session)
-                .await?;
-            Ok(())
-        }
-        .boxed()
-    })
+struct Projection {
+    totals: Collection<Document>,
+}
+
+impl Handler for Projection {
+    async fn handle(
+        &self,
+        session: &mut ClientSession,
+        message: &Delivery,
+    ) -> Result<(), HandlerError> {
+        let order: OrderPlaced = message.json()?;
+        self.totals
+            .update_one(
+                doc! { "_id": &order.customer },
+                doc! { "$inc": { "orders": 1, "totalCents": order.total_cents } },
+            )
+            .upsert(true)
+            .session(session)
+            .await?;
+        Ok(())
+    }
 }
 
 /// Orders and cents summed over `collection`: what `orders` and `cents`
@@ -100,45 +103,33 @@ async fn drain(
         .filter_subject(subject)
         .bind()
         .await?;
+    let backlog = consumer.backlog();
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(consumer.run(handler, shutdown.clone()));
     // A slow server is given time as long as the consumer moves: each
     // message is an inbox transaction, and the demo's server (the Python
     // SecantusDB) commits them slowly.
-    let (mut left, mut moved) = (u64::MAX, Instant::now());
+    let mut left = backlog.remaining().await?;
     loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let mut consumer: jetstream::consumer::PullConsumer = jetstream
-            .get_stream(stream)
-            .await?
-            .get_consumer(&name)
-            .await?;
-        let info = consumer.info().await?;
-        let now_left = info.num_pending + info.num_ack_pending as u64;
-        if now_left == 0 {
-            break;
-        }
-        if now_left < left {
-            (left, moved) = (now_left, Instant::now());
-        } else if moved.elapsed() > STILL_FOR {
-            return Err(format!(
-                "the consumer handled nothing for {STILL_FOR:?}, with {now_left} messages left"
-            )
-            .into());
+        let every = Duration::from_millis(200);
+        match tokio::time::timeout(STILL_FOR, backlog.caught_up(every)).await {
+            Ok(caught_up) => break caught_up?,
+            Err(_) => {
+                let now_left = backlog.remaining().await?;
+                if now_left >= left {
+                    return Err(format!(
+                        "the consumer handled nothing for {STILL_FOR:?}, with {now_left} \
+                         messages left"
+                    )
+                    .into());
+                }
+                left = now_left;
+            }
         }
     }
     shutdown.cancel();
     running.await??;
     Ok(())
-}
-
-fn counter(metrics: &str, consumer: &str, name: &str) -> u64 {
-    let prefix = format!("outbox_inbox_{name}_total{{consumer=\"{consumer}\"}} ");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::main]
@@ -175,12 +166,14 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         &jetstream,
         &stream,
         &subject,
-        project(totals.clone()),
+        Projection {
+            totals: totals.clone(),
+        },
     )
     .await?;
     let projected = sums(&totals, "$orders".into(), "$totalCents").await?;
     let ordered = sums(&db.collection("orders"), 1.into(), "$totalCents").await?;
-    let metrics = inbox.metrics().render();
+    let counts = inbox.metrics().counts(&name);
     println!(
         "projection: {} orders, {} cents; the orders collection: {} orders, {} cents{}",
         projected.0,
@@ -195,8 +188,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     );
     println!(
         "handled {}, repeats skipped {}",
-        counter(&metrics, &name, "handled"),
-        counter(&metrics, &name, "repeats")
+        counts.handled, counts.repeats
     );
     if fresh {
         if projected != ordered {
@@ -214,14 +206,16 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         &jetstream,
         &stream,
         &subject,
-        project(totals.clone()),
+        Projection {
+            totals: totals.clone(),
+        },
     )
     .await?;
     let replayed = sums(&totals, "$orders".into(), "$totalCents").await?;
-    let metrics = inbox.metrics().render();
+    let counts = inbox.metrics().counts(&name);
     println!(
         "replayed the whole stream: {} repeats skipped, projection {} orders, {} cents{}",
-        counter(&metrics, &name, "repeats"),
+        counts.repeats,
         replayed.0,
         replayed.1,
         if replayed == projected {

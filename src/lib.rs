@@ -78,9 +78,18 @@ mod work;
 pub mod writer;
 
 pub use config::{DeadLetters, NatsMode, RelayConfig, RelayMode, RetryPolicy};
-pub use contract::{ContractViolation, OutboxMessage};
+pub use contract::{ContractViolation, OutboxMessage, Rule};
 pub use error::{CheckKind, Error, Result};
 pub use observe::Metrics;
 pub use relay::Relay;
 pub use work::Tally;
 pub use writer::{MessageType, NewMessage, Outbox, Payload};
+
+/// The MongoDB driver this crate is built with: its `Database`, `Client`
+/// and `ClientSession` are the ones [`Outbox`] and [`inbox::Inbox`] take,
+/// so depend on this one (or the same version) to avoid a mismatch.
+pub use mongodb;
+
+/// The NATS client this crate is built with: its `jetstream::Context` is the
+/// one [`inbox::Inbox::consumer`] takes.
+pub use async_nats;

@@ -154,18 +154,25 @@ fn render_replay(summary: &outbox_relay::replay::Summary) -> String {
 
 /// `outbox-relay inbox list`: the newest messages a consumer gave up on.
 async fn inbox(command: InboxCommand) -> Result<ExitCode> {
-    let InboxCommand::List {
-        consumer,
-        inbox_collection,
-        limit,
-        json,
-        settings,
-    } = command;
-    let config = settings.resolve()?;
-    let collection = open_database(&config).await?.collection(&inbox_collection);
+    let InboxCommand::List(args) = command;
+    let uri = match (&args.mongodb_uri, &args.mongodb_uri_file) {
+        (_, Some(path)) => outbox_relay::config::read_secret("mongodb-uri-file", path)?,
+        (Some(uri), None) => uri.clone(),
+        (None, None) => {
+            return Err(Error::Config(
+                "give --mongodb-uri or --mongodb-uri-file: where the consumer's inbox is".into(),
+            ))
+        }
+    };
+    let client = outbox_relay::connect::connect_mongodb(&uri).await?;
+    let collection = client
+        .database(&args.database)
+        .collection(&args.inbox_collection);
+    outbox_relay::inbox::check_consumer(&collection, &args.consumer).await?;
+    let limit = i64::from(args.limit);
     let (total, failed) =
-        outbox_relay::inbox::failed_messages(&collection, &consumer, i64::from(limit)).await?;
-    if json {
+        outbox_relay::inbox::failed_messages(&collection, &args.consumer, limit).await?;
+    if args.json {
         let listed = serde_json::json!({ "total": total, "messages": failed });
         println!("{}", to_json(&listed)?);
         return Ok(ExitCode::SUCCESS);
@@ -183,10 +190,14 @@ async fn inbox(command: InboxCommand) -> Result<ExitCode> {
                 .unwrap_or("(no error recorded)")
         );
     }
-    println!(
-        "{} of {total} failed messages of consumer {consumer:?} shown",
-        failed.len()
-    );
+    let consumer = &args.consumer;
+    match total {
+        0 => println!("consumer {consumer:?} has given up on no message"),
+        _ => println!(
+            "{} of {total} failed messages of consumer {consumer:?} shown",
+            failed.len()
+        ),
+    }
     Ok(ExitCode::SUCCESS)
 }
 

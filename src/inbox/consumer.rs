@@ -54,7 +54,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::record::{record_failed, Entry};
 use super::transaction::{Outcome, Transaction};
-use super::{Delivery, Handler, HandlerError, Inbox};
+use super::{BoxedHandler, Delivery, Handler, HandlerError, Inbox};
 use crate::contract::header;
 use crate::error::{brief, is_unreachable, Error, Result};
 use crate::retry::{self, reconnect_backoff, Outage};
@@ -93,6 +93,42 @@ pub enum AfterCommit {
 
 /// Decides, per message, what happens after its commit.
 pub type AfterCommitHook = Arc<dyn Fn(&Delivery) -> AfterCommit + Send + Sync>;
+
+/// How much a consumer has left to handle, as JetStream counts it: for a
+/// batch job that stops once it has caught up, or a test that waits for
+/// it. Clones look at the same consumer.
+#[derive(Clone)]
+pub struct Backlog {
+    pull: PullConsumer,
+}
+
+impl Backlog {
+    /// Messages not yet done with: those JetStream has still to deliver,
+    /// and those delivered but not acknowledged (being handled, or waiting
+    /// to be tried again). A message handled, skipped as a repeat or given
+    /// up on counts no more.
+    pub async fn remaining(&self) -> Result<u64> {
+        let mut pull = self.pull.clone();
+        let name = self.pull.cached_info().name.clone();
+        let info = pull
+            .info()
+            .await
+            .map_err(|e| Error::nats(format!("reading consumer {name:?}'s state failed"), e))?;
+        let unacknowledged = u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX);
+        Ok(info.num_pending.saturating_add(unacknowledged))
+    }
+
+    /// Returns once nothing is left ([`Backlog::remaining`] is 0), asking
+    /// JetStream every `every`. It waits as long as that takes: bound it
+    /// with `tokio::time::timeout`. Messages published later are not waited
+    /// for.
+    pub async fn caught_up(&self, every: Duration) -> Result<()> {
+        while self.remaining().await? > 0 {
+            tokio::time::sleep(every).await;
+        }
+        Ok(())
+    }
+}
 
 /// A bound consumer, ready to [`Consumer::run`].
 pub struct Consumer {
@@ -341,6 +377,14 @@ fn pull_limit(held_limit: usize, config: &jetstream::consumer::Config) -> usize 
 const HELD_PER_TRANSACTION: usize = 16;
 
 impl Consumer {
+    /// How much this consumer has left: take it before [`Consumer::run`],
+    /// to learn while it runs when it has caught up.
+    pub fn backlog(&self) -> Backlog {
+        Backlog {
+            pull: self.pull.clone(),
+        }
+    }
+
     /// Handles messages until `shutdown` fires, then finishes what is in
     /// flight. Returns an error if JetStream ends the consumer (deleted).
     pub async fn run<H: Handler>(self, handler: H, shutdown: CancellationToken) -> Result<()> {
@@ -556,7 +600,7 @@ struct Shared {
     inbox: Inbox,
     client: mongodb::Client,
     nats: async_nats::Client,
-    handler: Box<dyn Handler>,
+    handler: Box<dyn BoxedHandler>,
     settings: Settings,
     /// One permit per transaction running.
     running: Semaphore,

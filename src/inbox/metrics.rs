@@ -35,6 +35,20 @@ struct Inner {
     handler_time: Family<ConsumerLabel, Histogram, HandlerBuckets>,
 }
 
+/// One consumer's counters at a moment ([`InboxMetrics::counts`]); each
+/// counts since the process started, as its `outbox_inbox_*_total` does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InboxCounts {
+    /// Messages handled: their effects and inbox record committed.
+    pub handled: u64,
+    /// Messages acknowledged without running the handler: handled before.
+    pub repeats: u64,
+    /// Messages given up on after their last attempt.
+    pub failed: u64,
+    /// Handler failures followed by another attempt.
+    pub retried: u64,
+}
+
 /// The inbox consumers' metrics; clones share them.
 #[derive(Clone)]
 pub struct InboxMetrics(Arc<Inner>);
@@ -104,6 +118,21 @@ impl InboxMetrics {
         text
     }
 
+    /// What `consumer` has counted so far, as numbers: for a test, a batch
+    /// job or a log line, without reading the text format.
+    pub fn counts(&self, consumer: &str) -> InboxCounts {
+        let label = Self::label(consumer);
+        let count = |family: &Family<ConsumerLabel, Counter>| {
+            family.get(&label).map_or(0, |counter| counter.get())
+        };
+        InboxCounts {
+            handled: count(&self.0.handled),
+            repeats: count(&self.0.repeats),
+            failed: count(&self.0.failed),
+            retried: count(&self.0.retried),
+        }
+    }
+
     fn label(consumer: &str) -> ConsumerLabel {
         ConsumerLabel {
             consumer: consumer.to_owned(),
@@ -127,5 +156,38 @@ impl InboxMetrics {
 
     pub(crate) fn retried(&self, consumer: &str) {
         self.0.retried.get_or_create(&Self::label(consumer)).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_counts_are_the_rendered_counters_of_their_consumer() {
+        let metrics = InboxMetrics::new();
+        metrics.handled("billing", Duration::from_millis(3));
+        metrics.handled("billing", Duration::from_millis(3));
+        metrics.repeat("billing");
+        metrics.retried("shipping");
+        let counts = metrics.counts("billing");
+        let expected = InboxCounts {
+            handled: 2,
+            repeats: 1,
+            failed: 0,
+            retried: 0,
+        };
+        assert_eq!(counts, expected);
+        assert_eq!(metrics.counts("shipping").retried, 1);
+        assert_eq!(metrics.counts("nobody"), InboxCounts::default());
+        let text = metrics.render();
+        assert!(
+            text.contains("outbox_inbox_handled_total{consumer=\"billing\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("outbox_inbox_repeats_total{consumer=\"billing\"} 1"),
+            "{text}"
+        );
     }
 }

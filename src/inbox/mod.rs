@@ -63,6 +63,7 @@ mod record;
 mod transaction;
 
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use bson::Document;
@@ -70,10 +71,11 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use mongodb::{ClientSession, Collection, Database};
 
-pub use consumer::{AfterCommit, AfterCommitHook, Consumer, ConsumerBuilder};
-pub use metrics::InboxMetrics;
+pub use consumer::{AfterCommit, AfterCommitHook, Backlog, Consumer, ConsumerBuilder};
+pub use metrics::{InboxCounts, InboxMetrics};
 pub use record::{
-    failed_messages, field, status, FailedMessage, DEFAULT_COLLECTION, TTL_INDEX, UNIQUE_INDEX,
+    check_consumer, failed_messages, field, status, FailedMessage, DEFAULT_COLLECTION, TTL_INDEX,
+    UNIQUE_INDEX,
 };
 
 use crate::error::{Error, Result};
@@ -327,29 +329,88 @@ impl fmt::Debug for HandlerError {
 /// run more than once for one message (a transient error runs the
 /// transaction again), so keep them idempotent or leave them out.
 ///
-/// Implemented for closures `|session, message| async move { .. }.boxed()`.
+/// Implement it with an `async fn`; the handler's state is `self`, shared
+/// by every message without cloning:
+///
+/// ```no_run
+/// use outbox_relay::inbox::{Delivery, Handler, HandlerError};
+/// use outbox_relay::mongodb::{ClientSession, Collection};
+///
+/// struct Billing {
+///     invoices: Collection<bson::Document>,
+/// }
+///
+/// impl Handler for Billing {
+///     async fn handle(
+///         &self,
+///         session: &mut ClientSession,
+///         message: &Delivery,
+///     ) -> Result<(), HandlerError> {
+///         let order: bson::Document = message.json()?;
+///         self.invoices.insert_one(order).session(session).await?;
+///         Ok(())
+///     }
+/// }
+/// ```
+///
+/// A short handler may be a closure instead, through [`handler`].
 pub trait Handler: Send + Sync + 'static {
-    fn handle<'a>(&'a self, session: &'a mut ClientSession, message: &'a Delivery) -> Handled<'a>;
+    /// Handles one message inside its transaction. An error aborts the
+    /// transaction and costs the message an attempt, except a transient
+    /// MongoDB error, which runs the transaction again ([`HandlerError`]).
+    fn handle<'a>(
+        &'a self,
+        session: &'a mut ClientSession,
+        message: &'a Delivery,
+    ) -> impl Future<Output = std::result::Result<(), HandlerError>> + Send + 'a;
 }
 
-/// What a handler returns: a future of its result.
+/// What a closure given to [`handler`] returns: a boxed future of its result.
 pub type Handled<'a> = BoxFuture<'a, std::result::Result<(), HandlerError>>;
 
-/// A handler from a closure `|session, message| async move { .. }.boxed()`:
-/// passed through here, the closure is known to take arguments of any
-/// lifetime, which a closure kept in a variable otherwise is not.
-pub fn handler<F>(handle: F) -> F
+/// A handler from a closure `|session, message| async move { .. }.boxed()`
+/// (with `futures::FutureExt`): passed through here, the closure is known
+/// to take arguments of any lifetime, which a closure kept in a variable
+/// otherwise is not.
+pub fn handler<F>(handle: F) -> FnHandler<F>
 where
     F: for<'a> Fn(&'a mut ClientSession, &'a Delivery) -> Handled<'a> + Send + Sync + 'static,
 {
-    handle
+    FnHandler(handle)
 }
 
-impl<F> Handler for F
+/// A closure as a [`Handler`]; made by [`handler`].
+pub struct FnHandler<F>(F);
+
+impl<F> Handler for FnHandler<F>
 where
     F: for<'a> Fn(&'a mut ClientSession, &'a Delivery) -> Handled<'a> + Send + Sync + 'static,
 {
-    fn handle<'a>(&'a self, session: &'a mut ClientSession, message: &'a Delivery) -> Handled<'a> {
-        self(session, message)
+    fn handle<'a>(
+        &'a self,
+        session: &'a mut ClientSession,
+        message: &'a Delivery,
+    ) -> impl Future<Output = std::result::Result<(), HandlerError>> + Send + 'a {
+        (self.0)(session, message)
+    }
+}
+
+/// A [`Handler`] behind a pointer: its future boxed, so the consumer keeps
+/// one type whatever the handler.
+pub(crate) trait BoxedHandler: Send + Sync {
+    fn handle_boxed<'a>(
+        &'a self,
+        session: &'a mut ClientSession,
+        message: &'a Delivery,
+    ) -> Handled<'a>;
+}
+
+impl<H: Handler> BoxedHandler for H {
+    fn handle_boxed<'a>(
+        &'a self,
+        session: &'a mut ClientSession,
+        message: &'a Delivery,
+    ) -> Handled<'a> {
+        Box::pin(self.handle(session, message))
     }
 }

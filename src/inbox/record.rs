@@ -199,8 +199,10 @@ fn is_handled(record: &Document) -> bool {
     record.get_str(field::STATUS) == Ok(status::HANDLED)
 }
 
-/// One message a consumer gave up on, as `outbox-relay inbox list` shows it.
+/// One message a consumer gave up on, as `outbox-relay inbox list` shows
+/// it; in JSON, its fields are named as in the inbox document.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct FailedMessage {
     pub message_id: String,
     pub subject: Option<String>,
@@ -234,6 +236,56 @@ impl FailedMessage {
 
 /// The messages `consumer` gave up on, newest first, up to `limit`, and
 /// how many there are.
+/// Checks that `inbox` exists and holds records of `consumer`, so that a
+/// mistyped database, collection or consumer name is told apart from a
+/// consumer that has given up on nothing. The error names what is there.
+pub async fn check_consumer(inbox: &Collection<Document>, consumer: &str) -> Result<()> {
+    let failed = |e| Error::mongo("reading the inbox failed", e);
+    let namespace = inbox.namespace();
+    let database = inbox.client().database(&namespace.db);
+    if !crate::setup::collection_exists(&database, &namespace.coll)
+        .await
+        .map_err(failed)?
+    {
+        return Err(Error::Config(format!(
+            "database {:?} has no collection {:?}: give the database and collection the \
+             consumer's Inbox was built with (--database, --inbox-collection)",
+            namespace.db, namespace.coll
+        )));
+    }
+    let known = inbox
+        .find_one(doc! { field::CONSUMER: consumer })
+        .projection(doc! { "_id": 1 })
+        .await
+        .map_err(failed)?;
+    if known.is_some() {
+        return Ok(());
+    }
+    let consumers: Vec<Document> = inbox
+        .aggregate([
+            doc! { "$group": { "_id": format!("${}", field::CONSUMER) } },
+            doc! { "$sort": { "_id": 1 } },
+            doc! { "$limit": 20 },
+        ])
+        .await
+        .map_err(failed)?
+        .try_collect()
+        .await
+        .map_err(failed)?;
+    let names: Vec<String> = consumers
+        .iter()
+        .filter_map(|group| group.get_str("_id").ok().map(|name| format!("{name:?}")))
+        .collect();
+    let there = match names.as_slice() {
+        [] => "it holds no consumer's records yet".to_owned(),
+        names => format!("its consumers include {}", names.join(", ")),
+    };
+    Err(Error::Config(format!(
+        "{}.{} has no records of consumer {consumer:?}: {there}",
+        namespace.db, namespace.coll
+    )))
+}
+
 pub async fn failed_messages(
     inbox: &Collection<Document>,
     consumer: &str,

@@ -23,7 +23,7 @@ use mongodb::options::{Acknowledgment, WriteConcern};
 use mongodb::{Client, ClientSession, Collection};
 
 use super::record::{record_handled, Entry};
-use super::{Delivery, Handler, HandlerError};
+use super::{BoxedHandler, Delivery, HandlerError};
 use crate::error::is_max_time_expired;
 
 /// How long a transaction is run again, or a commit tried again, after
@@ -65,7 +65,7 @@ impl Transaction<'_> {
     /// (`entry`; without one, the handler alone).
     pub async fn run(
         &self,
-        handler: &dyn Handler,
+        handler: &dyn BoxedHandler,
         delivery: &Delivery,
         entry: Option<&Entry<'_>>,
     ) -> Outcome {
@@ -96,7 +96,7 @@ impl Transaction<'_> {
     async fn attempt(
         &self,
         session: &mut ClientSession,
-        handler: &dyn Handler,
+        handler: &dyn BoxedHandler,
         delivery: &Delivery,
         entry: Option<&Entry<'_>>,
         started: Instant,
@@ -167,13 +167,13 @@ impl Attempt {
 /// Runs the handler; a panic in it is its failure, like an error, so that
 /// it costs the message an attempt and not the consumer its task.
 async fn run_handler(
-    handler: &dyn Handler,
+    handler: &dyn BoxedHandler,
     session: &mut ClientSession,
     delivery: &Delivery,
 ) -> Result<(), HandlerError> {
     // Inside the async block, so that a panic in the handler's own body,
     // before the future it returns, is caught as well.
-    let handled = AssertUnwindSafe(async { handler.handle(session, delivery).await })
+    let handled = AssertUnwindSafe(async { handler.handle_boxed(session, delivery).await })
         .catch_unwind()
         .await;
     handled.unwrap_or_else(|panic| {

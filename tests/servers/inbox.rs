@@ -15,7 +15,7 @@ use futures::FutureExt;
 use mongodb::{ClientSession, Collection};
 use outbox_relay::inbox::{
     handler, AfterCommit, Consumer, ConsumerBuilder, Delivery, Handler, HandlerError, Inbox,
-    InboxMetrics,
+    InboxCounts, InboxMetrics,
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -122,19 +122,10 @@ async fn counted(effects: &Collection<Document>, name: &str) -> i64 {
     })
 }
 
-/// The value of one of the inbox's metrics for consumer `billing`.
-fn metric(metrics: &InboxMetrics, name: &str) -> u64 {
-    let line = format!("outbox_inbox_{name}_total{{consumer=\"billing\"}} ");
-    let text = metrics.render();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&line))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-async fn wait_metric(metrics: &InboxMetrics, name: &str, value: u64) {
-    wait_until(&format!("{name} to reach {value}"), || async {
-        metric(metrics, name) >= value
+/// Waits until one of consumer `billing`'s counts reaches `value`.
+async fn wait_metric(metrics: &InboxMetrics, count: fn(InboxCounts) -> u64, value: u64) {
+    wait_until(&format!("a count to reach {value}"), || async {
+        count(metrics.counts("billing")) >= value
     })
     .await;
 }
@@ -160,8 +151,8 @@ async fn a_message_published_again_past_the_duplicate_window_is_applied_once() {
     let effects = env.db.collection::<Document>("effects");
     let handler = counting(&effects, "orders");
     let consumer = Running::start(quick(&inbox, &env).bind().await.unwrap(), handler);
-    wait_metric(&metrics, "repeats", 1).await;
-    assert_eq!(metric(&metrics, "handled"), 1);
+    wait_metric(&metrics, |c| c.repeats, 1).await;
+    assert_eq!(metrics.counts("billing").handled, 1);
     assert_eq!(counted(&effects, "orders").await, 1, "applied once");
     let record = inbox
         .collection()
@@ -195,8 +186,8 @@ async fn a_crash_between_commit_and_acknowledgement_is_skipped_on_redelivery() {
     let handler = counting(&effects, "orders");
     let running = Running::start(consumer, handler);
     assert!(publish_stored(&env, "order.placed", &ObjectId::new().to_hex(), None).await);
-    wait_metric(&metrics, "repeats", 1).await;
-    assert_eq!(metric(&metrics, "handled"), 1);
+    wait_metric(&metrics, |c| c.repeats, 1).await;
+    assert_eq!(metrics.counts("billing").handled, 1);
     assert_eq!(counted(&effects, "orders").await, 1, "applied once");
     running.stop().await;
     env.drop().await;
@@ -256,8 +247,8 @@ async fn a_failing_handler_is_retried_then_recorded_failed_and_terminated_while_
         };
         assert!(publish_stored(&env, subject, &id, key).await);
     }
-    wait_metric(&metrics, "failed", 1).await;
-    wait_metric(&metrics, "handled", 4).await;
+    wait_metric(&metrics, |c| c.failed, 1).await;
+    wait_metric(&metrics, |c| c.handled, 4).await;
     let prefix = &env.prefix;
     for subject in ["unkeyed.twice", "keyed.twice", "keyed.after", "other"] {
         assert_eq!(
@@ -296,14 +287,33 @@ async fn a_failing_handler_is_retried_then_recorded_failed_and_terminated_while_
         failed[0].last_error.as_deref(),
         Some("this message cannot be handled")
     );
-    // And the command line lists it.
-    let mut list = crate::common::relay_command(&env);
-    list.args(["inbox", "list", "--consumer", "billing", "--json"]);
-    let output = crate::common::bounded(list).await;
+    // And the command line lists it, its fields named as in the document.
+    let list = |consumer: &str, collection: &str| {
+        let mut list = crate::common::relay_command(&env);
+        list.args([
+            "inbox",
+            "list",
+            "--database",
+            &env.name,
+            "--consumer",
+            consumer,
+        ])
+        .args(["--inbox-collection", collection, "--json"]);
+        crate::common::bounded(list)
+    };
+    let output = list("billing", "inbox").await;
     assert!(output.status.success(), "{output:?}");
     let listed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(listed["total"], 1);
-    assert_eq!(listed["messages"][0]["message_id"], always.as_str());
+    let first = &listed["messages"][0];
+    assert_eq!(first["messageId"], always.as_str());
+    assert_eq!(first["attempts"], 3);
+    assert_eq!(first["lastError"], "this message cannot be handled");
+    // A name that is not there is told, not listed as nothing.
+    let output = list("biling", "inbox").await;
+    crate::common::assert_exit(&output, 2, "its consumers include \"billing\"");
+    let output = list("billing", "inbxo").await;
+    crate::common::assert_exit(&output, 2, "has no collection \"inbxo\"");
     // Terminated: JetStream holds nothing unacknowledged for the consumer.
     wait_until("no message pending acknowledgement", || async {
         let mut consumer: jetstream::consumer::PullConsumer = env
@@ -373,7 +383,7 @@ async fn with_sixteen_at_once_each_of_fifty_keys_is_handled_in_stream_order() {
         let sequence = ack.await.unwrap().sequence;
         published.entry(key).or_default().push(sequence);
     }
-    wait_metric(&metrics, "handled", 500).await;
+    wait_metric(&metrics, |c| c.handled, 500).await;
     let seen = seen.lock().unwrap().clone();
     for (key, mut sequences) in published {
         sequences.sort_unstable();
@@ -435,7 +445,7 @@ async fn a_write_conflict_with_a_concurrent_writer_is_retried_and_applied_once()
     };
     let running = Running::start(quick(&inbox, &env).bind().await.unwrap(), handler);
     assert!(publish_stored(&env, "order.placed", &ObjectId::new().to_hex(), None).await);
-    wait_metric(&metrics, "handled", 1).await;
+    wait_metric(&metrics, |c| c.handled, 1).await;
     let order = effects
         .find_one(doc! { "_id": "order" })
         .await
@@ -452,7 +462,7 @@ async fn a_write_conflict_with_a_concurrent_writer_is_retried_and_applied_once()
         "the transaction ran again"
     );
     assert_eq!(
-        metric(&metrics, "retried"),
+        metrics.counts("billing").retried,
         0,
         "a conflict is no failed attempt"
     );
@@ -476,7 +486,7 @@ async fn a_message_without_an_id_is_handled_every_time_it_comes() {
             .await
             .unwrap();
     }
-    wait_metric(&metrics, "handled", 2).await;
+    wait_metric(&metrics, |c| c.handled, 2).await;
     assert_eq!(
         counted(&effects, "plain").await,
         2,
@@ -595,7 +605,7 @@ async fn stopping_hands_waiting_messages_back_so_the_next_consumer_keeps_each_ke
             .boxed()
         })
     });
-    wait_metric(&metrics, "handled", 5).await;
+    wait_metric(&metrics, |c| c.handled, 5).await;
     let prefix = &env.prefix;
     let expected: Vec<String> = (1..=5).map(|n| format!("{prefix}.m{n}")).collect();
     assert_eq!(
@@ -636,8 +646,8 @@ async fn fails_alone(
     let bad = ObjectId::new().to_hex();
     publish_stored(&env, "bad", &bad, key).await;
     publish_stored(&env, "good", &ObjectId::new().to_hex(), key).await;
-    wait_metric(&metrics, "failed", 1).await;
-    wait_metric(&metrics, "handled", 1).await;
+    wait_metric(&metrics, |c| c.failed, 1).await;
+    wait_metric(&metrics, |c| c.handled, 1).await;
     assert_eq!(
         counted(&effects, "good").await,
         1,
@@ -703,7 +713,7 @@ async fn an_existing_consumer_it_cannot_work_with_is_refused_and_a_deleted_one_e
     let consumer = quick(&inbox, &env).bind().await.unwrap();
     let running = Running::start(consumer, counting(&env.db.collection("effects"), "n"));
     publish_stored(&env, "order", &ObjectId::new().to_hex(), None).await;
-    wait_metric(&metrics, "handled", 1).await;
+    wait_metric(&metrics, |c| c.handled, 1).await;
     stream.delete_consumer("billing").await.unwrap();
     let ended = tokio::time::timeout(WAIT, running.task)
         .await
@@ -730,7 +740,7 @@ async fn with_a_retention_each_record_expires_through_the_ttl_index() {
     );
     let id = ObjectId::new().to_hex();
     publish_stored(&env, "order", &id, None).await;
-    wait_metric(&metrics, "handled", 1).await;
+    wait_metric(&metrics, |c| c.handled, 1).await;
     let record = inbox
         .collection()
         .find_one(doc! { "messageId": &id })
@@ -747,6 +757,38 @@ async fn with_a_retention_each_record_expires_through_the_ttl_index() {
         .unwrap()
         .contains(&"inbox_ttl".to_owned());
     assert!(ttl, "the TTL index exists");
+    running.stop().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn the_backlog_tells_when_the_consumer_has_caught_up() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let effects = env.db.collection::<Document>("effects");
+    for n in 0..20 {
+        let key = format!("k{}", n % 4);
+        assert!(publish_stored(&env, "order.placed", &ObjectId::new().to_hex(), Some(&key)).await);
+    }
+    let consumer = quick(&inbox, &env).bind().await.unwrap();
+    let backlog = consumer.backlog();
+    assert_eq!(
+        backlog.remaining().await.unwrap(),
+        20,
+        "nothing handled yet"
+    );
+    let running = Running::start(consumer, counting(&effects, "orders"));
+    tokio::time::timeout(WAIT, backlog.caught_up(Duration::from_millis(20)))
+        .await
+        .expect("caught up in time")
+        .expect("JetStream answers");
+    assert_eq!(
+        metrics.counts("billing").handled,
+        20,
+        "caught up only once every message is handled"
+    );
+    assert_eq!(counted(&effects, "orders").await, 20);
     running.stop().await;
     env.drop().await;
 }
