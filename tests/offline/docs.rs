@@ -226,3 +226,63 @@ fn every_project_path_named_in_the_documents_exists() {
         "only {checked} paths found: is the parser blind?"
     );
 }
+
+/// The Rust code blocks of a markdown text.
+fn rust_blocks(text: &str) -> Vec<String> {
+    let (mut blocks, mut current): (Vec<String>, Option<String>) = (Vec::new(), None);
+    for line in text.lines() {
+        let fence = line.trim_start();
+        match &mut current {
+            None if fence.starts_with("```rust") => current = Some(String::new()),
+            Some(block) if fence.starts_with("```") => {
+                blocks.push(std::mem::take(block));
+                current = None;
+            }
+            Some(block) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            None => {}
+        }
+    }
+    blocks
+}
+
+/// Code with its whitespace and trailing commas taken out, so that a
+/// snippet laid out for a page matches the same code as rustfmt lays it out.
+fn squeezed(code: &str) -> String {
+    let dense: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+    dense
+        .replace(",}", "}")
+        .replace(",)", ")")
+        .replace(",]", "]")
+}
+
+/// Every Rust snippet in the documents is code that compiles: it appears,
+/// token for token, in a compiled example (`examples/readme.rs`).
+#[test]
+fn every_rust_snippet_is_compiled_in_an_example() {
+    let examples: Vec<String> = std::fs::read_dir(root().join("examples"))
+        .expect("examples/")
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "rs"))
+        .map(|path| squeezed(&std::fs::read_to_string(path).expect("an example")))
+        .collect();
+    let mut snippets = 0;
+    for source in documents() {
+        let text = std::fs::read_to_string(&source).expect("a document");
+        for block in rust_blocks(&text) {
+            snippets += 1;
+            let code = squeezed(&block);
+            assert!(
+                examples.iter().any(|example| example.contains(&code)),
+                "{}: a Rust snippet that no example compiles; put it in examples/readme.rs:\n{block}",
+                source.display()
+            );
+        }
+    }
+    assert!(
+        snippets >= 2,
+        "only {snippets} Rust snippets found: is the parser blind?"
+    );
+}
