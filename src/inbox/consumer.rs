@@ -12,9 +12,12 @@
 //!   attempt after a growing delay: a message without a key is negatively
 //!   acknowledged with that delay, and JetStream redelivers it; a keyed one
 //!   is tried again in place, so the later messages of its key keep waiting
-//!   behind it. After `max_deliveries` attempts the message is recorded
-//!   `failed` in the inbox with the error, for a person to see, and
-//!   terminated; its key's next message goes on.
+//!   behind it. Attempts are counted in the inbox record (`failing`
+//!   between them), so a delivery that ran no handler costs none. After
+//!   `max_deliveries` attempts the message is recorded `failed` in the
+//!   inbox with the error, for a person to see, and terminated; its key's
+//!   next message goes on. A count the inbox refuses to keep ends the
+//!   message the same way, since nothing else would bound its attempts.
 //! - **Held messages stay ours.** Every message read and not yet settled
 //!   is kept from redelivery with in-progress acknowledgements, a third of
 //!   the consumer's ack wait apart, however long it waits for its key or
@@ -52,7 +55,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::record::{record_failed, Entry};
+use super::record::{record_failed, record_failing, Entry};
 use super::transaction::{Outcome, Transaction};
 use super::{BoxedHandler, Delivery, Handler, HandlerError, Inbox};
 use crate::contract::header;
@@ -694,6 +697,15 @@ enum Settled {
     Left,
 }
 
+/// How writing a record outside a transaction ended.
+enum Written {
+    Done,
+    /// Refused for what it is (a validator, say): no retry writes it.
+    Refused(String),
+    /// The consumer stopped while MongoDB could not be reached.
+    Stopped,
+}
+
 impl Shared {
     fn lock_lanes(&self) -> std::sync::MutexGuard<'_, HashMap<String, VecDeque<Held>>> {
         // The lines hold messages only; a panic elsewhere leaves them whole.
@@ -808,8 +820,7 @@ impl Shared {
             if self.shutdown.is_cancelled() {
                 return Settled::Left;
             }
-            let attempt = held.delivery.attempt;
-            let Some(outcome) = self.attempt(&held.delivery).await else {
+            let Some(outcome) = self.attempt(&mut held.delivery).await else {
                 return Settled::Left;
             };
             match outcome.charged() {
@@ -832,35 +843,11 @@ impl Shared {
                     acknowledge(&held.message, AckKind::Ack).await;
                     return Settled::Acknowledged;
                 }
-                Outcome::Failed(error) if attempt >= self.settings.max_deliveries => {
-                    outage.recovered();
-                    let reason = error.to_string();
-                    if self.give_up(held, &reason).await {
-                        metrics.failed(&consumer);
-                        return Settled::Acknowledged;
-                    }
-                    return Settled::Left;
-                }
                 Outcome::Failed(error) => {
                     outage.recovered();
-                    metrics.retried(&consumer);
-                    let delay = self.retry_delay(attempt);
-                    tracing::warn!(
-                        consumer,
-                        subject = %held.delivery.subject,
-                        attempt,
-                        error = %error,
-                        ?delay,
-                        "handling failed; trying again later"
-                    );
-                    if !in_place {
-                        acknowledge(&held.message, AckKind::Nak(Some(delay))).await;
-                        return Settled::Acknowledged;
+                    if let Some(settled) = self.after_failure(held, error, in_place).await {
+                        return settled;
                     }
-                    if !self.pause(delay).await {
-                        return Settled::Left;
-                    }
-                    held.delivery.attempt += 1;
                 }
                 // MongoDB could not be reached, or started no transaction:
                 // no attempt is charged; the message waits here, kept
@@ -878,7 +865,7 @@ impl Shared {
     /// One transaction for `delivery`, within the concurrency limit.
     /// None if the consumer stops first: a message waiting for its turn
     /// starts no transaction then.
-    async fn attempt(&self, delivery: &Delivery) -> Option<Outcome> {
+    async fn attempt(&self, delivery: &mut Delivery) -> Option<Outcome> {
         let _running = tokio::select! {
             biased;
             _ = self.shutdown.cancelled() => return None,
@@ -887,23 +874,87 @@ impl Shared {
         if self.shutdown.is_cancelled() {
             return None;
         }
-        let consumer = self.inbox.name();
-        let entry = delivery.message_id.as_deref().map(|message_id| Entry {
-            consumer,
-            message_id,
-            subject: &delivery.subject,
-            stream_sequence: delivery.stream_sequence,
-            attempts: delivery.attempt,
-        });
         let transaction = Transaction {
             client: &self.client,
             inbox: self.inbox.collection(),
             retention: self.inbox.retention,
         };
         let outcome = transaction
-            .run(self.handler.as_ref(), delivery, entry.as_ref())
+            .run(self.handler.as_ref(), delivery, self.inbox.name())
             .await;
         Some(outcome)
+    }
+
+    /// After a failed attempt (numbered by the inbox record, where the
+    /// message has one): the message is tried again, later or here when
+    /// `in_place` (None: the caller loops), or given up on after its last
+    /// attempt, or when its count cannot be kept (else nothing would bound
+    /// its attempts).
+    async fn after_failure(
+        &self,
+        held: &mut Held,
+        error: HandlerError,
+        in_place: bool,
+    ) -> Option<Settled> {
+        let consumer = self.inbox.name();
+        let attempt = held.delivery.attempt;
+        let mut reason = error.to_string();
+        if attempt < self.settings.max_deliveries {
+            match self.count_failure(held, &reason).await {
+                Written::Done => return self.try_again(held, &error, in_place).await,
+                Written::Stopped => return Some(Settled::Left),
+                Written::Refused(refusal) => {
+                    reason = format!("{reason}; and counting the attempt was refused: {refusal}");
+                }
+            }
+        }
+        if !self.give_up(held, &reason).await {
+            return Some(Settled::Left);
+        }
+        self.inbox.metrics().failed(consumer);
+        Some(Settled::Acknowledged)
+    }
+
+    /// Tries a failed message again after a growing delay: here, or by
+    /// JetStream's redelivery.
+    async fn try_again(
+        &self,
+        held: &mut Held,
+        error: &HandlerError,
+        in_place: bool,
+    ) -> Option<Settled> {
+        let consumer = self.inbox.name();
+        self.inbox.metrics().retried(consumer);
+        let attempt = held.delivery.attempt;
+        let delay = self.retry_delay(attempt);
+        tracing::warn!(
+            consumer,
+            subject = %held.delivery.subject,
+            attempt,
+            error = %error,
+            ?delay,
+            "handling failed; trying again later"
+        );
+        if !in_place {
+            acknowledge(&held.message, AckKind::Nak(Some(delay))).await;
+            return Some(Settled::Acknowledged);
+        }
+        if !self.pause(delay).await {
+            return Some(Settled::Left);
+        }
+        held.delivery.attempt += 1;
+        None
+    }
+
+    /// Keeps the failed attempt's count in the message's record, for the
+    /// next attempt, whoever makes it, to count on.
+    async fn count_failure(&self, held: &Held, reason: &str) -> Written {
+        let Some(entry) = Entry::of(self.inbox.name(), &held.delivery) else {
+            return Written::Done;
+        };
+        let (inbox, retention) = (self.inbox.collection(), self.inbox.retention);
+        self.write_record(|| record_failing(inbox, &entry, reason, DateTime::now(), retention))
+            .await
     }
 
     /// Records the message failed and terminates it. False if MongoDB kept
@@ -919,50 +970,50 @@ impl Shared {
             error = reason,
             "handler failed on every attempt: recorded failed in the inbox and terminated"
         );
-        if let Some(message_id) = delivery.message_id.as_deref() {
-            let entry = Entry {
-                consumer: self.inbox.name(),
-                message_id,
-                subject: &delivery.subject,
-                stream_sequence: delivery.stream_sequence,
-                attempts: delivery.attempt,
-            };
-            let mut backoff = reconnect_backoff();
-            let mut outage = Outage::new("MongoDB inbox");
-            loop {
-                let written = record_failed(
-                    self.inbox.collection(),
-                    &entry,
-                    reason,
-                    DateTime::now(),
-                    self.inbox.retention,
-                )
+        if let Some(entry) = Entry::of(self.inbox.name(), delivery) {
+            let (inbox, retention) = (self.inbox.collection(), self.inbox.retention);
+            let written = self
+                .write_record(|| record_failed(inbox, &entry, reason, DateTime::now(), retention))
                 .await;
-                match written {
-                    Ok(()) => break,
-                    Err(error) if is_unreachable(&error) => {
-                        outage.failed(&brief(&error));
-                        if !retry::pause(&mut backoff, &self.shutdown).await {
-                            return false;
-                        }
-                    }
-                    // Refused for what it is (a validator on the inbox, say):
-                    // no retry can write it, and the log above keeps the
-                    // message's subject and sequence.
-                    Err(error) => {
-                        tracing::error!(
-                            consumer = self.inbox.name(),
-                            stream_sequence = delivery.stream_sequence,
-                            error = %brief(&error),
-                            "recording the message failed was refused; terminated unrecorded"
-                        );
-                        break;
-                    }
-                }
+            match written {
+                Written::Done => {}
+                Written::Stopped => return false,
+                // Refused for what it is (a validator on the inbox, say):
+                // no retry can write it, and the log above keeps the
+                // message's subject and sequence.
+                Written::Refused(refusal) => tracing::error!(
+                    consumer = self.inbox.name(),
+                    stream_sequence = delivery.stream_sequence,
+                    error = %refusal,
+                    "recording the message failed was refused; terminated unrecorded"
+                ),
             }
         }
         acknowledge(&held.message, AckKind::Term).await;
         true
+    }
+
+    /// Writes a record outside any transaction, waiting out an outage of
+    /// MongoDB (which charges no message), until the consumer stops.
+    async fn write_record<F, Fut>(&self, write: F) -> Written
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = mongodb::error::Result<()>>,
+    {
+        let mut backoff = reconnect_backoff();
+        let mut outage = Outage::new("MongoDB inbox");
+        loop {
+            match write().await {
+                Ok(()) => return Written::Done,
+                Err(error) if is_unreachable(&error) => {
+                    outage.failed(&brief(&error));
+                    if !retry::pause(&mut backoff, &self.shutdown).await {
+                        return Written::Stopped;
+                    }
+                }
+                Err(error) => return Written::Refused(brief(&error)),
+            }
+        }
     }
 
     /// The delay after failed attempt `attempt`: doubling from the first,

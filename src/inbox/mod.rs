@@ -256,7 +256,10 @@ pub struct Delivery {
     pub key: Option<String>,
     /// Its sequence in the stream.
     pub stream_sequence: u64,
-    /// Which attempt at handling it this is, from 1.
+    /// Which attempt at handling it this is, from 1: the handler's failed
+    /// runs before this one, as the inbox record counts them, plus one
+    /// (a delivery that ran no handler counts nothing). For a message
+    /// without an id, which has no record, JetStream's deliveries.
     pub attempt: u64,
 }
 

@@ -4,9 +4,17 @@
 //! ```text
 //! { consumer: "billing", messageId: "<Nats-Msg-Id>", status: "handled",
 //!   subject, streamSequence, attempts, handledAt, expireAt }
+//! { consumer: "billing", messageId: "<Nats-Msg-Id>", status: "failing",
+//!   subject, streamSequence, attempts, lastError, expireAt }
 //! { consumer: "billing", messageId: "<Nats-Msg-Id>", status: "failed",
 //!   subject, streamSequence, attempts, failedAt, lastError, expireAt }
 //! ```
+//!
+//! `attempts` counts the handler's runs that failed, and the one that
+//! succeeded: a `failing` record keeps the count between a failure and
+//! the next attempt, so a delivery that ran no handler (a hand-back at
+//! shutdown, an ack wait run out) costs nothing, across restarts too. A
+//! `failed` record's message that comes again starts a new count.
 //!
 //! The unique index `inbox_message` on `{consumer, messageId}` is what makes
 //! a repeat harmless. The record of a handled message is written in the same
@@ -34,6 +42,7 @@ use mongodb::options::{IndexOptions, ReturnDocument};
 use mongodb::{ClientSession, Collection, IndexModel};
 use serde::Serialize;
 
+use super::Delivery;
 use crate::error::{is_duplicate_key, Error, Result};
 use crate::time::later;
 
@@ -57,6 +66,8 @@ pub mod field {
 /// Values of `status`.
 pub mod status {
     pub const HANDLED: &str = "handled";
+    /// Its handler failed, and it is to be tried again.
+    pub const FAILING: &str = "failing";
     pub const FAILED: &str = "failed";
 }
 
@@ -75,23 +86,55 @@ pub(crate) struct Entry<'a> {
     pub attempts: u64,
 }
 
-impl Entry<'_> {
+impl<'a> Entry<'a> {
+    /// The entry of `delivery` in `consumer`'s inbox; none for a message
+    /// without an id, which is not recorded.
+    pub fn of(consumer: &'a str, delivery: &'a Delivery) -> Option<Self> {
+        Some(Entry {
+            consumer,
+            message_id: delivery.message_id.as_deref()?,
+            subject: &delivery.subject,
+            stream_sequence: delivery.stream_sequence,
+            attempts: delivery.attempt,
+        })
+    }
+
     fn key(&self) -> Document {
         doc! { field::CONSUMER: self.consumer, field::MESSAGE_ID: self.message_id }
     }
 
+    /// The fields every record sets, `attempts` among them.
     fn fields(&self, status: &str, now: DateTime, retention: Option<Duration>) -> Document {
+        let mut fields = self.described(status, now, retention);
+        fields.insert(field::ATTEMPTS, count(self.attempts));
+        fields
+    }
+
+    /// The fields every record sets, but `attempts`.
+    fn described(&self, status: &str, now: DateTime, retention: Option<Duration>) -> Document {
         let mut fields = doc! {
             field::STATUS: status,
             field::SUBJECT: self.subject,
-            field::STREAM_SEQUENCE: i64::try_from(self.stream_sequence).unwrap_or(i64::MAX),
-            field::ATTEMPTS: i64::try_from(self.attempts).unwrap_or(i64::MAX),
+            field::STREAM_SEQUENCE: count(self.stream_sequence),
         };
         if let Some(retention) = retention {
             fields.insert(field::EXPIRE_AT, later(now, retention));
         }
         fields
     }
+}
+
+fn count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// What recording a message handled found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recorded {
+    /// Not handled before: the handler runs, after `failures` failed runs.
+    New { failures: u64 },
+    /// Handled before: the transaction is to be aborted.
+    HandledBefore,
 }
 
 /// Ensures the unique index that recognises repeats and the TTL index that
@@ -122,35 +165,90 @@ pub(crate) async fn ensure_indexes(inbox: &Collection<Document>) -> Result<()> {
     Ok(())
 }
 
-/// Records `entry` as handled inside the session's transaction. `Ok(false)`:
-/// the message was handled before, and the transaction (which overwrote
-/// that record) must be aborted.
+/// Records `entry` as handled inside the session's transaction, counting
+/// this attempt. [`Recorded::HandledBefore`]: the message was handled
+/// before, and the transaction (which overwrote that record) must be
+/// aborted.
 pub(crate) async fn record_handled(
     inbox: &Collection<Document>,
     session: &mut ClientSession,
     entry: &Entry<'_>,
     now: DateTime,
     retention: Option<Duration>,
-) -> mongodb::error::Result<bool> {
-    let mut set = entry.fields(status::HANDLED, now, retention);
+) -> mongodb::error::Result<Recorded> {
+    let mut set = entry.described(status::HANDLED, now, retention);
     set.insert(field::HANDLED_AT, now);
     let update = doc! {
         "$set": set,
         "$unset": { field::FAILED_AT: "", field::LAST_ERROR: "" },
+        "$inc": { field::ATTEMPTS: 1 },
     };
     let before = inbox
         .find_one_and_update(entry.key(), update)
         .upsert(true)
         .return_document(ReturnDocument::Before)
-        .projection(doc! { field::STATUS: 1 })
-        .session(session)
+        .projection(doc! { field::STATUS: 1, field::ATTEMPTS: 1 })
+        .session(&mut *session)
         .await;
-    match before {
-        Ok(before) => Ok(!before.is_some_and(|record| is_handled(&record))),
+    let before = match before {
+        Ok(before) => before,
         // Two copies recorded at once outside a transaction's protection
         // (a deployment without the write conflict): the other one won.
-        Err(error) if is_duplicate_key(&error) => Ok(false),
-        Err(error) => Err(error),
+        Err(error) if is_duplicate_key(&error) => return Ok(Recorded::HandledBefore),
+        Err(error) => return Err(error),
+    };
+    let Some(before) = before else {
+        return Ok(Recorded::New { failures: 0 });
+    };
+    match before.get_str(field::STATUS) {
+        Ok(status::HANDLED) => Ok(Recorded::HandledBefore),
+        Ok(status::FAILING) => Ok(Recorded::New {
+            failures: attempts_of(&before),
+        }),
+        // Given up on before, or a record of another shape: a new count.
+        _ => {
+            inbox
+                .update_one(entry.key(), doc! { "$set": { field::ATTEMPTS: 1 } })
+                .session(session)
+                .await?;
+            Ok(Recorded::New { failures: 0 })
+        }
+    }
+}
+
+/// A record's `attempts`, where it holds a count.
+fn attempts_of(record: &Document) -> u64 {
+    let counted = match record.get(field::ATTEMPTS) {
+        Some(Bson::Int32(n)) => i64::from(*n),
+        Some(Bson::Int64(n)) => *n,
+        _ => 0,
+    };
+    u64::try_from(counted).unwrap_or(0)
+}
+
+/// Records that `entry`'s attempt failed with `error` and that the message
+/// is to be tried again, unless a copy of it was handled meanwhile: the
+/// count the next attempt starts from.
+pub(crate) async fn record_failing(
+    inbox: &Collection<Document>,
+    entry: &Entry<'_>,
+    error: &str,
+    now: DateTime,
+    retention: Option<Duration>,
+) -> mongodb::error::Result<()> {
+    let mut set = entry.fields(status::FAILING, now, retention);
+    set.insert(field::LAST_ERROR, error);
+    let mut filter = entry.key();
+    filter.insert(field::STATUS, doc! { "$ne": status::HANDLED });
+    let written = inbox
+        .update_one(filter, doc! { "$set": set })
+        .upsert(true)
+        .await;
+    match written {
+        // A handled record exists: the filter missed it, and the upsert's
+        // insert met the unique index.
+        Err(error) if is_duplicate_key(&error) => Ok(()),
+        other => other.map(drop),
     }
 }
 

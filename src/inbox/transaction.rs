@@ -22,7 +22,7 @@ use mongodb::error::{TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RES
 use mongodb::options::{Acknowledgment, WriteConcern};
 use mongodb::{Client, ClientSession, Collection};
 
-use super::record::{record_handled, Entry};
+use super::record::{record_handled, Entry, Recorded};
 use super::{BoxedHandler, Delivery, HandlerError};
 use crate::error::is_max_time_expired;
 
@@ -61,13 +61,15 @@ pub(crate) struct Transaction<'a> {
 }
 
 impl Transaction<'_> {
-    /// Handles `delivery` once in a transaction with its record
-    /// (`entry`; without one, the handler alone).
+    /// Handles `delivery` once in a transaction with its record in
+    /// `consumer`'s inbox (without a message id, the handler alone). Its
+    /// `attempt` is set from the record first: the handler's failures
+    /// counted so far, plus one.
     pub async fn run(
         &self,
         handler: &dyn BoxedHandler,
-        delivery: &Delivery,
-        entry: Option<&Entry<'_>>,
+        delivery: &mut Delivery,
+        consumer: &str,
     ) -> Outcome {
         let started = Instant::now();
         let mut session = match self.client.start_session().await {
@@ -77,7 +79,7 @@ impl Transaction<'_> {
         let mut backoff = conflict_backoff();
         loop {
             let attempt = self
-                .attempt(&mut session, handler, delivery, entry, started)
+                .attempt(&mut session, handler, delivery, consumer, started)
                 .await;
             match attempt {
                 Attempt::Done(outcome) => return outcome,
@@ -97,20 +99,20 @@ impl Transaction<'_> {
         &self,
         session: &mut ClientSession,
         handler: &dyn BoxedHandler,
-        delivery: &Delivery,
-        entry: Option<&Entry<'_>>,
+        delivery: &mut Delivery,
+        consumer: &str,
         started: Instant,
     ) -> Attempt {
         let majority = WriteConcern::builder().w(Acknowledgment::Majority).build();
         if let Err(error) = session.start_transaction().write_concern(majority).await {
             return Attempt::Done(Outcome::Unavailable(error));
         }
-        if let Some(entry) = entry {
+        if let Some(entry) = Entry::of(consumer, delivery) {
             let recorded =
-                record_handled(self.inbox, session, entry, DateTime::now(), self.retention).await;
+                record_handled(self.inbox, session, &entry, DateTime::now(), self.retention).await;
             match recorded {
-                Ok(true) => {}
-                Ok(false) => {
+                Ok(Recorded::New { failures }) => delivery.attempt = failures + 1,
+                Ok(Recorded::HandledBefore) => {
                     abort(session).await;
                     return Attempt::Done(Outcome::Repeat);
                 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use async_nats::HeaderMap;
 use bson::{doc, oid::ObjectId, Document};
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use mongodb::{ClientSession, Collection};
 use outbox_relay::inbox::{
     handler, AfterCommit, Consumer, ConsumerBuilder, Delivery, Handler, HandlerError, Inbox,
@@ -120,6 +120,12 @@ async fn counted(effects: &Collection<Document>, name: &str) -> i64 {
             .or_else(|_| d.get_i64("n"))
             .unwrap_or(0)
     })
+}
+
+/// The JetStream consumer `billing`, as the inbox bound it.
+async fn durable(env: &TestEnv) -> jetstream::consumer::PullConsumer {
+    let stream = env.jetstream.get_stream(&env.stream).await.unwrap();
+    stream.get_consumer("billing").await.unwrap()
 }
 
 /// Waits until one of consumer `billing`'s counts reaches `value`.
@@ -316,15 +322,7 @@ async fn a_failing_handler_is_retried_then_recorded_failed_and_terminated_while_
     crate::common::assert_exit(&output, 2, "has no collection \"inbxo\"");
     // Terminated: JetStream holds nothing unacknowledged for the consumer.
     wait_until("no message pending acknowledgement", || async {
-        let mut consumer: jetstream::consumer::PullConsumer = env
-            .jetstream
-            .get_stream(&env.stream)
-            .await
-            .unwrap()
-            .get_consumer("billing")
-            .await
-            .unwrap();
-        let info = consumer.info().await.unwrap();
+        let info = durable(&env).await.info().await.unwrap().clone();
         info.num_ack_pending == 0 && info.num_pending == 0
     })
     .await;
@@ -789,6 +787,77 @@ async fn the_backlog_tells_when_the_consumer_has_caught_up() {
         "caught up only once every message is handled"
     );
     assert_eq!(counted(&effects, "orders").await, 20);
+    running.stop().await;
+    env.drop().await;
+}
+
+/// Fails each message's first run, and notes the attempt each run saw.
+struct FailsFirst {
+    seen: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Handler for FailsFirst {
+    async fn handle(&self, _: &mut ClientSession, message: &Delivery) -> Result<(), HandlerError> {
+        let first = {
+            let mut seen = self.seen.lock().unwrap();
+            seen.push(message.attempt);
+            seen.len() == 1
+        };
+        match first {
+            true => Err(HandlerError::new("the first run fails")),
+            false => Ok(()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn deliveries_that_ran_no_handler_cost_no_attempt() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let consumer = quick(&inbox, &env).max_deliveries(2).bind().await.unwrap();
+    let id = ObjectId::new().to_hex();
+    assert!(publish_stored(&env, "order.placed", &id, None).await);
+    // Delivered three times and never acknowledged (a consumer that died
+    // at once, thrice): JetStream counts three deliveries, no handler ran.
+    let raw = durable(&env).await;
+    for _ in 0..3 {
+        let mut batch = raw
+            .fetch()
+            .max_messages(1)
+            .expires(WAIT)
+            .messages()
+            .await
+            .unwrap();
+        let delivered = tokio::time::timeout(WAIT, batch.next())
+            .await
+            .expect("delivered again once its ack wait ran out");
+        delivered.expect("a message").expect("a good message");
+    }
+    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let running = Running::start(consumer, FailsFirst { seen: seen.clone() });
+    wait_metric(&metrics, |c| c.handled, 1).await;
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [1, 2],
+        "attempts counted from the handler's runs, not JetStream's deliveries"
+    );
+    assert_eq!(metrics.counts("billing").failed, 0);
+    let record = inbox
+        .collection()
+        .find_one(doc! { "consumer": "billing", "messageId": &id })
+        .await
+        .unwrap()
+        .expect("its record");
+    assert_eq!(record.get_str("status").unwrap(), "handled");
+    assert_eq!(
+        record
+            .get_i32("attempts")
+            .ok()
+            .map(i64::from)
+            .or(record.get_i64("attempts").ok()),
+        Some(2)
+    );
     running.stop().await;
     env.drop().await;
 }
