@@ -55,7 +55,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::record::{record_failed, record_failing, Entry};
+use super::record::{record_failed, record_failing, record_started, Entry};
 use super::transaction::{Outcome, Transaction};
 use super::{BoxedHandler, Delivery, Handler, HandlerError, Inbox};
 use crate::contract::header;
@@ -122,14 +122,21 @@ impl Backlog {
     }
 
     /// Returns once nothing is left ([`Backlog::remaining`] is 0), asking
-    /// JetStream every `every`. It waits as long as that takes: bound it
+    /// JetStream every `every`; a question NATS fails to answer (away a
+    /// moment) is asked again. It waits as long as that takes: bound it
     /// with `tokio::time::timeout`. Messages published later are not waited
     /// for.
-    pub async fn caught_up(&self, every: Duration) -> Result<()> {
-        while self.remaining().await? > 0 {
+    pub async fn caught_up(&self, every: Duration) {
+        loop {
+            match self.remaining().await {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(error = %error, "reading the backlog failed; asking again");
+                }
+            }
             tokio::time::sleep(every).await;
         }
-        Ok(())
     }
 }
 
@@ -628,6 +635,8 @@ struct KeptAlive {
 struct Held {
     message: jetstream::Message,
     delivery: Delivery,
+    /// JetStream's deliveries of it, this one included.
+    delivered: u64,
     /// Its place among the held, given back when it is dropped.
     _slot: OwnedSemaphorePermit,
     _kept: KeptEntry,
@@ -718,6 +727,7 @@ impl Shared {
         let kept = self.keep(&message);
         Held {
             message,
+            delivered: delivery.attempt,
             delivery,
             _slot: slot,
             _kept: kept,
@@ -820,7 +830,7 @@ impl Shared {
             if self.shutdown.is_cancelled() {
                 return Settled::Left;
             }
-            let Some(outcome) = self.attempt(&mut held.delivery).await else {
+            let Some(outcome) = self.attempt(held).await else {
                 return Settled::Left;
             };
             match outcome.charged() {
@@ -849,6 +859,18 @@ impl Shared {
                         return settled;
                     }
                 }
+                Outcome::Exhausted { runs_begun } => {
+                    outage.recovered();
+                    let reason = format!(
+                        "the handler began {runs_begun} runs on redeliveries that never ended \
+                         (the process stopped during each?)"
+                    );
+                    if !self.give_up(held, &reason).await {
+                        return Settled::Left;
+                    }
+                    metrics.failed(&consumer);
+                    return Settled::Acknowledged;
+                }
                 // MongoDB could not be reached, or started no transaction:
                 // no attempt is charged; the message waits here, kept
                 // alive, until MongoDB answers.
@@ -865,7 +887,7 @@ impl Shared {
     /// One transaction for `delivery`, within the concurrency limit.
     /// None if the consumer stops first: a message waiting for its turn
     /// starts no transaction then.
-    async fn attempt(&self, delivery: &mut Delivery) -> Option<Outcome> {
+    async fn attempt(&self, held: &mut Held) -> Option<Outcome> {
         let _running = tokio::select! {
             biased;
             _ = self.shutdown.cancelled() => return None,
@@ -874,15 +896,53 @@ impl Shared {
         if self.shutdown.is_cancelled() {
             return None;
         }
+        let runs_begun = match self.count_run(held).await {
+            Ok(runs_begun) => runs_begun,
+            Err(error) => return Some(Outcome::Mongo(error)),
+        };
+        if runs_begun > self.settings.max_deliveries {
+            return Some(Outcome::Exhausted { runs_begun });
+        }
         let transaction = Transaction {
             client: &self.client,
             inbox: self.inbox.collection(),
             retention: self.inbox.retention,
         };
         let outcome = transaction
-            .run(self.handler.as_ref(), delivery, self.inbox.name())
+            .run(
+                self.handler.as_ref(),
+                &mut held.delivery,
+                self.inbox.name(),
+                runs_begun,
+            )
             .await;
         Some(outcome)
+    }
+
+    /// Counts a run about to begin on a redelivered message (a first
+    /// delivery's needs no count: one uncounted run is bounded). The runs
+    /// begun on redeliveries so far; 0 where none are counted. An error
+    /// only where MongoDB cannot be reached, which charges no run.
+    async fn count_run(&self, held: &Held) -> mongodb::error::Result<u64> {
+        let Some(entry) = Entry::of(self.inbox.name(), &held.delivery) else {
+            return Ok(0);
+        };
+        if held.delivered <= 1 {
+            return Ok(0);
+        }
+        match record_started(self.inbox.collection(), &entry, DateTime::now()).await {
+            Ok(runs_begun) => Ok(runs_begun.unwrap_or(0)),
+            Err(error) if is_unreachable(&error) => Err(error),
+            Err(error) => {
+                tracing::warn!(
+                    consumer = self.inbox.name(),
+                    stream_sequence = held.delivery.stream_sequence,
+                    error = %brief(&error),
+                    "counting a run in the inbox was refused; running uncounted"
+                );
+                Ok(0)
+            }
+        }
     }
 
     /// After a failed attempt (numbered by the inbox record, where the
@@ -952,8 +1012,8 @@ impl Shared {
         let Some(entry) = Entry::of(self.inbox.name(), &held.delivery) else {
             return Written::Done;
         };
-        let (inbox, retention) = (self.inbox.collection(), self.inbox.retention);
-        self.write_record(|| record_failing(inbox, &entry, reason, DateTime::now(), retention))
+        let inbox = self.inbox.collection();
+        self.write_record(|| record_failing(inbox, &entry, reason, DateTime::now()))
             .await
     }
 

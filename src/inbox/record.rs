@@ -10,11 +10,15 @@
 //!   subject, streamSequence, attempts, failedAt, lastError, expireAt }
 //! ```
 //!
-//! `attempts` counts the handler's runs that failed, and the one that
-//! succeeded: a `failing` record keeps the count between a failure and
-//! the next attempt, so a delivery that ran no handler (a hand-back at
-//! shutdown, an ack wait run out) costs nothing, across restarts too. A
-//! `failed` record's message that comes again starts a new count.
+//! `attempts` counts the handler's runs that ended: a `failing` record
+//! keeps the count between a failed run and the next, so a delivery that
+//! ran no handler (a hand-back at shutdown, an ack wait run out) costs
+//! nothing, across restarts too. A run that never ends (the process killed
+//! in the handler) is counted in `started`, written before each run of a
+//! redelivered message, outside the transaction: so even a handler that
+//! ends its process has a bounded number of runs. A `failed` record's
+//! message that comes again (replayed) gets one more run. A `failing`
+//! record has no `expireAt`: its count must outlast any retry delay.
 //!
 //! The unique index `inbox_message` on `{consumer, messageId}` is what makes
 //! a repeat harmless. The record of a handled message is written in the same
@@ -57,6 +61,8 @@ pub mod field {
     pub const SUBJECT: &str = "subject";
     pub const STREAM_SEQUENCE: &str = "streamSequence";
     pub const ATTEMPTS: &str = "attempts";
+    /// Runs begun on a redelivered message, counted before each begins.
+    pub const STARTED: &str = "started";
     pub const HANDLED_AT: &str = "handledAt";
     pub const FAILED_AT: &str = "failedAt";
     pub const LAST_ERROR: &str = "lastError";
@@ -117,8 +123,11 @@ impl<'a> Entry<'a> {
             field::SUBJECT: self.subject,
             field::STREAM_SEQUENCE: count(self.stream_sequence),
         };
-        if let Some(retention) = retention {
-            fields.insert(field::EXPIRE_AT, later(now, retention));
+        match retention {
+            Some(retention) if status != status::FAILING => {
+                fields.insert(field::EXPIRE_AT, later(now, retention));
+            }
+            _ => {}
         }
         fields
     }
@@ -166,9 +175,10 @@ pub(crate) async fn ensure_indexes(inbox: &Collection<Document>) -> Result<()> {
 }
 
 /// Records `entry` as handled inside the session's transaction, counting
-/// this attempt. [`Recorded::HandledBefore`]: the message was handled
-/// before, and the transaction (which overwrote that record) must be
-/// aborted.
+/// this run. [`Recorded::HandledBefore`]: the message was handled before,
+/// and the transaction (which overwrote that record) must be aborted. A
+/// duplicate key error (a record inserted outside any transaction
+/// meanwhile) is returned as it is: the transaction is to be run again.
 pub(crate) async fn record_handled(
     inbox: &Collection<Document>,
     session: &mut ClientSession,
@@ -188,37 +198,54 @@ pub(crate) async fn record_handled(
         .upsert(true)
         .return_document(ReturnDocument::Before)
         .projection(doc! { field::STATUS: 1, field::ATTEMPTS: 1 })
-        .session(&mut *session)
+        .session(session)
+        .await?;
+    Ok(match before {
+        Some(record) if is_handled(&record) => Recorded::HandledBefore,
+        Some(record) => Recorded::New {
+            failures: attempts_of(&record),
+        },
+        None => Recorded::New { failures: 0 },
+    })
+}
+
+/// Counts a run about to begin on a redelivered message, outside any
+/// transaction, so that a run that never ends still counts. The runs begun
+/// on redeliveries so far; none if the message was handled meanwhile.
+pub(crate) async fn record_started(
+    inbox: &Collection<Document>,
+    entry: &Entry<'_>,
+    now: DateTime,
+) -> mongodb::error::Result<Option<u64>> {
+    let mut filter = entry.key();
+    filter.insert(field::STATUS, doc! { "$ne": status::HANDLED });
+    let update = doc! {
+        "$inc": { field::STARTED: 1 },
+        "$setOnInsert": entry.described(status::FAILING, now, None),
+    };
+    let after = inbox
+        .find_one_and_update(filter, update)
+        .upsert(true)
+        .return_document(ReturnDocument::After)
+        .projection(doc! { field::STARTED: 1 })
         .await;
-    let before = match before {
-        Ok(before) => before,
-        // Two copies recorded at once outside a transaction's protection
-        // (a deployment without the write conflict): the other one won.
-        Err(error) if is_duplicate_key(&error) => return Ok(Recorded::HandledBefore),
-        Err(error) => return Err(error),
-    };
-    let Some(before) = before else {
-        return Ok(Recorded::New { failures: 0 });
-    };
-    match before.get_str(field::STATUS) {
-        Ok(status::HANDLED) => Ok(Recorded::HandledBefore),
-        Ok(status::FAILING) => Ok(Recorded::New {
-            failures: attempts_of(&before),
-        }),
-        // Given up on before, or a record of another shape: a new count.
-        _ => {
-            inbox
-                .update_one(entry.key(), doc! { "$set": { field::ATTEMPTS: 1 } })
-                .session(session)
-                .await?;
-            Ok(Recorded::New { failures: 0 })
-        }
+    match after {
+        Ok(record) => Ok(record.map(|record| count_of(&record, field::STARTED))),
+        // A handled record: the filter missed it, and the upsert's insert
+        // met the unique index. The transaction will find it a repeat.
+        Err(error) if is_duplicate_key(&error) => Ok(None),
+        Err(error) => Err(error),
     }
 }
 
 /// A record's `attempts`, where it holds a count.
 fn attempts_of(record: &Document) -> u64 {
-    let counted = match record.get(field::ATTEMPTS) {
+    count_of(record, field::ATTEMPTS)
+}
+
+/// A record's count `name`; 0 where it holds none.
+fn count_of(record: &Document, name: &str) -> u64 {
+    let counted = match record.get(name) {
         Some(Bson::Int32(n)) => i64::from(*n),
         Some(Bson::Int64(n)) => *n,
         _ => 0,
@@ -234,18 +261,21 @@ pub(crate) async fn record_failing(
     entry: &Entry<'_>,
     error: &str,
     now: DateTime,
-    retention: Option<Duration>,
 ) -> mongodb::error::Result<()> {
-    let mut set = entry.fields(status::FAILING, now, retention);
+    let mut set = entry.described(status::FAILING, now, None);
     set.insert(field::LAST_ERROR, error);
+    // Neither a handled record nor one given up on is taken back, and a
+    // count never goes down (another copy may have counted further).
     let mut filter = entry.key();
-    filter.insert(field::STATUS, doc! { "$ne": status::HANDLED });
-    let written = inbox
-        .update_one(filter, doc! { "$set": set })
-        .upsert(true)
-        .await;
+    let settled = [status::HANDLED, status::FAILED];
+    filter.insert(field::STATUS, doc! { "$nin": settled.as_slice() });
+    let update = doc! {
+        "$set": set,
+        "$max": { field::ATTEMPTS: count(entry.attempts) },
+    };
+    let written = inbox.update_one(filter, update).upsert(true).await;
     match written {
-        // A handled record exists: the filter missed it, and the upsert's
+        // A settled record exists: the filter missed it, and the upsert's
         // insert met the unique index.
         Err(error) if is_duplicate_key(&error) => Ok(()),
         other => other.map(drop),

@@ -24,7 +24,7 @@ use mongodb::{Client, ClientSession, Collection};
 
 use super::record::{record_handled, Entry, Recorded};
 use super::{BoxedHandler, Delivery, HandlerError};
-use crate::error::is_max_time_expired;
+use crate::error::{is_duplicate_key, is_max_time_expired};
 
 /// How long a transaction is run again, or a commit tried again, after
 /// transient errors: the limit of the drivers' convenient transaction API.
@@ -51,6 +51,9 @@ pub(crate) enum Outcome {
     /// takes none): nothing was run, and nothing about the message is to
     /// blame.
     Unavailable(mongodb::error::Error),
+    /// Nothing was run: the message's runs on redeliveries, begun and never
+    /// ended (its handler ended the process, say), are past the limit.
+    Exhausted { runs_begun: u64 },
 }
 
 /// Where a message's transaction runs.
@@ -63,13 +66,14 @@ pub(crate) struct Transaction<'a> {
 impl Transaction<'_> {
     /// Handles `delivery` once in a transaction with its record in
     /// `consumer`'s inbox (without a message id, the handler alone). Its
-    /// `attempt` is set from the record first: the handler's failures
-    /// counted so far, plus one.
+    /// `attempt` is set from the record first: the runs that ended before,
+    /// plus one, or the runs begun on redeliveries (`runs_begun`), if more.
     pub async fn run(
         &self,
         handler: &dyn BoxedHandler,
         delivery: &mut Delivery,
         consumer: &str,
+        runs_begun: u64,
     ) -> Outcome {
         let started = Instant::now();
         let mut session = match self.client.start_session().await {
@@ -79,7 +83,13 @@ impl Transaction<'_> {
         let mut backoff = conflict_backoff();
         loop {
             let attempt = self
-                .attempt(&mut session, handler, delivery, consumer, started)
+                .attempt(
+                    &mut session,
+                    handler,
+                    (delivery, runs_begun),
+                    consumer,
+                    started,
+                )
                 .await;
             match attempt {
                 Attempt::Done(outcome) => return outcome,
@@ -99,7 +109,7 @@ impl Transaction<'_> {
         &self,
         session: &mut ClientSession,
         handler: &dyn BoxedHandler,
-        delivery: &mut Delivery,
+        (delivery, runs_begun): (&mut Delivery, u64),
         consumer: &str,
         started: Instant,
     ) -> Attempt {
@@ -111,10 +121,18 @@ impl Transaction<'_> {
             let recorded =
                 record_handled(self.inbox, session, &entry, DateTime::now(), self.retention).await;
             match recorded {
-                Ok(Recorded::New { failures }) => delivery.attempt = failures + 1,
+                Ok(Recorded::New { failures }) => {
+                    delivery.attempt = (failures + 1).max(runs_begun);
+                }
                 Ok(Recorded::HandledBefore) => {
                     abort(session).await;
                     return Attempt::Done(Outcome::Repeat);
+                }
+                // Recorded outside any transaction meanwhile (a failed
+                // run's count, by another copy): run again, to read it.
+                Err(error) if is_duplicate_key(&error) => {
+                    abort(session).await;
+                    return Attempt::Again(error);
                 }
                 Err(error) => {
                     abort(session).await;

@@ -160,11 +160,8 @@ async fn a_message_published_again_past_the_duplicate_window_is_applied_once() {
     wait_metric(&metrics, |c| c.repeats, 1).await;
     assert_eq!(metrics.counts("billing").handled, 1);
     assert_eq!(counted(&effects, "orders").await, 1, "applied once");
-    let record = inbox
-        .collection()
-        .find_one(doc! { "consumer": "billing", "messageId": &id })
+    let record = record(&inbox, &id)
         .await
-        .unwrap()
         .expect("the inbox holds the message");
     assert_eq!(record.get_str("status").unwrap(), "handled");
     consumer.stop().await;
@@ -779,8 +776,7 @@ async fn the_backlog_tells_when_the_consumer_has_caught_up() {
     let running = Running::start(consumer, counting(&effects, "orders"));
     tokio::time::timeout(WAIT, backlog.caught_up(Duration::from_millis(20)))
         .await
-        .expect("caught up in time")
-        .expect("JetStream answers");
+        .expect("caught up in time");
     assert_eq!(
         metrics.counts("billing").handled,
         20,
@@ -789,6 +785,30 @@ async fn the_backlog_tells_when_the_consumer_has_caught_up() {
     assert_eq!(counted(&effects, "orders").await, 20);
     running.stop().await;
     env.drop().await;
+}
+
+/// Consumer `billing`'s record of message `id`.
+async fn record(inbox: &Inbox, id: &str) -> Option<Document> {
+    let key = doc! { "consumer": "billing", "messageId": id };
+    inbox.collection().find_one(key).await.unwrap()
+}
+
+/// Takes the consumer's next message and leaves it unacknowledged, as a
+/// consumer that dies at once: JetStream delivers it again after the ack
+/// wait, having counted a delivery that ran no handler.
+async fn deliver_unacknowledged(env: &TestEnv) {
+    let mut batch = durable(env)
+        .await
+        .fetch()
+        .max_messages(1)
+        .expires(WAIT)
+        .messages()
+        .await
+        .unwrap();
+    let delivered = tokio::time::timeout(WAIT, batch.next())
+        .await
+        .expect("delivered, again once its ack wait ran out");
+    drop(delivered.expect("a message").expect("a good message"));
 }
 
 /// Fails each message's first run, and notes the attempt each run saw.
@@ -820,19 +840,8 @@ async fn deliveries_that_ran_no_handler_cost_no_attempt() {
     assert!(publish_stored(&env, "order.placed", &id, None).await);
     // Delivered three times and never acknowledged (a consumer that died
     // at once, thrice): JetStream counts three deliveries, no handler ran.
-    let raw = durable(&env).await;
     for _ in 0..3 {
-        let mut batch = raw
-            .fetch()
-            .max_messages(1)
-            .expires(WAIT)
-            .messages()
-            .await
-            .unwrap();
-        let delivered = tokio::time::timeout(WAIT, batch.next())
-            .await
-            .expect("delivered again once its ack wait ran out");
-        delivered.expect("a message").expect("a good message");
+        deliver_unacknowledged(&env).await;
     }
     let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
     let running = Running::start(consumer, FailsFirst { seen: seen.clone() });
@@ -843,12 +852,7 @@ async fn deliveries_that_ran_no_handler_cost_no_attempt() {
         "attempts counted from the handler's runs, not JetStream's deliveries"
     );
     assert_eq!(metrics.counts("billing").failed, 0);
-    let record = inbox
-        .collection()
-        .find_one(doc! { "consumer": "billing", "messageId": &id })
-        .await
-        .unwrap()
-        .expect("its record");
+    let record = record(&inbox, &id).await.expect("its record");
     assert_eq!(record.get_str("status").unwrap(), "handled");
     assert_eq!(
         record
@@ -858,6 +862,37 @@ async fn deliveries_that_ran_no_handler_cost_no_attempt() {
             .or(record.get_i64("attempts").ok()),
         Some(2)
     );
+    running.stop().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_message_whose_runs_never_ended_is_given_up_without_another() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let consumer = quick(&inbox, &env).max_deliveries(2).bind().await.unwrap();
+    let id = ObjectId::new().to_hex();
+    assert!(publish_stored(&env, "order.placed", &id, None).await);
+    // Two runs begun on redeliveries, neither ended: as a handler that
+    // ends its process leaves the record.
+    inbox
+        .collection()
+        .insert_one(doc! {
+            "consumer": "billing", "messageId": &id, "status": "failing",
+            "attempts": 0, "started": 2,
+        })
+        .await
+        .unwrap();
+    deliver_unacknowledged(&env).await;
+    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let running = Running::start(consumer, FailsFirst { seen: seen.clone() });
+    wait_metric(&metrics, |c| c.failed, 1).await;
+    assert!(seen.lock().unwrap().is_empty(), "no third run began");
+    let record = record(&inbox, &id).await.expect("its record");
+    assert_eq!(record.get_str("status").unwrap(), "failed");
+    let error = record.get_str("lastError").unwrap();
+    assert!(error.contains("never ended"), "{error}");
     running.stop().await;
     env.drop().await;
 }
