@@ -113,7 +113,7 @@ async fn drain(
     loop {
         let every = Duration::from_millis(200);
         match tokio::time::timeout(STILL_FOR, backlog.caught_up(every)).await {
-            Ok(caught_up) => break caught_up?,
+            Ok(()) => break,
             Err(_) => {
                 let now_left = backlog.remaining().await?;
                 if now_left >= left {

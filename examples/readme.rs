@@ -106,7 +106,7 @@ async fn consume(
     let shutdown = CancellationToken::new(); // tokio_util: cancel() stops after what is in flight
     let (backlog, stop) = (consumer.backlog(), shutdown.clone()); // a batch job stops once caught up:
     tokio::spawn(async move {
-        backlog.caught_up(Duration::from_secs(1)).await.ok();
+        backlog.caught_up(Duration::from_secs(1)).await;
         stop.cancel()
     });
     consumer.run(Billing { invoices }, shutdown).await?;

@@ -21,6 +21,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt_install "${missing[@]}"
 fi
 
+node_major="$(node -p 'process.versions.node.split(".")[0]')"
+if [ "$node_major" -lt 18 ]; then
+  log "Node.js $(node --version) is too old for the Node.js writer: it needs 18 or later"
+  exit 1
+fi
+
 NODE_DIR="$ROOT/examples/writers/node"
 STAMP="$NODE_DIR/node_modules/.installed-from-lock"
 if ! cmp -s "$NODE_DIR/package-lock.json" "$STAMP" 2>/dev/null; then

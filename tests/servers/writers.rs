@@ -54,6 +54,9 @@ struct Outcome {
     name: String,
     id: Option<String>,
     refused: Option<String>,
+    /// For a case of the writer's own language's values (`native: ...`),
+    /// the rule it breaks.
+    expected: Option<String>,
 }
 
 /// The table with the test's subject prefix put in, as text and as cases.
@@ -167,6 +170,7 @@ async fn write_in_rust(env: &TestEnv, cases: &[Case]) -> Vec<Outcome> {
             name: case.name.clone(),
             id,
             refused,
+            expected: None,
         });
     }
     let mut session = env.client.start_session().await.expect("session");
@@ -265,7 +269,17 @@ async fn python_and_node_writers_deliver_and_refuse_as_the_rust_writer_does() {
             Some("no_transaction"),
             "{writer} refuses to write outside a transaction"
         );
+        let (outcomes, native) = outcomes.split_at(cases.len().min(outcomes.len()));
         assert_eq!(outcomes.len(), cases.len(), "{writer}: one outcome a case");
+        assert!(native.len() >= 5, "{writer}: its own values tried");
+        for case in native {
+            assert!(case.name.starts_with("native: "), "{writer}: {}", case.name);
+            assert_eq!(
+                case.refused, case.expected,
+                "{writer}, {}: refused for the rule the relay names",
+                case.name
+            );
+        }
         for ((case, theirs), ours) in cases.iter().zip(outcomes).zip(&rust) {
             assert_eq!(theirs.name, case.name);
             assert_eq!(

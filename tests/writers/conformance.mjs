@@ -12,8 +12,26 @@ import { readFileSync } from 'node:fs';
 
 const writerDir = new URL('../../examples/writers/node/', import.meta.url);
 // The driver as the writer resolves it, from the writer's own install.
-const { MongoClient } = createRequire(new URL('package.json', writerDir))('mongodb');
+const { Binary, Code, Double, Long, MongoClient, ObjectId } = createRequire(
+  new URL('package.json', writerDir),
+)('mongodb');
 const outbox = await import(new URL('outbox.js', writerDir));
+
+// JavaScript values JSON cannot carry, which the driver would store as
+// something the relay refuses: each with the rule it breaks.
+function nativeCases() {
+  return [
+    ['native: Long as payload', 'payload', 't', Long.fromNumber(5)],
+    ['native: Double as payload', 'payload', 't', new Double(1.5)],
+    ['native: ObjectId as payload', 'payload', 't', new ObjectId()],
+    ['native: Code as payload', 'payload', 't', new Code('x')],
+    ['native: binData of subtype 4', 'payload', 't', new Binary(Buffer.alloc(16), 4)],
+    ['native: a Date as payload', 'payload', 't', new Date()],
+    ['native: an array as payload', 'payload', 't', [1]],
+    ['native: a number as key', 'field_type', 't', {}, { key: 5 }],
+    ['native: bad prefix', 'subject', 't', {}, { subjectPrefix: '' }],
+  ];
+}
 
 function payloadOf(payload) {
   if (payload === undefined || payload === null) return undefined;
@@ -44,6 +62,16 @@ try {
         id = await write(collection, session, c);
       });
       line.id = id.toHexString();
+    } catch (error) {
+      if (!(error instanceof outbox.OutboxViolation)) throw error;
+      Object.assign(line, { refused: error.rule, message: error.message });
+    }
+    console.log(JSON.stringify(line));
+  }
+  for (const [name, expected, type, payload, options] of nativeCases()) {
+    const line = { name, expected };
+    try {
+      outbox.newDocument(type, payload, options);
     } catch (error) {
       if (!(error instanceof outbox.OutboxViolation)) throw error;
       Object.assign(line, { refused: error.rule, message: error.message });

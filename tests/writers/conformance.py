@@ -16,9 +16,28 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..",
                                 "examples", "writers", "python"))
 
+from bson import Binary, Code  # noqa: E402
 from pymongo import MongoClient  # noqa: E402
 
 import outbox  # noqa: E402
+
+
+def native_cases():
+    """Python values JSON cannot carry, which pymongo would store as
+    something the relay refuses: each with the rule it breaks."""
+    fine = {"message_type": "t", "payload": {}}
+    return [
+        ("native: Code as type", "type", {**fine, "message_type": Code("t")}),
+        ("native: Code as payload", "payload", {**fine, "payload": Code("x")}),
+        ("native: Code as key", "field_type", {**fine, "key": Code("k")}),
+        ("native: Code as a header value", "field_type",
+         {**fine, "headers": {"X-A": Code("v")}}),
+        ("native: binData of subtype 4", "payload",
+         {**fine, "payload": Binary(b"0123456789abcdef", 4)}),
+        ("native: a list as payload", "payload", {**fine, "payload": [1]}),
+        ("native: bool as key", "field_type", {**fine, "key": True}),
+        ("native: bad prefix", "subject", {**fine, "subject_prefix": ""}),
+    ]
 
 
 def payload_of(case):
@@ -48,6 +67,13 @@ def main():
                     added = session.with_transaction(
                         lambda s, case=case: write(collection, s, case))
                     line["id"] = str(added)
+                except outbox.OutboxViolation as violation:
+                    line.update(refused=violation.rule, message=str(violation))
+                print(json.dumps(line), flush=True)
+            for name, expected, kwargs in native_cases():
+                line = {"name": name, "expected": expected}
+                try:
+                    outbox.new_document(**kwargs)
                 except outbox.OutboxViolation as violation:
                     line.update(refused=violation.rule, message=str(violation))
                 print(json.dumps(line), flush=True)

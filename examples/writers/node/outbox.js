@@ -8,7 +8,7 @@
 // fails here, in the application, and not later as a dead letter; the
 // reason's rule name is the one the Rust writer and the relay report.
 
-import { ObjectId } from 'mongodb';
+import { Long, ObjectId } from 'mongodb';
 
 export const DEFAULT_COLLECTION = 'outbox';
 export const DEFAULT_SUBJECT_PREFIX = 'outbox';
@@ -38,9 +38,11 @@ export class NoTransaction extends Error {
 /**
  * Adds one message inside `session`'s transaction and returns its _id.
  *
- * `payload` is a plain object (sent as JSON), a Buffer or Uint8Array (sent
- * as is) or a string (sent as UTF-8). `subject` overrides the default
- * `<prefix>.<type>`.
+ * `payload` is a plain object or a Map (sent as JSON), a Buffer or
+ * Uint8Array (sent as is) or a string (sent as UTF-8). `subject` overrides
+ * the default `<prefix>.<type>`. JavaScript has one kind of number: a whole
+ * one is stored as an integer (so `1.0` is sent as `1`), any other as a
+ * double.
  */
 export async function addMessage(collection, session, type, payload, options = {}) {
   const document = newDocument(type, payload, options);
@@ -57,6 +59,7 @@ export function newDocument(type, payload, options = {}) {
   const prefix = options.subjectPrefix ?? DEFAULT_SUBJECT_PREFIX;
   // In the relay's order, so a message that breaks two rules is refused
   // for the same one.
+  checkSubject(prefix);
   checkType(type, prefix);
   if (subject !== undefined && subject !== null) {
     checkString('subject', subject);
@@ -74,7 +77,7 @@ export function newDocument(type, payload, options = {}) {
   const document = {
     _id: new ObjectId(),
     type,
-    payload,
+    payload: widened(payload),
     status: 'pending',
     createdAt: new Date(),
   };
@@ -114,7 +117,19 @@ function checkPayload(payload) {
   if (payload === undefined || payload === null) {
     throw new OutboxViolation('payload', 'the document has no payload');
   }
-  const fits = isPlainObject(payload) || payload instanceof Uint8Array || typeof payload === 'string';
+  // The driver's own types (Long, Code, Binary, ...) pass for plain
+  // objects; of them only generic binary data is a payload.
+  if (payload._bsontype === 'Binary' && payload.sub_type !== 0) {
+    throw new OutboxViolation('payload', `payload is binData of subtype ${payload.sub_type}; use the generic subtype 0`);
+  }
+  const bsonValue = payload._bsontype !== undefined && payload._bsontype !== 'Binary';
+  const fits =
+    !bsonValue &&
+    (isPlainObject(payload) ||
+      payload instanceof Map ||
+      payload instanceof Uint8Array ||
+      payload._bsontype === 'Binary' ||
+      typeof payload === 'string');
   if (!fits) {
     throw new OutboxViolation(
       'payload',
@@ -173,7 +188,26 @@ function checkHeaders(headers) {
       );
     }
   }
-  return { ...headers };
+  // Sorted by name, as the Rust writer stores them.
+  return Object.fromEntries(Object.entries(headers).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+}
+
+/**
+ * The payload with each whole number outside 32 bits (and safe) made a
+ * Long: the driver would store it as a double, which the relay sends as
+ * `2147483648.0` where the other writers' `2147483648` goes.
+ */
+function widened(value) {
+  if (typeof value === 'number') {
+    const wide = Number.isSafeInteger(value) && (value > 2147483647 || value < -2147483648);
+    return wide ? Long.fromNumber(value) : value;
+  }
+  if (Array.isArray(value)) return value.map(widened);
+  if (value instanceof Map) return new Map([...value].map(([k, v]) => [k, widened(v)]));
+  if (isPlainObject(value) && value._bsontype === undefined) {
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, widened(v)]));
+  }
+  return value;
 }
 
 function lineBreak(name) {

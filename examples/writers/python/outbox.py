@@ -11,7 +11,7 @@ reason's rule name is the one the Rust writer and the relay report.
 import unicodedata
 from datetime import datetime, timezone
 
-from bson import ObjectId
+from bson import Binary, Code, ObjectId
 
 DEFAULT_COLLECTION = "outbox"
 DEFAULT_SUBJECT_PREFIX = "outbox"
@@ -57,6 +57,7 @@ def new_document(message_type, payload, *, key=None, correlation_id=None,
     """The outbox document for a message, checked; raises OutboxViolation."""
     # In the relay's order, so a message that breaks two rules is refused
     # for the same one.
+    _check_subject(subject_prefix)
     _check_type(message_type, subject_prefix)
     if subject is not None:
         _check_string("subject", subject)
@@ -90,7 +91,7 @@ def new_document(message_type, payload, *, key=None, correlation_id=None,
 def _check_type(message_type, subject_prefix):
     if message_type is None:
         raise OutboxViolation("type", "the document has no type")
-    if not isinstance(message_type, str):
+    if not _is_text(message_type):
         raise OutboxViolation(
             "type", f"type must be a string, found {_kind(message_type)}")
     if not message_type:
@@ -101,8 +102,14 @@ def _check_type(message_type, subject_prefix):
         raise OutboxViolation("type", str(violation)) from None
 
 
+def _is_text(value):
+    """A value pymongo stores as a BSON string (Code, a str, is stored as
+    JavaScript code)."""
+    return isinstance(value, str) and not isinstance(value, Code)
+
+
 def _check_string(name, value):
-    if value is not None and not isinstance(value, str):
+    if value is not None and not _is_text(value):
         raise OutboxViolation(
             "field_type", f"{name} must be a string, found {_kind(value)}")
 
@@ -110,7 +117,11 @@ def _check_string(name, value):
 def _check_payload(payload):
     if payload is None:
         raise OutboxViolation("payload", "the document has no payload")
-    if not isinstance(payload, (dict, bytes, str)):
+    if isinstance(payload, Binary) and payload.subtype != 0:
+        raise OutboxViolation(
+            "payload",
+            f"payload is binData of subtype {payload.subtype}; use the generic subtype 0")
+    if not (isinstance(payload, (dict, bytes)) or _is_text(payload)):
         raise OutboxViolation(
             "payload",
             f"payload must be a document, binData or string, found {_kind(payload)}")
@@ -149,7 +160,7 @@ def _checked_headers(headers):
             "field_type",
             f"headers must be a document of strings, found {_kind(headers)}")
     for name, value in headers.items():
-        if not isinstance(value, str):
+        if not _is_text(value):
             raise OutboxViolation(
                 "field_type",
                 f"header {name!r} must be a string, found {_kind(value)}")
@@ -166,7 +177,8 @@ def _checked_headers(headers):
                 "reserved_header",
                 f"header {name!r} is reserved to the relay (every Nats-* and "
                 "Outbox-* header)")
-    return dict(headers)
+    # Sorted by name, as the Rust writer stores them.
+    return dict(sorted(headers.items()))
 
 
 def _line_break(name):
