@@ -55,7 +55,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::record::{record_failed, record_failing, record_started, Entry};
+use super::record::{record_failed, record_failing, record_run, Entry};
 use super::transaction::{Outcome, Transaction};
 use super::{BoxedHandler, Delivery, Handler, HandlerError, Inbox};
 use crate::contract::header;
@@ -637,9 +637,29 @@ struct Held {
     delivery: Delivery,
     /// JetStream's deliveries of it, this one included.
     delivered: u64,
+    /// Runs of the handler that ended while it was held.
+    runs: u64,
+    /// The count of the run about to begin, once the record took it.
+    counted: Option<u64>,
     /// Its place among the held, given back when it is dropped.
     _slot: OwnedSemaphorePermit,
     _kept: KeptEntry,
+}
+
+impl Held {
+    /// The handler ran: the next run is counted anew.
+    fn run_ended(&mut self) {
+        self.runs += 1;
+        self.counted = None;
+    }
+}
+
+/// Why a message whose runs never ended is given up on.
+fn never_ended(runs: u64) -> String {
+    format!(
+        "the handler began {runs} runs of it and none ended with a result (the process stopped \
+         during each?)"
+    )
 }
 
 /// A held message's entry among those kept alive.
@@ -728,6 +748,8 @@ impl Shared {
         Held {
             message,
             delivered: delivery.attempt,
+            runs: 0,
+            counted: None,
             delivery,
             _slot: slot,
             _kept: kept,
@@ -855,16 +877,13 @@ impl Shared {
                 }
                 Outcome::Failed(error) => {
                     outage.recovered();
+                    held.run_ended();
                     if let Some(settled) = self.after_failure(held, error, in_place).await {
                         return settled;
                     }
                 }
-                Outcome::Exhausted { runs_begun } => {
+                Outcome::Spent(reason) => {
                     outage.recovered();
-                    let reason = format!(
-                        "the handler began {runs_begun} runs on redeliveries that never ended \
-                         (the process stopped during each?)"
-                    );
                     if !self.give_up(held, &reason).await {
                         return Settled::Left;
                     }
@@ -896,13 +915,10 @@ impl Shared {
         if self.shutdown.is_cancelled() {
             return None;
         }
-        let runs_begun = match self.count_run(held).await {
-            Ok(runs_begun) => runs_begun,
-            Err(error) => return Some(Outcome::Mongo(error)),
+        let counted = match self.count_run(held).await {
+            Ok(counted) => counted,
+            Err(outcome) => return Some(outcome),
         };
-        if runs_begun > self.settings.max_deliveries {
-            return Some(Outcome::Exhausted { runs_begun });
-        }
         let transaction = Transaction {
             client: &self.client,
             inbox: self.inbox.collection(),
@@ -913,35 +929,50 @@ impl Shared {
                 self.handler.as_ref(),
                 &mut held.delivery,
                 self.inbox.name(),
-                runs_begun,
+                counted,
             )
             .await;
         Some(outcome)
     }
 
-    /// Counts a run about to begin on a redelivered message (a first
-    /// delivery's needs no count: one uncounted run is bounded). The runs
-    /// begun on redeliveries so far; 0 where none are counted. An error
-    /// only where MongoDB cannot be reached, which charges no run.
-    async fn count_run(&self, held: &Held) -> mongodb::error::Result<u64> {
+    /// Counts the run about to begin, before it begins, where the record
+    /// does not count it itself (see `record`): the run's count, or none
+    /// where its transaction counts it. Counted once per run, however
+    /// often an outage makes it wait. An outcome instead where no run is
+    /// to begin: MongoDB unreachable (which charges nothing), the count
+    /// past the limit, or a count the inbox refuses to keep (else nothing
+    /// would bound the runs).
+    async fn count_run(&self, held: &mut Held) -> std::result::Result<Option<u64>, Outcome> {
+        let limit = self.settings.max_deliveries;
         let Some(entry) = Entry::of(self.inbox.name(), &held.delivery) else {
-            return Ok(0);
+            // No record: JetStream's deliveries bound a handler that ends
+            // its process.
+            return match held.delivered > limit {
+                true => Err(Outcome::Spent(never_ended(held.delivered))),
+                false => Ok(None),
+            };
         };
-        if held.delivered <= 1 {
-            return Ok(0);
+        if held.counted.is_none() && (held.delivered > 1 || held.runs > 0) {
+            let runs = record_run(self.inbox.collection(), &entry, DateTime::now()).await;
+            held.counted = match runs {
+                Ok(runs) => Some(runs.unwrap_or(0)),
+                Err(error) if is_unreachable(&error) => return Err(Outcome::Mongo(error)),
+                Err(error) => {
+                    return Err(Outcome::Spent(format!(
+                        "the inbox refused to count its runs: {}",
+                        brief(&error)
+                    )))
+                }
+            };
         }
-        match record_started(self.inbox.collection(), &entry, DateTime::now()).await {
-            Ok(runs_begun) => Ok(runs_begun.unwrap_or(0)),
-            Err(error) if is_unreachable(&error) => Err(error),
-            Err(error) => {
-                tracing::warn!(
-                    consumer = self.inbox.name(),
-                    stream_sequence = held.delivery.stream_sequence,
-                    error = %brief(&error),
-                    "counting a run in the inbox was refused; running uncounted"
-                );
-                Ok(0)
+        match held.counted {
+            Some(runs) if runs > limit => {
+                held.delivery.attempt = runs;
+                Err(Outcome::Spent(never_ended(runs)))
             }
+            // Handled meanwhile: the transaction finds it a repeat.
+            Some(0) => Ok(None),
+            counted => Ok(counted),
         }
     }
 

@@ -10,13 +10,15 @@
 //!   subject, streamSequence, attempts, failedAt, lastError, expireAt }
 //! ```
 //!
-//! `attempts` counts the handler's runs that ended: a `failing` record
-//! keeps the count between a failed run and the next, so a delivery that
-//! ran no handler (a hand-back at shutdown, an ack wait run out) costs
-//! nothing, across restarts too. A run that never ends (the process killed
-//! in the handler) is counted in `started`, written before each run of a
-//! redelivered message, outside the transaction: so even a handler that
-//! ends its process has a bounded number of runs. A `failed` record's
+//! `attempts` counts the handler's runs. A message's first run on its
+//! first delivery is counted by its transaction's upsert (`$inc`), so the
+//! common case writes nothing more; every later run (a retry, a
+//! redelivery) is counted before it begins, outside any transaction, so a
+//! run that never ends (the process killed in the handler) counts too, and
+//! none begins past the limit. A failed run leaves a `failing` record
+//! (written outside the transaction, which aborted) with the count and the
+//! error. A delivery that runs no handler (a hand-back at shutdown, an ack
+//! wait run out) costs nothing, across restarts too. A `failed` record's
 //! message that comes again (replayed) gets one more run. A `failing`
 //! record has no `expireAt`: its count must outlast any retry delay.
 //!
@@ -61,8 +63,6 @@ pub mod field {
     pub const SUBJECT: &str = "subject";
     pub const STREAM_SEQUENCE: &str = "streamSequence";
     pub const ATTEMPTS: &str = "attempts";
-    /// Runs begun on a redelivered message, counted before each begins.
-    pub const STARTED: &str = "started";
     pub const HANDLED_AT: &str = "handledAt";
     pub const FAILED_AT: &str = "failedAt";
     pub const LAST_ERROR: &str = "lastError";
@@ -109,14 +109,8 @@ impl<'a> Entry<'a> {
         doc! { field::CONSUMER: self.consumer, field::MESSAGE_ID: self.message_id }
     }
 
-    /// The fields every record sets, `attempts` among them.
-    fn fields(&self, status: &str, now: DateTime, retention: Option<Duration>) -> Document {
-        let mut fields = self.described(status, now, retention);
-        fields.insert(field::ATTEMPTS, count(self.attempts));
-        fields
-    }
-
-    /// The fields every record sets, but `attempts`.
+    /// The fields every record sets, but `attempts`, which each write
+    /// counts its own way.
     fn described(&self, status: &str, now: DateTime, retention: Option<Duration>) -> Document {
         let mut fields = doc! {
             field::STATUS: status,
@@ -140,8 +134,8 @@ fn count(n: u64) -> i64 {
 /// What recording a message handled found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Recorded {
-    /// Not handled before: the handler runs, after `failures` failed runs.
-    New { failures: u64 },
+    /// Not handled before: the handler runs, after `runs_before` counted.
+    New { runs_before: u64 },
     /// Handled before: the transaction is to be aborted.
     HandledBefore,
 }
@@ -175,23 +169,28 @@ pub(crate) async fn ensure_indexes(inbox: &Collection<Document>) -> Result<()> {
 }
 
 /// Records `entry` as handled inside the session's transaction, counting
-/// this run. [`Recorded::HandledBefore`]: the message was handled before,
-/// and the transaction (which overwrote that record) must be aborted. A
-/// duplicate key error (a record inserted outside any transaction
-/// meanwhile) is returned as it is: the transaction is to be run again.
+/// this run unless it was `counted` before it began (then `attempts` is
+/// raised to that count). [`Recorded::HandledBefore`]: the message was
+/// handled before, and the transaction (which overwrote that record) must
+/// be aborted. A duplicate key error (a record inserted outside any
+/// transaction meanwhile) is returned as it is: the transaction is to be
+/// run again.
 pub(crate) async fn record_handled(
     inbox: &Collection<Document>,
     session: &mut ClientSession,
-    entry: &Entry<'_>,
+    (entry, counted): (&Entry<'_>, Option<u64>),
     now: DateTime,
     retention: Option<Duration>,
 ) -> mongodb::error::Result<Recorded> {
     let mut set = entry.described(status::HANDLED, now, retention);
     set.insert(field::HANDLED_AT, now);
-    let update = doc! {
+    let mut update = doc! {
         "$set": set,
         "$unset": { field::FAILED_AT: "", field::LAST_ERROR: "" },
-        "$inc": { field::ATTEMPTS: 1 },
+    };
+    match counted {
+        Some(runs) => update.insert("$max", doc! { field::ATTEMPTS: count(runs) }),
+        None => update.insert("$inc", doc! { field::ATTEMPTS: 1 }),
     };
     let before = inbox
         .find_one_and_update(entry.key(), update)
@@ -203,16 +202,16 @@ pub(crate) async fn record_handled(
     Ok(match before {
         Some(record) if is_handled(&record) => Recorded::HandledBefore,
         Some(record) => Recorded::New {
-            failures: attempts_of(&record),
+            runs_before: attempts_of(&record),
         },
-        None => Recorded::New { failures: 0 },
+        None => Recorded::New { runs_before: 0 },
     })
 }
 
-/// Counts a run about to begin on a redelivered message, outside any
-/// transaction, so that a run that never ends still counts. The runs begun
-/// on redeliveries so far; none if the message was handled meanwhile.
-pub(crate) async fn record_started(
+/// Counts a run about to begin, outside any transaction, so that a run
+/// that never ends still counts: the runs begun so far, this one included;
+/// none if the message was handled meanwhile.
+pub(crate) async fn record_run(
     inbox: &Collection<Document>,
     entry: &Entry<'_>,
     now: DateTime,
@@ -220,32 +219,32 @@ pub(crate) async fn record_started(
     let mut filter = entry.key();
     filter.insert(field::STATUS, doc! { "$ne": status::HANDLED });
     let update = doc! {
-        "$inc": { field::STARTED: 1 },
+        "$inc": { field::ATTEMPTS: 1 },
         "$setOnInsert": entry.described(status::FAILING, now, None),
+        "$unset": { field::EXPIRE_AT: "" },
     };
-    let after = inbox
-        .find_one_and_update(filter, update)
-        .upsert(true)
-        .return_document(ReturnDocument::After)
-        .projection(doc! { field::STARTED: 1 })
-        .await;
-    match after {
-        Ok(record) => Ok(record.map(|record| count_of(&record, field::STARTED))),
-        // A handled record: the filter missed it, and the upsert's insert
-        // met the unique index. The transaction will find it a repeat.
-        Err(error) if is_duplicate_key(&error) => Ok(None),
-        Err(error) => Err(error),
+    // A duplicate key: a handled record, which the filter missed, or
+    // another copy's insert of the first record, racing this one; asked
+    // again, the second finds that record.
+    for _ in 0..2 {
+        let after = inbox
+            .find_one_and_update(filter.clone(), update.clone())
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .projection(doc! { field::ATTEMPTS: 1 })
+            .await;
+        match after {
+            Ok(record) => return Ok(record.map(|record| attempts_of(&record))),
+            Err(error) if is_duplicate_key(&error) => continue,
+            Err(error) => return Err(error),
+        }
     }
+    Ok(None)
 }
 
-/// A record's `attempts`, where it holds a count.
+/// A record's `attempts`; 0 where it holds no count.
 fn attempts_of(record: &Document) -> u64 {
-    count_of(record, field::ATTEMPTS)
-}
-
-/// A record's count `name`; 0 where it holds none.
-fn count_of(record: &Document, name: &str) -> u64 {
-    let counted = match record.get(name) {
+    let counted = match record.get(field::ATTEMPTS) {
         Some(Bson::Int32(n)) => i64::from(*n),
         Some(Bson::Int64(n)) => *n,
         _ => 0,
@@ -253,9 +252,11 @@ fn count_of(record: &Document, name: &str) -> u64 {
     u64::try_from(counted).unwrap_or(0)
 }
 
-/// Records that `entry`'s attempt failed with `error` and that the message
-/// is to be tried again, unless a copy of it was handled meanwhile: the
-/// count the next attempt starts from.
+/// Records that `entry`'s run (its attempt number `entry.attempts`) failed
+/// with `error` and that the message is to be tried again. A settled record
+/// is not taken back: a handled one stays as it is, a failed one (a copy
+/// given up on) keeps its status and takes the count. A count never goes
+/// down: another copy may have counted further.
 pub(crate) async fn record_failing(
     inbox: &Collection<Document>,
     entry: &Entry<'_>,
@@ -264,20 +265,24 @@ pub(crate) async fn record_failing(
 ) -> mongodb::error::Result<()> {
     let mut set = entry.described(status::FAILING, now, None);
     set.insert(field::LAST_ERROR, error);
-    // Neither a handled record nor one given up on is taken back, and a
-    // count never goes down (another copy may have counted further).
+    let raised = doc! { field::ATTEMPTS: count(entry.attempts) };
     let mut filter = entry.key();
     let settled = [status::HANDLED, status::FAILED];
     filter.insert(field::STATUS, doc! { "$nin": settled.as_slice() });
     let update = doc! {
         "$set": set,
-        "$max": { field::ATTEMPTS: count(entry.attempts) },
+        "$max": raised.clone(),
+        "$unset": { field::EXPIRE_AT: "" },
     };
-    let written = inbox.update_one(filter, update).upsert(true).await;
-    match written {
-        // A settled record exists: the filter missed it, and the upsert's
-        // insert met the unique index.
-        Err(error) if is_duplicate_key(&error) => Ok(()),
+    match inbox.update_one(filter, update).upsert(true).await {
+        // A settled record: the filter missed it, and the upsert's insert
+        // met the unique index.
+        Err(refused) if is_duplicate_key(&refused) => {
+            let mut failed = entry.key();
+            failed.insert(field::STATUS, status::FAILED);
+            let update = doc! { "$max": raised, "$set": { field::LAST_ERROR: error } };
+            inbox.update_one(failed, update).await.map(drop)
+        }
         other => other.map(drop),
     }
 }
@@ -291,28 +296,28 @@ pub(crate) async fn record_failed(
     now: DateTime,
     retention: Option<Duration>,
 ) -> mongodb::error::Result<()> {
-    let mut set = entry.fields(status::FAILED, now, retention);
+    let mut set = entry.described(status::FAILED, now, retention);
     set.insert(field::FAILED_AT, now);
     set.insert(field::LAST_ERROR, error);
     let existing = inbox
         .find_one(entry.key())
         .projection(doc! { field::STATUS: 1 })
         .await?;
+    let attempts = count(entry.attempts);
     let written = match existing {
         Some(record) if is_handled(&record) => return Ok(()),
         // Only while it is still what was read, so a copy handled since
-        // stays handled.
+        // stays handled; and its count never goes down.
         Some(record) => {
             let mut filter = entry.key();
             filter.insert(field::STATUS, record.get(field::STATUS).cloned());
-            inbox
-                .update_one(filter, doc! { "$set": set })
-                .await
-                .map(drop)
+            let update = doc! { "$set": set, "$max": { field::ATTEMPTS: attempts } };
+            inbox.update_one(filter, update).await.map(drop)
         }
         None => {
             let mut record = entry.key();
             record.extend(set);
+            record.insert(field::ATTEMPTS, attempts);
             inbox.insert_one(record).await.map(drop)
         }
     };

@@ -51,9 +51,10 @@ pub(crate) enum Outcome {
     /// takes none): nothing was run, and nothing about the message is to
     /// blame.
     Unavailable(mongodb::error::Error),
-    /// Nothing was run: the message's runs on redeliveries, begun and never
-    /// ended (its handler ended the process, say), are past the limit.
-    Exhausted { runs_begun: u64 },
+    /// Nothing was run, and the message is to be given up on for this
+    /// reason: its runs are past the limit (begun and never ended: its
+    /// handler ends the process, say), or the inbox refuses to count them.
+    Spent(String),
 }
 
 /// Where a message's transaction runs.
@@ -66,14 +67,14 @@ pub(crate) struct Transaction<'a> {
 impl Transaction<'_> {
     /// Handles `delivery` once in a transaction with its record in
     /// `consumer`'s inbox (without a message id, the handler alone). Its
-    /// `attempt` is set from the record first: the runs that ended before,
-    /// plus one, or the runs begun on redeliveries (`runs_begun`), if more.
+    /// `attempt` is set from the record first: this run's count if it was
+    /// `counted` before it began, else the runs before it plus one.
     pub async fn run(
         &self,
         handler: &dyn BoxedHandler,
         delivery: &mut Delivery,
         consumer: &str,
-        runs_begun: u64,
+        counted: Option<u64>,
     ) -> Outcome {
         let started = Instant::now();
         let mut session = match self.client.start_session().await {
@@ -86,7 +87,7 @@ impl Transaction<'_> {
                 .attempt(
                     &mut session,
                     handler,
-                    (delivery, runs_begun),
+                    (delivery, counted),
                     consumer,
                     started,
                 )
@@ -109,7 +110,7 @@ impl Transaction<'_> {
         &self,
         session: &mut ClientSession,
         handler: &dyn BoxedHandler,
-        (delivery, runs_begun): (&mut Delivery, u64),
+        (delivery, counted): (&mut Delivery, Option<u64>),
         consumer: &str,
         started: Instant,
     ) -> Attempt {
@@ -118,11 +119,12 @@ impl Transaction<'_> {
             return Attempt::Done(Outcome::Unavailable(error));
         }
         if let Some(entry) = Entry::of(consumer, delivery) {
+            let now = DateTime::now();
             let recorded =
-                record_handled(self.inbox, session, &entry, DateTime::now(), self.retention).await;
+                record_handled(self.inbox, session, (&entry, counted), now, self.retention).await;
             match recorded {
-                Ok(Recorded::New { failures }) => {
-                    delivery.attempt = (failures + 1).max(runs_begun);
+                Ok(Recorded::New { runs_before }) => {
+                    delivery.attempt = counted.unwrap_or(runs_before + 1);
                 }
                 Ok(Recorded::HandledBefore) => {
                     abort(session).await;

@@ -811,20 +811,21 @@ async fn deliver_unacknowledged(env: &TestEnv) {
     drop(delivered.expect("a message").expect("a good message"));
 }
 
-/// Fails each message's first run, and notes the attempt each run saw.
-struct FailsFirst {
+/// Fails its first `times` runs, and notes the attempt each run saw.
+struct Failing {
+    times: usize,
     seen: Arc<Mutex<Vec<u64>>>,
 }
 
-impl Handler for FailsFirst {
+impl Handler for Failing {
     async fn handle(&self, _: &mut ClientSession, message: &Delivery) -> Result<(), HandlerError> {
-        let first = {
+        let runs = {
             let mut seen = self.seen.lock().unwrap();
             seen.push(message.attempt);
-            seen.len() == 1
+            seen.len()
         };
-        match first {
-            true => Err(HandlerError::new("the first run fails")),
+        match runs <= self.times {
+            true => Err(HandlerError::new("this run fails")),
             false => Ok(()),
         }
     }
@@ -844,7 +845,13 @@ async fn deliveries_that_ran_no_handler_cost_no_attempt() {
         deliver_unacknowledged(&env).await;
     }
     let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let running = Running::start(consumer, FailsFirst { seen: seen.clone() });
+    let running = Running::start(
+        consumer,
+        Failing {
+            times: 1,
+            seen: seen.clone(),
+        },
+    );
     wait_metric(&metrics, |c| c.handled, 1).await;
     assert_eq!(
         *seen.lock().unwrap(),
@@ -874,25 +881,67 @@ async fn a_message_whose_runs_never_ended_is_given_up_without_another() {
     let consumer = quick(&inbox, &env).max_deliveries(2).bind().await.unwrap();
     let id = ObjectId::new().to_hex();
     assert!(publish_stored(&env, "order.placed", &id, None).await);
-    // Two runs begun on redeliveries, neither ended: as a handler that
-    // ends its process leaves the record.
+    // Two runs begun, neither ended: as a handler that ends its process
+    // leaves the record.
     inbox
         .collection()
         .insert_one(doc! {
-            "consumer": "billing", "messageId": &id, "status": "failing",
-            "attempts": 0, "started": 2,
+            "consumer": "billing", "messageId": &id, "status": "failing", "attempts": 2,
         })
         .await
         .unwrap();
     deliver_unacknowledged(&env).await;
     let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let running = Running::start(consumer, FailsFirst { seen: seen.clone() });
+    let running = Running::start(
+        consumer,
+        Failing {
+            times: 1,
+            seen: seen.clone(),
+        },
+    );
     wait_metric(&metrics, |c| c.failed, 1).await;
     assert!(seen.lock().unwrap().is_empty(), "no third run began");
     let record = record(&inbox, &id).await.expect("its record");
     assert_eq!(record.get_str("status").unwrap(), "failed");
     let error = record.get_str("lastError").unwrap();
-    assert!(error.contains("never ended"), "{error}");
+    assert!(error.contains("none ended with a result"), "{error}");
+    running.stop().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_message_given_up_on_that_comes_again_keeps_counting_its_runs() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let consumer = quick(&inbox, &env).max_deliveries(3).bind().await.unwrap();
+    let id = ObjectId::new().to_hex();
+    // Given up on after one run (when the limit was 1), then replayed with
+    // its key: retried in place, each run counted on from the record.
+    inbox
+        .collection()
+        .insert_one(doc! {
+            "consumer": "billing", "messageId": &id, "status": "failed", "attempts": 1,
+        })
+        .await
+        .unwrap();
+    assert!(publish_stored(&env, "order.placed", &id, Some("k")).await);
+    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let handler = Failing {
+        times: usize::MAX,
+        seen: seen.clone(),
+    };
+    let running = Running::start(consumer, handler);
+    wait_metric(&metrics, |c| c.failed, 1).await;
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [2, 3],
+        "two more runs, up to the limit"
+    );
+    let record = record(&inbox, &id).await.expect("its record");
+    assert_eq!(record.get_str("status").unwrap(), "failed");
+    let attempts = record.get_i32("attempts").map(i64::from);
+    assert_eq!(attempts.or_else(|_| record.get_i64("attempts")).unwrap(), 3);
     running.stop().await;
     env.drop().await;
 }
