@@ -84,7 +84,7 @@ export function newDocument(type, payload, options = {}) {
   for (const [name, value] of [['correlationId', correlationId], ['key', key], ['subject', subject]]) {
     if (value !== undefined && value !== null) document[name] = value;
   }
-  if (checkedHeaders) document.headers = checkedHeaders;
+  if (checkedHeaders && checkedHeaders.size > 0) document.headers = checkedHeaders;
   return document;
 }
 
@@ -170,7 +170,12 @@ function checkHeaders(headers) {
   if (!isPlainObject(headers)) {
     throw new OutboxViolation('field_type', `headers must be a document of strings, found ${kind(headers)}`);
   }
-  for (const [name, value] of Object.entries(headers)) {
+  // Sorted by name first, as the Rust writer stores and the relay checks
+  // them, so a message with two bad headers is refused for the same one;
+  // kept in a Map, which holds that order (an object puts names that look
+  // like numbers first).
+  const sorted = new Map(Object.entries(headers).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+  for (const [name, value] of sorted) {
     if (typeof value !== 'string') {
       throw new OutboxViolation('field_type', `header ${JSON.stringify(name)} must be a string, found ${kind(value)}`);
     }
@@ -188,8 +193,7 @@ function checkHeaders(headers) {
       );
     }
   }
-  // Sorted by name, as the Rust writer stores them.
-  return Object.fromEntries(Object.entries(headers).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+  return sorted;
 }
 
 /**

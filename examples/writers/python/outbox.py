@@ -9,6 +9,7 @@ reason's rule name is the one the Rust writer and the relay report.
 """
 
 import unicodedata
+from collections.abc import Mapping
 from datetime import datetime, timezone
 
 from bson import Binary, Code, ObjectId
@@ -121,7 +122,7 @@ def _check_payload(payload):
         raise OutboxViolation(
             "payload",
             f"payload is binData of subtype {payload.subtype}; use the generic subtype 0")
-    if not (isinstance(payload, (dict, bytes)) or _is_text(payload)):
+    if not (isinstance(payload, (Mapping, bytes)) or _is_text(payload)):
         raise OutboxViolation(
             "payload",
             f"payload must be a document, binData or string, found {_kind(payload)}")
@@ -155,10 +156,13 @@ def _refuse_reserved(subject):
 def _checked_headers(headers):
     if headers is None:
         return None
-    if not isinstance(headers, dict):
+    if not isinstance(headers, Mapping):
         raise OutboxViolation(
             "field_type",
             f"headers must be a document of strings, found {_kind(headers)}")
+    # Sorted by name first, as the Rust writer stores and the relay checks
+    # them, so a message with two bad headers is refused for the same one.
+    headers = dict(sorted(headers.items(), key=lambda item: str(item[0])))
     for name, value in headers.items():
         if not _is_text(value):
             raise OutboxViolation(
@@ -177,8 +181,7 @@ def _checked_headers(headers):
                 "reserved_header",
                 f"header {name!r} is reserved to the relay (every Nats-* and "
                 "Outbox-* header)")
-    # Sorted by name, as the Rust writer stores them.
-    return dict(sorted(headers.items()))
+    return headers
 
 
 def _line_break(name):
