@@ -42,6 +42,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -923,6 +924,7 @@ impl Shared {
             client: &self.client,
             inbox: self.inbox.collection(),
             retention: self.inbox.retention,
+            handler_began: AtomicBool::new(false),
         };
         let outcome = transaction
             .run(
@@ -932,6 +934,12 @@ impl Shared {
                 counted,
             )
             .await;
+        // A run that began and ended in an outage is counted like any
+        // other: the next one is counted anew, so a handler whose writes
+        // bring MongoDB down is still bounded.
+        if transaction.handler_began.load(Ordering::Relaxed) {
+            held.run_ended();
+        }
         Some(outcome)
     }
 
@@ -948,7 +956,11 @@ impl Shared {
             // No record: JetStream's deliveries bound a handler that ends
             // its process.
             return match held.delivered > limit {
-                true => Err(Outcome::Spent(never_ended(held.delivered))),
+                true => Err(Outcome::Spent(format!(
+                    "JetStream delivered it {} times with no result, more than max_deliveries \
+                     (without a message id, deliveries are its only count)",
+                    held.delivered
+                ))),
                 false => Ok(None),
             };
         };
@@ -966,13 +978,16 @@ impl Shared {
             };
         }
         match held.counted {
-            Some(runs) if runs > limit => {
-                held.delivery.attempt = runs;
-                Err(Outcome::Spent(never_ended(runs)))
-            }
             // Handled meanwhile: the transaction finds it a repeat.
             Some(0) => Ok(None),
-            counted => Ok(counted),
+            Some(runs) => {
+                held.delivery.attempt = runs;
+                match runs > limit {
+                    true => Err(Outcome::Spent(never_ended(runs))),
+                    false => Ok(Some(runs)),
+                }
+            }
+            None => Ok(None),
         }
     }
 

@@ -242,14 +242,16 @@ pub(crate) async fn record_run(
     Ok(None)
 }
 
-/// A record's `attempts`; 0 where it holds no count.
+/// A record's `attempts`; 0 where it holds no count. A double counts (a
+/// count set by hand in mongosh is one, and `$inc` keeps it one).
 fn attempts_of(record: &Document) -> u64 {
-    let counted = match record.get(field::ATTEMPTS) {
-        Some(Bson::Int32(n)) => i64::from(*n),
-        Some(Bson::Int64(n)) => *n,
+    match record.get(field::ATTEMPTS) {
+        Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
+        Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
+        // Saturating: NaN and negatives are 0, the too large the most.
+        Some(Bson::Double(n)) => *n as u64,
         _ => 0,
-    };
-    u64::try_from(counted).unwrap_or(0)
+    }
 }
 
 /// Records that `entry`'s run (its attempt number `entry.attempts`) failed
@@ -440,4 +442,21 @@ pub async fn failed_messages(
         .await
         .map_err(failed)?;
     Ok((total, newest.iter().map(FailedMessage::read).collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_count_is_read_whatever_its_numeric_type_and_nonsense_is_none() {
+        let count = |value: Bson| attempts_of(&doc! { field::ATTEMPTS: value });
+        assert_eq!(count(Bson::Int32(3)), 3);
+        assert_eq!(count(Bson::Int64(4)), 4);
+        assert_eq!(count(Bson::Double(5.0)), 5, "set by hand in mongosh");
+        assert_eq!(count(Bson::Int32(-2)), 0);
+        assert_eq!(count(Bson::Double(f64::NAN)), 0);
+        assert_eq!(count(Bson::String("7".into())), 0);
+        assert_eq!(attempts_of(&doc! {}), 0);
+    }
 }

@@ -12,6 +12,7 @@
 //! after [`RETRY_LIMIT`], as the drivers' does.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use backoff::backoff::Backoff;
@@ -62,6 +63,9 @@ pub(crate) struct Transaction<'a> {
     pub client: &'a Client,
     pub inbox: &'a Collection<Document>,
     pub retention: Option<Duration>,
+    /// Set once the handler has begun: a run that then ends in an outage
+    /// was a run all the same.
+    pub handler_began: AtomicBool,
 }
 
 impl Transaction<'_> {
@@ -143,6 +147,7 @@ impl Transaction<'_> {
             }
         }
         let began = Instant::now();
+        self.handler_began.store(true, Ordering::Relaxed);
         let handled = run_handler(handler, session, delivery).await;
         let handler_time = began.elapsed();
         if let Err(error) = handled {
