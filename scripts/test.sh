@@ -6,6 +6,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 scripts/services.sh start
 scripts/writers.sh
+scripts/validate-deploy.sh
 export MONGODB_URI="${MONGODB_URI:-mongodb://127.0.0.1:${MONGO_PORT:-27017}}"
 export NATS_URL="${NATS_URL:-nats://127.0.0.1:${NATS_PORT:-4222}}"
 

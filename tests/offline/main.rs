@@ -4,5 +4,6 @@
 
 mod cli;
 mod contract_fuzz;
+mod deploy;
 mod docs;
 mod secrets;
