@@ -1,5 +1,10 @@
 # Shared by the scripts that install what they need: sourced, not run.
-# Each script sets LOG_NAME before sourcing.
+# Each script sets ROOT (the checkout) and LOG_NAME before sourcing.
+
+# Where the local services and the tools keep their state.
+STATE="${OUTBOX_SERVICES_DIR:-$ROOT/.services}"
+# The services' virtualenv: SecantusDB, and pymongo with it.
+SERVICES_VENV="$STATE/venv"
 
 log() { printf '%s: %s\n' "${LOG_NAME:-scripts}" "$*" >&2; }
 
@@ -12,4 +17,17 @@ as_root() {
 apt_install() {
   as_root apt-get update -qq
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+}
+
+# Makes a Python virtualenv at $1 and installs the rest of the arguments
+# into it with pip (Debian's python3-venv first, where venv is missing).
+pip_install_into() {
+  local venv="$1"
+  shift
+  mkdir -p "$(dirname "$venv")"
+  if ! python3 -m venv "$venv" 2>/dev/null; then
+    apt_install python3-venv
+    python3 -m venv "$venv"
+  fi
+  "$venv/bin/pip" install -q --disable-pip-version-check "$@"
 }

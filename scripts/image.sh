@@ -10,7 +10,6 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STATE="${OUTBOX_SERVICES_DIR:-$ROOT/.services}"
 LOG_NAME=image
 # shellcheck source=scripts/common.sh
 . "$ROOT/scripts/common.sh"

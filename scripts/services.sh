@@ -9,15 +9,14 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STATE="${OUTBOX_SERVICES_DIR:-$ROOT/.services}"
 MONGO_PORT="${MONGO_PORT:-27017}"
 NATS_PORT="${NATS_PORT:-4222}"
 SECANTUS_VERSION="0.7.0b3"
-VENV="$STATE/venv"
 
 LOG_NAME=services
 # shellcheck source=scripts/common.sh
 . "$ROOT/scripts/common.sh"
+VENV="$SERVICES_VENV"
 
 install_nats() {
   command -v nats-server >/dev/null && return
@@ -28,12 +27,7 @@ install_nats() {
 install_secantus() {
   [ -x "$VENV/bin/secantusd-py" ] && return
   log "installing SecantusDB $SECANTUS_VERSION into $VENV"
-  mkdir -p "$STATE"
-  if ! python3 -m venv "$VENV" 2>/dev/null; then
-    apt_install python3-venv
-    python3 -m venv "$VENV"
-  fi
-  "$VENV/bin/pip" install -q --disable-pip-version-check "SecantusDB==$SECANTUS_VERSION"
+  pip_install_into "$VENV" "SecantusDB==$SECANTUS_VERSION"
 }
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }

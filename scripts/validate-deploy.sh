@@ -6,18 +6,14 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STATE="${OUTBOX_SERVICES_DIR:-$ROOT/.services}"
-VENV="$STATE/deploy-venv"
 LOG_NAME=deploy
 # shellcheck source=scripts/common.sh
 . "$ROOT/scripts/common.sh"
+VENV="$STATE/deploy-venv"
 
 if [ ! -x "$VENV/bin/check-jsonschema" ] || [ ! -x "$VENV/bin/kubernetes-validate" ]; then
   log "installing the validators into $VENV"
-  mkdir -p "$STATE"
-  python3 -m venv "$VENV" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$VENV"; }
-  "$VENV/bin/pip" install -q --disable-pip-version-check \
-    'kubernetes-validate==1.37.0' 'check-jsonschema==0.39.0'
+  pip_install_into "$VENV" 'kubernetes-validate==1.37.0' 'check-jsonschema==0.39.0'
 fi
 
 "$VENV/bin/kubernetes-validate" --strict --quiet "$ROOT"/deploy/kubernetes/*.yaml

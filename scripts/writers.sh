@@ -6,12 +6,11 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STATE="${OUTBOX_SERVICES_DIR:-$ROOT/.services}"
-VENV="$STATE/venv"
 
 LOG_NAME=writers
 # shellcheck source=scripts/common.sh
 . "$ROOT/scripts/common.sh"
+VENV="$SERVICES_VENV"
 
 missing=()
 command -v node >/dev/null || missing+=(nodejs)
