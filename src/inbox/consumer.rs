@@ -638,8 +638,8 @@ struct Held {
     delivery: Delivery,
     /// JetStream's deliveries of it, this one included.
     delivered: u64,
-    /// Runs of the handler that ended while it was held.
-    runs: u64,
+    /// Whether a run of the handler on it ended while it was held.
+    ran: bool,
     /// The count of the run about to begin, once the record took it.
     counted: Option<u64>,
     /// Its place among the held, given back when it is dropped.
@@ -650,7 +650,7 @@ struct Held {
 impl Held {
     /// The handler ran: the next run is counted anew.
     fn run_ended(&mut self) {
-        self.runs += 1;
+        self.ran = true;
         self.counted = None;
     }
 }
@@ -749,7 +749,7 @@ impl Shared {
         Held {
             message,
             delivered: delivery.attempt,
-            runs: 0,
+            ran: false,
             counted: None,
             delivery,
             _slot: slot,
@@ -964,7 +964,7 @@ impl Shared {
                 false => Ok(None),
             };
         };
-        if held.counted.is_none() && (held.delivered > 1 || held.runs > 0) {
+        if held.counted.is_none() && (held.delivered > 1 || held.ran) {
             let runs = record_run(self.inbox.collection(), &entry, DateTime::now()).await;
             held.counted = match runs {
                 Ok(runs) => Some(runs.unwrap_or(0)),
