@@ -21,7 +21,7 @@ fn assert_fails_saying(args: &[&str], expected: &[&str]) {
     assert_exits_saying(args, 2, expected);
 }
 
-fn assert_exits_saying(args: &[&str], code: i32, expected: &[&str]) {
+pub(crate) fn assert_exits_saying(args: &[&str], code: i32, expected: &[&str]) {
     let output = relay(args);
     let text = stderr(&output);
     assert_eq!(output.status.code(), Some(code), "{args:?}: {text}");
@@ -141,10 +141,10 @@ fn an_unreachable_mongodb_gets_a_plain_message() {
 }
 
 /// A config file with `text` in a folder of its own, removed when dropped.
-struct ConfigFile(std::path::PathBuf);
+pub(crate) struct ConfigFile(pub(crate) std::path::PathBuf);
 
 impl ConfigFile {
-    fn new(test: &str, text: &str) -> Self {
+    pub(crate) fn new(test: &str, text: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("outbox-relay-{test}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create a folder for the config file");
         let file = ConfigFile(dir.join("relay.toml"));

@@ -4,7 +4,8 @@
 //! scripts/validate-deploy.sh.)
 
 use std::path::PathBuf;
-use std::process::Command;
+
+use crate::cli::{assert_exits_saying, ConfigFile};
 
 fn deploy(path: &str) -> String {
     let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path);
@@ -25,24 +26,13 @@ fn config_file() -> String {
 
 #[test]
 fn the_configmaps_config_file_is_one_the_relay_accepts() {
-    let path = std::env::temp_dir().join(format!("relay-{}.toml", std::process::id()));
-    std::fs::write(&path, config_file()).expect("write the config file");
+    let file = ConfigFile::new("configmap", &config_file());
+    let path = file.0.to_str().expect("a UTF-8 path");
     // Nothing listens on port 1: past its settings, the relay stops at its
     // first check, unable to reach MongoDB (exit 3), not at a setting (2).
-    let output = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .arg("run")
-        .arg("--config")
-        .arg(&path)
-        .args([
-            "--mongodb-uri",
-            "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=500",
-        ])
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run the relay");
-    let _ = std::fs::remove_file(&path);
-    let text = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(3), "{text}");
+    let uri = "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=500";
+    let args = ["run", "--config", path, "--mongodb-uri", uri];
+    assert_exits_saying(&args, 3, &["cannot reach MongoDB"]);
 }
 
 #[test]
