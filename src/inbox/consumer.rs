@@ -655,14 +655,6 @@ impl Held {
     }
 }
 
-/// Why a message whose runs never ended is given up on.
-fn never_ended(runs: u64) -> String {
-    format!(
-        "the handler began {runs} runs of it and none ended with a result (the process stopped \
-         during each?)"
-    )
-}
-
 /// A held message's entry among those kept alive.
 struct KeptEntry {
     shared: Arc<Shared>,
@@ -924,6 +916,7 @@ impl Shared {
             client: &self.client,
             inbox: self.inbox.collection(),
             retention: self.inbox.retention,
+            max_runs: self.settings.max_deliveries,
             handler_began: AtomicBool::new(false),
         };
         let outcome = transaction
@@ -983,7 +976,7 @@ impl Shared {
             Some(runs) => {
                 held.delivery.attempt = runs;
                 match runs > limit {
-                    true => Err(Outcome::Spent(never_ended(runs))),
+                    true => Err(Outcome::never_ended(runs)),
                     false => Ok(Some(runs)),
                 }
             }

@@ -135,7 +135,8 @@ fn count(n: u64) -> i64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Recorded {
     /// Not handled before: the handler runs, after `runs_before` counted.
-    New { runs_before: u64 },
+    /// `given_up`: its record was `failed`, and the message came again.
+    New { runs_before: u64, given_up: bool },
     /// Handled before: the transaction is to be aborted.
     HandledBefore,
 }
@@ -203,8 +204,12 @@ pub(crate) async fn record_handled(
         Some(record) if is_handled(&record) => Recorded::HandledBefore,
         Some(record) => Recorded::New {
             runs_before: attempts_of(&record),
+            given_up: record.get_str(field::STATUS) == Ok(status::FAILED),
         },
-        None => Recorded::New { runs_before: 0 },
+        None => Recorded::New {
+            runs_before: 0,
+            given_up: false,
+        },
     })
 }
 

@@ -58,11 +58,24 @@ pub(crate) enum Outcome {
     Spent(String),
 }
 
+impl Outcome {
+    /// Given up on without another run: `runs` began, and none ended with a
+    /// result.
+    pub(crate) fn never_ended(runs: u64) -> Outcome {
+        Outcome::Spent(format!(
+            "the handler began {runs} runs of it and none ended with a result (the process \
+             stopped during each?)"
+        ))
+    }
+}
+
 /// Where a message's transaction runs.
 pub(crate) struct Transaction<'a> {
     pub client: &'a Client,
     pub inbox: &'a Collection<Document>,
     pub retention: Option<Duration>,
+    /// The runs a message gets: `max_deliveries`.
+    pub max_runs: u64,
     /// Set once the handler has begun: a run that then ends in an outage
     /// was a run all the same.
     pub handler_began: AtomicBool,
@@ -127,7 +140,20 @@ impl Transaction<'_> {
             let recorded =
                 record_handled(self.inbox, session, (&entry, counted), now, self.retention).await;
             match recorded {
-                Ok(Recorded::New { runs_before }) => {
+                // Not counted before it began, as JetStream called it a
+                // first delivery; but JetStream's count can fall short (a
+                // delivery that reached no client is taken back from it),
+                // so the record bounds the runs here too. A `failing`
+                // record at the limit holds runs begun that never ended; a
+                // `failed` one's message that comes again gets a run.
+                Ok(Recorded::New {
+                    runs_before,
+                    given_up,
+                }) if counted.is_none() && !given_up && runs_before >= self.max_runs => {
+                    abort(session).await;
+                    return Attempt::Done(Outcome::never_ended(runs_before));
+                }
+                Ok(Recorded::New { runs_before, .. }) => {
                     delivery.attempt = counted.unwrap_or(runs_before + 1);
                 }
                 Ok(Recorded::HandledBefore) => {
