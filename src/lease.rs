@@ -239,7 +239,17 @@ impl Lease {
                 return held;
             }
             let began = Instant::now();
-            let attempt = tokio::time::timeout_at(held.deadline, self.renew(&mut held)).await;
+            // A stop does not wait for a renewal MongoDB leaves unanswered:
+            // the release that follows matches the lease whether it landed
+            // or not.
+            let renewing = tokio::time::timeout_at(held.deadline, self.renew(&mut held));
+            let attempt = tokio::select! {
+                _ = stop.cancelled() => None,
+                attempt = renewing => Some(attempt),
+            };
+            let Some(attempt) = attempt else {
+                return held;
+            };
             match attempt {
                 Ok(Ok(true)) => warned |= self.slow_renewal(began.elapsed(), warned),
                 Ok(Ok(false)) => {

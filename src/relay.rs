@@ -31,7 +31,7 @@ use crate::config::{RelayConfig, RelayMode};
 use crate::connect::{connect_mongodb_for_coordination, connect_mongodb_observed, coordinated};
 use crate::contract::{DecodeRules, SubjectRules};
 use crate::error::{Error, Result};
-use crate::lease::{Lease, Term};
+use crate::lease::{Held, Lease, Term};
 use crate::observe::{self, Metrics, Role};
 use crate::order::{self, KeyOrder};
 use crate::pipeline::Pipeline;
@@ -219,9 +219,7 @@ impl Relay {
             let held = keeper.await.unwrap_or(held);
             self.metrics.leading(None);
             if stop.shutdown.is_cancelled() {
-                if let Err(error) = lease.release(&held).await {
-                    tracing::warn!(%error, "could not release the lease; it ends when it expires");
-                }
+                release(&lease, &held).await;
                 return;
             }
             tracing::warn!(term = held.term.0, "no longer leading: standing by");
@@ -582,4 +580,20 @@ impl Relay {
 async fn mark_stopping(metrics: Metrics, shutdown: CancellationToken) {
     shutdown.cancelled().await;
     metrics.set_role(Role::Stopping);
+}
+
+/// How long a stopping relay tries to release its lease. A MongoDB that
+/// does not answer by then leaves the lease to expire, and the stop takes
+/// at most `--shutdown-timeout` and this.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Gives the lease up as the relay stops, so a standby takes over at once.
+async fn release(lease: &Lease, held: &Held) {
+    let released = tokio::time::timeout(RELEASE_TIMEOUT, lease.release(held)).await;
+    let error = match released {
+        Ok(Ok(())) => return,
+        Ok(Err(error)) => error.to_string(),
+        Err(_) => format!("MongoDB did not answer within {RELEASE_TIMEOUT:?}"),
+    };
+    tracing::warn!(%error, "could not release the lease; a standby takes over when it expires");
 }

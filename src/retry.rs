@@ -90,6 +90,33 @@ where
 pub(crate) async fn until_settled<T, E, F, Fut>(
     what: &'static str,
     shutdown: &CancellationToken,
+    attempt: F,
+    is_final: impl Fn(&E) -> bool,
+) -> Option<Result<T, E>>
+where
+    E: Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    settle(what, (shutdown, Cut::BetweenTries), attempt, is_final).await
+}
+
+/// Where a token's firing ends the tries of [`settle`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cut {
+    /// Between tries: a try under way runs to its end.
+    BetweenTries,
+    /// Also during a try: for writes that must not hold up a stop past its
+    /// grace when MongoDB leaves them unanswered. Whether a try cut short
+    /// took effect is not known, as after a crash, and is left to what
+    /// makes a crash safe.
+    AnyTime,
+}
+
+/// [`until_settled`], with the token's reach stated.
+pub(crate) async fn settle<T, E, F, Fut>(
+    what: &'static str,
+    (stop, cut): (&CancellationToken, Cut),
     mut attempt: F,
     is_final: impl Fn(&E) -> bool,
 ) -> Option<Result<T, E>>
@@ -101,7 +128,15 @@ where
     let mut outage = Outage::new(what);
     let mut backoff = reconnect_backoff();
     loop {
-        match attempt().await {
+        let tried = attempt();
+        let outcome = match cut {
+            Cut::BetweenTries => tried.await,
+            Cut::AnyTime => tokio::select! {
+                _ = stop.cancelled() => return None,
+                outcome = tried => outcome,
+            },
+        };
+        match outcome {
             Ok(value) => {
                 outage.recovered();
                 return Some(Ok(value));
@@ -112,7 +147,7 @@ where
             }
             Err(error) => {
                 outage.failed(&error);
-                if !pause(&mut backoff, shutdown).await {
+                if !pause(&mut backoff, stop).await {
                     return None;
                 }
             }

@@ -735,6 +735,18 @@ async fn nats_paused_past_the_lease_sends_nothing_of_the_lost_term() {
     env.drop().await;
 }
 
+/// A relay with these settings, once it has delivered a message.
+async fn delivering(env: &TestEnv, label: &str, settings: &[(&str, &str)]) -> RelayProcess {
+    let relay = RelayProcess::start_with(env, label, settings);
+    let outbox = Outbox::new(&env.db);
+    let orders = env.db.collection::<Document>("orders");
+    write_one(&env.client, &outbox, &orders, 1, false)
+        .await
+        .unwrap();
+    env.wait_count(doc! { "status": "processed" }, 1).await;
+    relay
+}
+
 #[tokio::test]
 async fn a_slow_renewal_is_reported_with_the_setting_to_raise() {
     let _serial = ONE_AT_A_TIME.lock().await;
@@ -747,13 +759,7 @@ async fn a_slow_renewal_is_reported_with_the_setting_to_raise() {
         ("OUTBOX_LEASE_DURATION", "6s"),
         ("OUTBOX_LEASE_RENEW_INTERVAL", "500ms"),
     ];
-    let mut relay = RelayProcess::start_with(&env, "slow-renewal", &settings);
-    let outbox = Outbox::new(&env.db);
-    let orders = env.db.collection::<Document>("orders");
-    write_one(&env.client, &outbox, &orders, 1, false)
-        .await
-        .unwrap();
-    env.wait_count(doc! { "status": "processed" }, 1).await;
+    let mut relay = delivering(&env, "slow-renewal", &settings).await;
     servers.mongo.pause();
     tokio::time::sleep(Duration::from_secs(3)).await;
     servers.mongo.resume();
@@ -763,5 +769,34 @@ async fn a_slow_renewal_is_reported_with_the_setting_to_raise() {
         "it names the setting"
     );
     relay.terminate().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_relay_stopped_while_mongodb_is_frozen_leaves_the_lease_to_expire_and_exits() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let servers = Servers::start().await;
+    let env = servers.env().await;
+    // A lease longer than any wait here: a stop that waited on a renewal
+    // MongoDB leaves unanswered would not end within one.
+    let settings = [
+        ("OUTBOX_LEASE_DURATION", "2m"),
+        ("OUTBOX_LEASE_RENEW_INTERVAL", "200ms"),
+        ("OUTBOX_SHUTDOWN_TIMEOUT", "1s"),
+    ];
+    let mut relay = delivering(&env, "frozen-stop", &settings).await;
+    servers.mongo.pause();
+    relay.signal("TERM");
+    common::wait_until("the relay to exit", || {
+        let exited = !relay.running();
+        async move { exited }
+    })
+    .await;
+    servers.mongo.resume();
+    assert_eq!(
+        said(&relay, "could not release the lease"),
+        1,
+        "it says why a standby waits"
+    );
     env.drop().await;
 }

@@ -41,7 +41,7 @@ use crate::error::{brief, is_document_error};
 use crate::lease::Term;
 use crate::observe::Metrics;
 use crate::order::KeyOrder;
-use crate::retry::{until_ok, until_settled};
+use crate::retry::{settle, Cut};
 use crate::unreadable;
 use crate::work::{Acknowledged, Budget, Finished, LastDelivery, Tally, Unmarkable, Verdict};
 
@@ -223,10 +223,14 @@ impl CompletionStage {
         let (Some((token, at)), Some(checkpoints)) = (unsaved.take(), &self.checkpoints) else {
             return Some(());
         };
-        let saved = until_ok("MongoDB checkpoint write", &self.abandon, || {
-            checkpoints.save(&token, at)
-        })
-        .await?;
+        let saved = settle(
+            "MongoDB checkpoint write",
+            (&self.abandon, Cut::AnyTime),
+            || checkpoints.save(&token, at),
+            |_| false,
+        )
+        .await?
+        .ok()?;
         if !saved {
             tracing::warn!("the checkpoint belongs to a newer leader now: not writing it");
             return None;
@@ -358,7 +362,13 @@ impl CompletionStage {
                 }
             }
         };
-        until_settled(what, &self.abandon, attempt, is_document_error).await
+        settle(
+            what,
+            (&self.abandon, Cut::AnyTime),
+            attempt,
+            is_document_error,
+        )
+        .await
     }
 }
 
