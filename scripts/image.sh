@@ -26,16 +26,24 @@ VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)"
 REVISION="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 SOURCE="$(git remote get-url origin 2>/dev/null || true)"
 
+# Offline, podman: it imports the base made here, and the image tests
+# (tests/image) run its containers; it and runc are installed where missing.
+if $offline; then
+  missing=()
+  for tool in podman runc mmdebstrap; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${missing[*]} from Debian's packages"
+    apt_install "${missing[@]}"
+  fi
+fi
 if command -v podman >/dev/null; then
   engine=(podman)
   # crun refuses some hosts' hybrid cgroups; runc, where present, does not.
   if command -v runc >/dev/null; then engine+=(--runtime runc); fi
 elif command -v docker >/dev/null && docker info >/dev/null 2>&1; then
   engine=(docker)
-elif $offline; then
-  log "installing podman and runc from Debian's packages"
-  apt_install podman runc
-  engine=(podman --runtime runc)
 else
   log "neither podman nor a running docker engine is here: install one, or use --offline"
   exit 1
@@ -46,7 +54,6 @@ args=(--build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION"
 if $offline; then
   BASE=localhost/outbox-relay-base:bookworm
   if ! "${engine[@]}" image exists "$BASE" 2>/dev/null; then
-    command -v mmdebstrap >/dev/null || apt_install mmdebstrap
     mkdir -p "$STATE"
     log "making the runtime base $BASE from Debian's packages"
     mmdebstrap --quiet --variant=minbase --include=ca-certificates \

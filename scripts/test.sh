@@ -17,10 +17,15 @@ cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 # The library as a service embeds it: without the command line or the benchmark.
 cargo clippy --lib --no-default-features --locked -- -D warnings
+# The image's tests are not among --all-targets (they need the image).
+cargo clippy --test image --locked -- -D warnings
 rm -f target/fault-report.jsonl
 cargo test --all-targets --locked
 # README's Rust snippets and the rustdoc examples.
 cargo test --doc --locked
+# The container image, built here without a registry, run as users run it.
+scripts/image.sh --offline
+cargo test --test image --locked
 if [ -f target/fault-report.jsonl ]; then
   echo "fault-injection figures (tests/faults.rs):"
   cat target/fault-report.jsonl

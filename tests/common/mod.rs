@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod container;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
@@ -897,6 +899,8 @@ pub const QUICK_TAKEOVER: [(&str, &str); 2] = [
 pub struct RelayProcess {
     child: Child,
     pub log: PathBuf,
+    /// The container it runs in, where it runs in the image.
+    container: Option<(container::Image, String)>,
 }
 
 impl RelayProcess {
@@ -906,9 +910,52 @@ impl RelayProcess {
 
     /// A relay with these settings (`OUTBOX_*` variables) added or replaced.
     pub fn start_with(env: &TestEnv, label: &str, settings: &[(&str, &str)]) -> Self {
+        let (mut command, log) = Self::command(env, label, settings);
+        let child = command.spawn().expect("start outbox-relay");
+        RelayProcess {
+            child,
+            log,
+            container: None,
+        }
+    }
+
+    /// A relay in a container of `image`, with the same settings as
+    /// [`start_with`](Self::start_with), but for its metrics address: the
+    /// image's own unless `settings` name one.
+    pub fn start_in(
+        image: container::Image,
+        env: &TestEnv,
+        label: &str,
+        settings: &[(&str, &str)],
+    ) -> Self {
+        let (mut relay, log) = Self::command(env, label, settings);
+        if !settings
+            .iter()
+            .any(|(name, _)| *name == "OUTBOX_METRICS_ADDR")
+        {
+            relay.env_remove("OUTBOX_METRICS_ADDR");
+        }
+        let name = format!("{}-{label}", env.name);
+        image.remove(&name);
+        let mut command = image.run(&relay, &name);
+        command.stdin(Stdio::null()).stdout(Stdio::null());
+        command.stderr(Stdio::from(
+            std::fs::File::create(&log).expect("relay log file"),
+        ));
+        let child = command.spawn().expect("start a container of the image");
+        RelayProcess {
+            child,
+            log,
+            container: Some((image, name)),
+        }
+    }
+
+    /// The relay's command, with these settings, logging to its log file.
+    fn command(env: &TestEnv, label: &str, settings: &[(&str, &str)]) -> (Command, PathBuf) {
         let log = logs_dir().join(format!("{}-{label}.log", env.name));
         let file = std::fs::File::create(&log).expect("relay log file");
-        let child = relay_command(env)
+        let mut command = relay_command(env);
+        command
             .arg("run")
             .env("OUTBOX_CHECKPOINT_INTERVAL", "100ms")
             .env("OUTBOX_MAX_AWAIT_TIME", "200ms")
@@ -932,14 +979,34 @@ impl RelayProcess {
             )
             .envs(settings.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::from(file))
-            .spawn()
-            .expect("start outbox-relay");
-        RelayProcess { child, log }
+            .stderr(Stdio::from(file));
+        (command, log)
     }
 
+    /// The relay's process id on this host.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        match &self.container {
+            Some((image, name)) => image.host_pid(name),
+            None => self.child.id(),
+        }
+    }
+
+    /// The container the relay runs in, if any.
+    pub fn container(&self) -> Option<&str> {
+        self.container.as_ref().map(|(_, name)| name.as_str())
+    }
+
+    /// Sends `signal` (`TERM`, `KILL`) to the relay.
+    pub fn signal(&self, signal: &str) {
+        match &self.container {
+            Some((image, name)) => image.signal(name, signal),
+            None => {
+                let sent = Command::new("kill")
+                    .args([&format!("-{signal}"), &self.pid().to_string()])
+                    .status();
+                assert!(sent.is_ok_and(|s| s.success()), "send SIG{signal}");
+            }
+        }
     }
 
     pub fn running(&mut self) -> bool {
@@ -947,16 +1014,16 @@ impl RelayProcess {
     }
 
     pub fn kill9(&mut self) {
+        if let Some((image, name)) = &self.container {
+            image.remove(name);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
     /// SIGTERM, then waits for the exit; fails the test if it does not exit cleanly.
     pub async fn terminate(&mut self) {
-        let sent = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status();
-        assert!(sent.is_ok_and(|s| s.success()), "send SIGTERM");
+        self.signal("TERM");
         let deadline = Instant::now() + WAIT;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait for the relay") {
