@@ -185,7 +185,12 @@ impl Lease {
         let renewed = self
             .documents
             .update_one(
-                doc! { "_id": &self.id, "owner": &self.owner, "term": held.term.0 },
+                // Not once released: a renewal a stop cut short, landing
+                // after the release, must not take the lease back.
+                doc! {
+                    "_id": &self.id, "owner": &self.owner, "term": held.term.0,
+                    "expiresAt": { "$gt": DateTime::from_millis(0) },
+                },
                 doc! { "$set": { "expiresAt": later(now, self.timing.duration) } },
             )
             .await

@@ -4,6 +4,7 @@ mod cli;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use outbox_relay::Relay;
@@ -54,8 +55,11 @@ async fn execute(command: Command) -> Result<ExitCode> {
     match command {
         Command::Run(args) => {
             let config = args.resolve()?;
+            // However MongoDB answers, the process ends this long after
+            // the first signal (see `Relay::run`).
+            let limit = config.shutdown_timeout + outbox_relay::relay::RELEASE_TIMEOUT;
             let relay = Relay::connect(config).await?;
-            relay.run(stop_on_signal()).await?;
+            relay.run(stop_on_signal(Some(limit))).await?;
             Ok(ExitCode::SUCCESS)
         }
         #[cfg(feature = "bench")]
@@ -105,7 +109,7 @@ async fn replay(args: cli::replay::ReplayArgs) -> Result<ExitCode> {
     let shown = cli::replay::Shown::new(args.json);
     let show = |report: &outbox_relay::replay::Report| shown.show(report);
     let summary =
-        outbox_relay::replay::run(&config, request, &options, stop_on_signal(), &show).await;
+        outbox_relay::replay::run(&config, request, &options, stop_on_signal(None), &show).await;
     shown.finish();
     let summary = summary?;
     if args.json {
@@ -313,17 +317,36 @@ fn to_json(value: &impl serde::Serialize) -> Result<String> {
         .map_err(|e| Error::Internal(format!("cannot write the result as JSON: {e}")))
 }
 
-/// A token cancelled by the first SIGINT or SIGTERM; a second one exits at once.
-fn stop_on_signal() -> CancellationToken {
+/// A token cancelled by the first SIGINT or SIGTERM; a second one exits at
+/// once, and so does the stop outlasting `limit`.
+fn stop_on_signal(limit: Option<Duration>) -> CancellationToken {
     let token = CancellationToken::new();
     let fire = token.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("stopping: finishing in-flight messages (signal again to exit at once)");
         fire.cancel();
-        wait_for_signal().await;
-        tracing::warn!("second signal: exiting at once; unfinished messages stay pending");
-        std::process::exit(130);
+        let outlasted = async {
+            match limit {
+                Some(limit) => tokio::time::sleep(limit).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = wait_for_signal() => {
+                tracing::warn!("second signal: exiting at once; unfinished messages stay pending");
+                std::process::exit(130);
+            }
+            _ = outlasted => {
+                tracing::error!(
+                    ?limit,
+                    "the stop did not end in time (MongoDB not answering?): exiting; what was \
+                     not marked is delivered again by the next leader, and the lease ends when \
+                     it expires"
+                );
+                std::process::exit(1);
+            }
+        }
     });
     token
 }

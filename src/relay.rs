@@ -457,9 +457,7 @@ impl Relay {
         let (time_up, abandoned) = (time_up.is_cancelled(), stop.abandon.is_cancelled());
         let lost = abandoned && !time_up;
         if !abandoned {
-            if let Err(error) = lease.release(&held).await {
-                tracing::warn!(%error, "could not release the lease; it ends when it expires");
-            }
+            release(&lease, &held).await;
         }
         match drained {
             _ if time_up => Err(Error::GaveUp(format!(

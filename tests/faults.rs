@@ -793,10 +793,10 @@ async fn a_relay_stopped_while_mongodb_is_frozen_leaves_the_lease_to_expire_and_
     })
     .await;
     servers.mongo.resume();
-    assert_eq!(
-        said(&relay, "could not release the lease"),
-        1,
-        "it says why a standby waits"
-    );
+    // Released in vain, or, with an operation of the term stuck on
+    // MongoDB, never tried: either way it says why a standby waits.
+    let waits = said(&relay, "could not release the lease")
+        + said(&relay, "the lease ends when it expires");
+    assert_eq!(waits, 1, "it says why a standby waits");
     env.drop().await;
 }
