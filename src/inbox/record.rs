@@ -239,7 +239,8 @@ pub(crate) async fn record_run(
             .projection(doc! { field::ATTEMPTS: 1 })
             .await;
         match after {
-            Ok(record) => return Ok(record.map(|record| attempts_of(&record))),
+            // This run at least, whatever a hand-edited count said before.
+            Ok(record) => return Ok(record.map(|record| attempts_of(&record).max(1))),
             Err(error) if is_duplicate_key(&error) => continue,
             Err(error) => return Err(error),
         }
@@ -253,7 +254,10 @@ fn attempts_of(record: &Document) -> u64 {
     match record.get(field::ATTEMPTS) {
         Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
         Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
-        // Saturating: NaN and negatives are 0, the too large the most.
+        // NaN, which `$inc` never changes, would count no run ever: it is
+        // taken as past any limit.
+        Some(Bson::Double(n)) if n.is_nan() => u64::MAX,
+        // Saturating: negatives are 0, the too large the most.
         Some(Bson::Double(n)) => *n as u64,
         _ => 0,
     }
@@ -454,13 +458,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_count_is_read_whatever_its_numeric_type_and_nonsense_is_none() {
+    fn a_count_is_read_whatever_its_numeric_type_and_nonsense_is_none_or_past_all() {
         let count = |value: Bson| attempts_of(&doc! { field::ATTEMPTS: value });
         assert_eq!(count(Bson::Int32(3)), 3);
         assert_eq!(count(Bson::Int64(4)), 4);
         assert_eq!(count(Bson::Double(5.0)), 5, "set by hand in mongosh");
         assert_eq!(count(Bson::Int32(-2)), 0);
-        assert_eq!(count(Bson::Double(f64::NAN)), 0);
+        assert_eq!(count(Bson::Double(f64::NAN)), u64::MAX, "no $inc moves it");
         assert_eq!(count(Bson::String("7".into())), 0);
         assert_eq!(attempts_of(&doc! {}), 0);
     }

@@ -59,12 +59,12 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    /// Given up on without another run: `runs` began, and none ended with a
-    /// result.
+    /// Given up on without another run: `runs` began, the last of which
+    /// never ended with a result.
     pub(crate) fn never_ended(runs: u64) -> Outcome {
         Outcome::Spent(format!(
-            "the handler began {runs} runs of it and none ended with a result (the process \
-             stopped during each?)"
+            "the handler began {runs} runs of it, and the last never ended with a result (the \
+             process stopped during it?)"
         ))
     }
 }
@@ -151,10 +151,11 @@ impl Transaction<'_> {
                     given_up,
                 }) if counted.is_none() && !given_up && runs_before >= self.max_runs => {
                     abort(session).await;
+                    delivery.attempt = runs_before;
                     return Attempt::Done(Outcome::never_ended(runs_before));
                 }
                 Ok(Recorded::New { runs_before, .. }) => {
-                    delivery.attempt = counted.unwrap_or(runs_before + 1);
+                    delivery.attempt = counted.unwrap_or(runs_before.saturating_add(1));
                 }
                 Ok(Recorded::HandledBefore) => {
                     abort(session).await;

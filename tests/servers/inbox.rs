@@ -903,7 +903,7 @@ async fn given_up_without_a_third_run(
     let record = record(inbox, id).await.expect("its record");
     assert_eq!(record.get_str("status").unwrap(), "failed");
     let error = record.get_str("lastError").unwrap();
-    assert!(error.contains("none ended with a result"), "{error}");
+    assert!(error.contains("never ended with a result"), "{error}");
     running.stop().await;
 }
 
