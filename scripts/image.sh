@@ -64,6 +64,12 @@ if $offline; then
   fi
   log "building the stripped binary"
   cargo build --profile dist --locked --bin outbox-relay
+  # The build context takes it from target/dist, wherever cargo builds.
+  built="${CARGO_TARGET_DIR:-target}/dist/outbox-relay"
+  if [ "$(realpath "$built")" != "$(realpath -m target/dist/outbox-relay)" ]; then
+    mkdir -p target/dist
+    cp "$built" target/dist/outbox-relay
+  fi
   args+=(--build-arg BINARY=prebuilt --build-arg "RUNTIME_IMAGE=$BASE")
 fi
 log "building outbox-relay:$VERSION with ${engine[0]}"

@@ -5,13 +5,22 @@
 //! `scripts/image.sh` tags); `OUTBOX_CONTAINER_ENGINE` the engine's command
 //! (podman, with runc where it is installed, as `scripts/image.sh` chooses).
 
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
 
 /// The image, and the engine that runs it.
 pub struct Image {
     engine: Vec<String>,
     name: String,
 }
+
+/// Marks the containers the tests start, so that a run's leftovers (a
+/// test binary killed before its cleanup) are removed by the next.
+const LABEL: &str = "outbox-relay-test";
+
+/// How long an engine command other than a container's run may take.
+const ENGINE_WAIT: Duration = Duration::from_secs(60);
 
 impl Image {
     pub fn from_env() -> Self {
@@ -25,12 +34,11 @@ impl Image {
         };
         let name = std::env::var("OUTBOX_IMAGE").unwrap_or_else(|_| "outbox-relay:latest".into());
         let image = Image { engine, name };
-        let found = image
-            .engine()
-            .args(["image", "inspect", &image.name])
-            .output();
+        static LEFTOVERS: Once = Once::new();
+        LEFTOVERS.call_once(|| image.remove_leftovers());
+        let found = image.finish(["image", "inspect", &image.name]);
         assert!(
-            found.is_ok_and(|output| output.status.success()),
+            found.is_some_and(|output| output.status.success()),
             "no image {} for {:?}: build it with scripts/image.sh --offline",
             image.name,
             image.engine
@@ -44,13 +52,47 @@ impl Image {
         command
     }
 
+    /// Runs an engine command to its end, within [`ENGINE_WAIT`] (none if
+    /// it could not start or took longer, and was killed).
+    fn finish<'a>(&self, args: impl IntoIterator<Item = &'a str>) -> Option<Output> {
+        let mut child = self
+            .engine()
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .ok()?;
+        let deadline = Instant::now() + ENGINE_WAIT;
+        while child.try_wait().ok()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.wait_with_output().ok()
+    }
+
+    /// Removes the containers an earlier run of the tests left.
+    fn remove_leftovers(&self) {
+        let filter = format!("label={LABEL}");
+        let listed = self.finish(["ps", "--all", "--quiet", "--filter", &filter]);
+        let ids = listed.map(|output| String::from_utf8_lossy(&output.stdout).into_owned());
+        for id in ids.iter().flat_map(|ids| ids.split_whitespace()) {
+            self.remove(id);
+        }
+    }
+
     /// `relay` (the relay's binary with its arguments and settings) as a
     /// container of the image named `container`: on the host's network,
     /// with a read-only root, no capabilities and no way to gain any, as
     /// the manifests in `deploy/` run it.
     pub fn run(&self, relay: &Command, container: &str) -> Command {
         let mut command = self.engine();
-        command.args(["run", "--rm", "--name", container, "--network", "host"]);
+        command.args(["run", "--rm", "--name", container, "--label", LABEL]);
+        command.args(["--network", "host"]);
         command.args(["--read-only", "--cap-drop", "ALL"]);
         command.args(["--security-opt", "no-new-privileges"]);
         // Containers on some hosts may not raise their resource limits
@@ -73,31 +115,23 @@ impl Image {
 
     /// Sends `signal` (`TERM`, `KILL`) to the relay in `container`.
     pub fn signal(&self, container: &str, signal: &str) {
-        let sent = self
-            .engine()
-            .args(["kill", "--signal", signal, container])
-            .output();
+        let sent = self.finish(["kill", "--signal", signal, container]);
         assert!(
-            sent.is_ok_and(|output| output.status.success()),
+            sent.is_some_and(|output| output.status.success()),
             "send SIG{signal} to container {container}"
         );
     }
 
     /// Kills and removes `container`, running or not, there or not.
     pub fn remove(&self, container: &str) {
-        let _ = self
-            .engine()
-            .args(["kill", "--signal", "KILL", container])
-            .output();
-        let _ = self.engine().args(["rm", "--force", container]).output();
+        self.finish(["kill", "--signal", "KILL", container]);
+        self.finish(["rm", "--force", container]);
     }
 
     /// The host's process id of the relay in `container`.
     pub fn host_pid(&self, container: &str) -> u32 {
         let output = self
-            .engine()
-            .args(["inspect", "--format", "{{.State.Pid}}", container])
-            .output()
+            .finish(["inspect", "--format", "{{.State.Pid}}", container])
             .expect("inspect the container");
         String::from_utf8_lossy(&output.stdout)
             .trim()

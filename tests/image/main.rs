@@ -126,14 +126,16 @@ async fn the_image_runs_read_only_unprivileged_as_pid_one_and_serves_every_inter
         get(IMAGE_METRICS_PORT, "/healthz").await.map(|(s, _)| s),
         Some(200)
     );
-    let (status, metrics) = get(IMAGE_METRICS_PORT, "/metrics")
-        .await
-        .expect("/metrics answers");
-    assert_eq!(status, 200);
-    assert!(
-        metrics.lines().any(|l| l == "outbox_processed_total 5"),
-        "{metrics}"
-    );
+    // Counted once the marks' write returned, which may be just after
+    // the documents show them.
+    wait_until("/metrics to count the deliveries", || async {
+        get(IMAGE_METRICS_PORT, "/metrics")
+            .await
+            .is_some_and(|(status, metrics)| {
+                status == 200 && metrics.lines().any(|l| l == "outbox_processed_total 5")
+            })
+    })
+    .await;
     relay.terminate().await;
     env.drop().await;
 }
