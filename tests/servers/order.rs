@@ -85,7 +85,7 @@ async fn a_refused_message_holds_its_key_until_it_is_dead_lettered() {
     // Long enough that other keys visibly flow while the key is held.
     config.retry_initial_delay = Duration::from_secs(1);
     config.retry_max_delay = Duration::from_secs(1);
-    let relay = RunningRelay::start(config).await;
+    let relay = RunningRelay::start_tailing(config).await;
     let committed = Committed::default();
 
     committed.write(&env, "k", 10).await;
@@ -222,7 +222,7 @@ async fn a_nats_restart_keeps_the_order_of_fifty_keys_written_at_once() {
     let env = TestEnv::on(&mongodb_uri(), &nats.url()).await;
     let mut config = env.quick_config(10);
     config.grace_period = Duration::from_secs(1);
-    let relay = RunningRelay::start(config).await;
+    let relay = RunningRelay::start_tailing(config).await;
     let committed = Committed::default();
 
     let writers: Vec<_> = (0..50)
