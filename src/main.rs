@@ -56,8 +56,10 @@ async fn execute(command: Command) -> Result<ExitCode> {
         Command::Run(args) => {
             let config = args.resolve()?;
             // However MongoDB answers, the process ends this long after
-            // the first signal (see `Relay::run`).
-            let limit = config.shutdown_timeout + outbox_relay::relay::RELEASE_TIMEOUT;
+            // the first signal: the stop's own bounds, and room to end.
+            let limit = config.shutdown_timeout
+                + outbox_relay::relay::RELEASE_TIMEOUT
+                + Duration::from_secs(2);
             let relay = Relay::connect(config).await?;
             relay.run(stop_on_signal(Some(limit))).await?;
             Ok(ExitCode::SUCCESS)
@@ -326,18 +328,11 @@ fn stop_on_signal(limit: Option<Duration>) -> CancellationToken {
         wait_for_signal().await;
         tracing::info!("stopping: finishing in-flight messages (signal again to exit at once)");
         fire.cancel();
-        let outlasted = async {
-            match limit {
-                Some(limit) => tokio::time::sleep(limit).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = wait_for_signal() => {
-                tracing::warn!("second signal: exiting at once; unfinished messages stay pending");
-                std::process::exit(130);
-            }
-            _ = outlasted => {
+        if let Some(limit) = limit {
+            // A thread of its own, so that nothing blocking the runtime
+            // (a name lookup while DNS is down, say) holds it up.
+            std::thread::spawn(move || {
+                std::thread::sleep(limit);
                 tracing::error!(
                     ?limit,
                     "the stop did not end in time (MongoDB not answering?): exiting; what was \
@@ -345,8 +340,11 @@ fn stop_on_signal(limit: Option<Duration>) -> CancellationToken {
                      it expires"
                 );
                 std::process::exit(1);
-            }
+            });
         }
+        wait_for_signal().await;
+        tracing::warn!("second signal: exiting at once; unfinished messages stay pending");
+        std::process::exit(130);
     });
     token
 }
