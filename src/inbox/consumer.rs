@@ -976,7 +976,8 @@ impl Shared {
             Some(runs) => {
                 held.delivery.attempt = runs;
                 match runs > limit {
-                    true => Err(Outcome::never_ended(runs)),
+                    // Counting the run it refuses: the ones before it began.
+                    true => Err(Outcome::never_ended(runs - 1)),
                     false => Ok(Some(runs)),
                 }
             }
