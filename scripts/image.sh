@@ -65,7 +65,9 @@ if $offline; then
   log "building the stripped binary"
   cargo build --profile dist --locked --bin outbox-relay
   # The build context takes it from target/dist, wherever cargo builds.
-  built="${CARGO_TARGET_DIR:-target}/dist/outbox-relay"
+  target_dir="$(cargo metadata --no-deps --format-version 1 |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+  built="$target_dir/dist/outbox-relay"
   if [ "$(realpath "$built")" != "$(realpath -m target/dist/outbox-relay)" ]; then
     mkdir -p target/dist
     cp "$built" target/dist/outbox-relay

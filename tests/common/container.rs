@@ -5,6 +5,7 @@
 //! `scripts/image.sh` tags); `OUTBOX_CONTAINER_ENGINE` the engine's command
 //! (podman, with runc where it is installed, as `scripts/image.sh` chooses).
 
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::Once;
 use std::time::{Duration, Instant};
@@ -15,8 +16,9 @@ pub struct Image {
     name: String,
 }
 
-/// Marks the containers the tests start, so that a run's leftovers (a
-/// test binary killed before its cleanup) are removed by the next.
+/// Marks the containers the tests start with the test process's id, so
+/// that a run's leftovers (a test binary killed before its cleanup) are
+/// removed by the next, and another run's live ones are not.
 const LABEL: &str = "outbox-relay-test";
 
 /// How long an engine command other than a container's run may take.
@@ -75,13 +77,19 @@ impl Image {
         child.wait_with_output().ok()
     }
 
-    /// Removes the containers an earlier run of the tests left.
+    /// Removes the containers a run of the tests that has ended left.
     fn remove_leftovers(&self) {
         let filter = format!("label={LABEL}");
-        let listed = self.finish(["ps", "--all", "--quiet", "--filter", &filter]);
-        let ids = listed.map(|output| String::from_utf8_lossy(&output.stdout).into_owned());
-        for id in ids.iter().flat_map(|ids| ids.split_whitespace()) {
-            self.remove(id);
+        let format = format!("{{{{.ID}}}} {{{{index .Labels \"{LABEL}\"}}}}");
+        let listed = self.finish(["ps", "--all", "--filter", &filter, "--format", &format]);
+        let listed = listed.map(|output| String::from_utf8_lossy(&output.stdout).into_owned());
+        for line in listed.iter().flat_map(|listed| listed.lines()) {
+            let Some((id, owner)) = line.split_once(' ') else {
+                continue;
+            };
+            if !PathBuf::from(format!("/proc/{}", owner.trim())).exists() {
+                self.remove(id);
+            }
         }
     }
 
@@ -91,7 +99,8 @@ impl Image {
     /// the manifests in `deploy/` run it.
     pub fn run(&self, relay: &Command, container: &str) -> Command {
         let mut command = self.engine();
-        command.args(["run", "--rm", "--name", container, "--label", LABEL]);
+        let label = format!("{LABEL}={}", std::process::id());
+        command.args(["run", "--rm", "--name", container, "--label", &label]);
         command.args(["--network", "host"]);
         command.args(["--read-only", "--cap-drop", "ALL"]);
         command.args(["--security-opt", "no-new-privileges"]);
