@@ -446,7 +446,10 @@ pub struct RunningRelay {
 
 impl RunningRelay {
     pub async fn start(config: RelayConfig) -> Self {
-        let relay = Relay::connect(config).await.expect("relay connects");
+        Self::run(Relay::connect(config).await.expect("relay connects"))
+    }
+
+    fn run(relay: Relay) -> Self {
         let shutdown = CancellationToken::new();
         let handle = tokio::spawn(relay.run(shutdown.clone()));
         RunningRelay { shutdown, handle }
@@ -460,18 +463,13 @@ impl RunningRelay {
     pub async fn start_tailing(config: RelayConfig) -> Self {
         let relay = Relay::connect(config).await.expect("relay connects");
         let metrics = relay.metrics().clone();
-        let shutdown = CancellationToken::new();
-        let handle = tokio::spawn(relay.run(shutdown.clone()));
+        let running = Self::run(relay);
         wait_until("the relay to tail its change stream", || {
-            let tailing = metrics
-                .readiness()
-                .conditions
-                .iter()
-                .any(|condition| condition == "role: leading, tailing the change stream");
+            let tailing = metrics.readiness().conditions.iter().any(|c| c == LEADING);
             async move { tailing }
         })
         .await;
-        RunningRelay { shutdown, handle }
+        running
     }
 
     /// Stops gracefully and returns what `run` returned.
@@ -695,6 +693,21 @@ pub async fn get(port: u16, path: &str) -> Option<(u16, String)> {
     let status = response.split(' ').nth(1)?.parse().ok()?;
     let body = response.split_once("\r\n\r\n")?.1.to_owned();
     Some((status, body))
+}
+
+/// What `/readyz` says of a leader tailing its change stream.
+pub const LEADING: &str = "role: leading, tailing the change stream";
+/// What `/readyz` says of a standby.
+pub const STANDING_BY: &str = "role: standing by";
+
+/// Waits until the relay serving on `port` is ready in `role` (as `/readyz` says).
+pub async fn ready_as(port: u16, role: &str) {
+    wait_until(&format!("the relay on {port} ready, {role}"), || async {
+        get(port, "/readyz")
+            .await
+            .is_some_and(|(status, body)| status == 200 && body.contains(role))
+    })
+    .await;
 }
 
 /// A loopback port nothing listens on now.

@@ -12,7 +12,10 @@ use std::time::Instant;
 
 use bson::{doc, Document};
 use common::container::Image;
-use common::{count_by_id, free_port, get, wait_until, write_orders, RelayProcess, TestEnv};
+use common::{
+    count_by_id, free_port, get, ready_as, wait_until, write_orders, RelayProcess, TestEnv,
+    LEADING, STANDING_BY,
+};
 
 /// The image's metrics address: every interface, port 9464.
 const IMAGE_METRICS_PORT: u16 = 9464;
@@ -49,19 +52,6 @@ fn listens_on_every_interface(port: u16) -> bool {
         fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A")
     })
 }
-
-/// Waits until the relay at `port` is ready in `role` (as `/readyz` says).
-async fn ready_as(port: u16, role: &str) {
-    wait_until(&format!("the relay on {port} ready, {role}"), || async {
-        get(port, "/readyz")
-            .await
-            .is_some_and(|(status, body)| status == 200 && body.contains(role))
-    })
-    .await;
-}
-
-const LEADING: &str = "role: leading, tailing the change stream";
-const STANDING_BY: &str = "role: standing by";
 
 /// The lease in the test's checkpoint document.
 async fn lease(env: &TestEnv) -> Document {

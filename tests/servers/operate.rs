@@ -6,7 +6,8 @@ use std::process::Output;
 use std::time::Duration;
 
 use crate::common::{
-    assert_exit, free_port, get, wait_until, write_orders, MongoProcess, RelayProcess, TestEnv,
+    assert_exit, free_port, get, ready_as, wait_until, write_orders, MongoProcess, RelayProcess,
+    TestEnv, LEADING, STANDING_BY,
 };
 use async_nats::jetstream;
 use bson::{doc, oid::ObjectId, DateTime, Document};
@@ -64,12 +65,7 @@ async fn endpoints_report_deliveries_depths_and_roles() {
     let leader_addr = format!("127.0.0.1:{leader_port}");
     let mut leader =
         RelayProcess::start_with(&env, "metrics-leader", &metrics_settings(&leader_addr));
-    wait_until("the leader to be ready", || async {
-        get(leader_port, "/readyz")
-            .await
-            .is_some_and(|(status, body)| status == 200 && body.contains("tailing"))
-    })
-    .await;
+    ready_as(leader_port, LEADING).await;
     assert_eq!(get(leader_port, "/healthz").await.map(|r| r.0), Some(200));
 
     write_orders(&env, 5).await;
@@ -115,12 +111,7 @@ async fn endpoints_report_deliveries_depths_and_roles() {
     let standby_addr = format!("127.0.0.1:{standby_port}");
     let mut standby =
         RelayProcess::start_with(&env, "metrics-standby", &metrics_settings(&standby_addr));
-    wait_until("the standby to be ready", || async {
-        get(standby_port, "/readyz")
-            .await
-            .is_some_and(|(status, body)| status == 200 && body.contains("standing by"))
-    })
-    .await;
+    ready_as(standby_port, STANDING_BY).await;
     assert_eq!(scrape(standby_port).await["outbox_leader"], 0.0);
     // A standby reads the leader's checkpoint, so it reports its age too.
     wait_until("the standby to report the checkpoint's age", || async {
