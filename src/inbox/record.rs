@@ -251,6 +251,10 @@ pub(crate) async fn record_run(
 /// Where a double's steps become larger than 1: 2^53.
 const UNMOVED: f64 = 9_007_199_254_740_992.0;
 
+/// The count taken for one `$inc` cannot move: past any limit, and one a
+/// count written back (an int32 or int64) can still be raised from.
+const PAST_EVERY_LIMIT: u64 = i32::MAX as u64;
+
 /// A record's `attempts`; 0 where it holds no count. A double counts (a
 /// count set by hand in mongosh is one, and `$inc` keeps it one).
 fn attempts_of(record: &Document) -> u64 {
@@ -260,7 +264,7 @@ fn attempts_of(record: &Document) -> u64 {
         // A count `$inc` never moves (NaN, infinite, or too far below 0
         // for a double to add 1 to) would count no run ever: it is taken
         // as past any limit, yet one a count can still be raised from.
-        Some(Bson::Double(n)) if !n.is_finite() || *n <= -UNMOVED => u64::from(u32::MAX >> 1),
+        Some(Bson::Double(n)) if !n.is_finite() || *n <= -UNMOVED => PAST_EVERY_LIMIT,
         // Saturating: negatives are 0, the too large the most.
         Some(Bson::Double(n)) => *n as u64,
         _ => 0,
@@ -468,10 +472,13 @@ mod tests {
         assert_eq!(count(Bson::Int64(4)), 4);
         assert_eq!(count(Bson::Double(5.0)), 5, "set by hand in mongosh");
         assert_eq!(count(Bson::Int32(-2)), 0);
-        let past_all = u64::from(u32::MAX >> 1);
-        assert_eq!(count(Bson::Double(f64::NAN)), past_all, "no $inc moves it");
-        assert_eq!(count(Bson::Double(f64::NEG_INFINITY)), past_all);
-        assert_eq!(count(Bson::Double(-1e17)), past_all);
+        assert_eq!(
+            count(Bson::Double(f64::NAN)),
+            PAST_EVERY_LIMIT,
+            "no $inc moves it"
+        );
+        assert_eq!(count(Bson::Double(f64::NEG_INFINITY)), PAST_EVERY_LIMIT);
+        assert_eq!(count(Bson::Double(-1e17)), PAST_EVERY_LIMIT);
         assert_eq!(count(Bson::Double(-3.0)), 0, "moved to 1 by a few runs");
         assert_eq!(count(Bson::String("7".into())), 0);
         assert_eq!(attempts_of(&doc! {}), 0);
