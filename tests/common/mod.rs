@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod container;
+pub mod history;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use bson::{doc, oid::ObjectId, Document};
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use mongodb::{Client, Collection, Database};
 use outbox_relay::{Relay, RelayConfig};
 use tokio::task::JoinHandle;
@@ -221,19 +222,47 @@ impl TestEnv {
         self.outbox().count_documents(filter).await.expect("count")
     }
 
-    /// Waits until `count(filter) == expected`.
+    /// Waits until `count(filter) == expected`. Timed out, it says how many
+    /// documents of each status the outbox holds, which tells a writer held
+    /// up by the server from a relay that did not deliver.
     pub async fn wait_count(&self, filter: Document, expected: u64) {
         let outbox = self.outbox();
-        let described = filter.to_string();
-        wait_until(
-            &format!("{expected} documents matching {described}"),
-            || {
-                let outbox = outbox.clone();
-                let filter = filter.clone();
-                async move { outbox.count_documents(filter).await.ok() == Some(expected) }
-            },
-        )
+        let reached = poll_until(|| {
+            let outbox = outbox.clone();
+            let filter = filter.clone();
+            async move { outbox.count_documents(filter.clone()).await.ok() == Some(expected) }
+        })
         .await;
+        if !reached {
+            panic!(
+                "timed out waiting for {expected} documents matching {filter}; \
+                 the outbox holds {}",
+                self.statuses().await
+            );
+        }
+    }
+
+    /// How many documents of each status the outbox holds.
+    pub async fn statuses(&self) -> String {
+        let grouped = self
+            .outbox()
+            .aggregate([doc! { "$group": { "_id": "$status", "n": { "$sum": 1 } } }])
+            .await;
+        let Ok(cursor) = grouped else {
+            return "(unreadable)".into();
+        };
+        let groups: Vec<Document> = cursor.try_collect().await.unwrap_or_default();
+        let counts: Vec<String> = groups
+            .iter()
+            .map(|group| {
+                format!(
+                    "{}: {}",
+                    group.get("_id").map_or("?".into(), |s| s.to_string()),
+                    group.get("n").map_or("?".into(), |n| n.to_string())
+                )
+            })
+            .collect();
+        format!("{{ {} }}", counts.join(", "))
     }
 
     /// Creates this test's stream (its subjects) on another NATS server.
@@ -387,19 +416,29 @@ pub fn count_by_id(messages: &[async_nats::Message]) -> HashMap<String, usize> {
 }
 
 /// Polls `condition` every 20 ms until it holds; fails the test after [`WAIT`].
-pub async fn wait_until<F, Fut>(what: &str, mut condition: F)
+pub async fn wait_until<F, Fut>(what: &str, condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    assert!(poll_until(condition).await, "timed out waiting for {what}");
+}
+
+/// Polls `condition` every 20 ms until it holds (true) or [`WAIT`] passes
+/// (false).
+pub async fn poll_until<F, Fut>(mut condition: F) -> bool
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
     let deadline = tokio::time::Instant::now() + WAIT;
     while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    true
 }
 
 /// One message as a JetStream stream holds it.
