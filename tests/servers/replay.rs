@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use bson::{doc, oid::ObjectId, Document};
 
+use crate::common::history::*;
 use crate::common::*;
 
 /// An ObjectId made `ago` before now, as a writer's driver then made it.
@@ -20,114 +21,6 @@ fn id_made(ago: Duration) -> ObjectId {
     let mut bytes = ObjectId::new().bytes();
     bytes[..4].copy_from_slice(&u32::try_from(seconds).expect("a 32-bit time").to_be_bytes());
     ObjectId::from_bytes(bytes)
-}
-
-/// A message as the relay left it once delivered.
-fn delivered(id: ObjectId, message_type: &str, key: &str) -> Document {
-    doc! {
-        "_id": id, "type": message_type, "key": key, "payload": { "n": id.to_hex() },
-        "status": "processed", "processedAt": bson::DateTime::now(),
-    }
-}
-
-/// A test's outbox, and a stream of its own for a replay's new subject
-/// space, `r<name>.>`: outside the relay's prefix, so a replay is told to
-/// allow it.
-struct History {
-    env: TestEnv,
-    prefix: String,
-    stream: jetstream::stream::Stream,
-}
-
-impl History {
-    /// `messages` written to a new test's outbox.
-    async fn of(messages: Vec<Document>) -> Self {
-        let env = TestEnv::new().await;
-        if !messages.is_empty() {
-            env.outbox().insert_many(messages).await.expect("insert");
-        }
-        Self::on(env).await
-    }
-
-    /// `count` delivered messages of `order.placed`, over `keys` keys.
-    async fn delivered(count: usize, keys: usize) -> Self {
-        let messages = (0..count)
-            .map(|n| delivered(ObjectId::new(), "order.placed", &format!("k{}", n % keys)))
-            .collect();
-        Self::of(messages).await
-    }
-
-    async fn on(env: TestEnv) -> Self {
-        Self::with_largest(env, -1).await
-    }
-
-    /// A history whose replay stream takes messages of at most `largest`
-    /// bytes (-1: any).
-    async fn with_largest(env: TestEnv, largest: i32) -> Self {
-        let prefix = format!("r{}", env.name);
-        let stream = env
-            .jetstream
-            .create_stream(jetstream::stream::Config {
-                name: prefix.to_uppercase(),
-                subjects: vec![format!("{prefix}.>")],
-                duplicate_window: Duration::from_secs(3600),
-                max_message_size: largest,
-                ..Default::default()
-            })
-            .await
-            .expect("create the replay stream");
-        History {
-            env,
-            prefix,
-            stream,
-        }
-    }
-
-    /// `outbox-relay replay` with `args`, allowed to publish under the prefix.
-    fn replay(&self, args: &[&str]) -> std::process::Command {
-        let mut command = relay_command(&self.env);
-        command
-            .arg("replay")
-            .args(args)
-            .env("OUTBOX_ALLOW_SUBJECT", format!("{}.>", self.prefix));
-        command
-    }
-
-    /// `replay` of every message into the prefix, with `args` besides.
-    fn replay_all(&self, args: &[&str]) -> std::process::Command {
-        let prefix = ["--all", "--replay-prefix", &self.prefix, "--json"];
-        self.replay(&[&prefix[..], args].concat())
-    }
-
-    /// How many messages the replay stream holds.
-    async fn count(&mut self) -> u64 {
-        self.stream
-            .info()
-            .await
-            .expect("stream info")
-            .state
-            .messages
-    }
-
-    /// Every message of the replay stream, in stream order.
-    async fn stored(&mut self) -> Vec<jetstream::message::StreamMessage> {
-        stream_messages(&mut self.stream).await
-    }
-
-    async fn drop(self) {
-        let _ = self
-            .env
-            .jetstream
-            .delete_stream(self.prefix.to_uppercase())
-            .await;
-        self.env.drop().await;
-    }
-}
-
-/// The summary a replay printed with `--json`.
-fn summary(output: &std::process::Output) -> serde_json::Value {
-    serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("a JSON summary ({e}): {}", output_text(output)))
 }
 
 #[tokio::test]
@@ -453,33 +346,6 @@ async fn bad_input_is_explained_with_exit_2_and_nothing_is_sent() {
     let records = history.env.db.collection::<Document>("outbox_replays");
     let recorded = records.count_documents(doc! {}).await.expect("count");
     assert_eq!(recorded, 0, "no replay recorded");
-    history.drop().await;
-}
-
-#[tokio::test]
-async fn a_replay_of_100000_messages_holds_the_memory_of_a_few() {
-    let mut history = History::of(Vec::new()).await;
-    for _ in 0..10 {
-        let batch: Vec<Document> = (0..10_000)
-            .map(|n| delivered(ObjectId::new(), "order.placed", &format!("k{}", n % 100)))
-            .collect();
-        history
-            .env
-            .outbox()
-            .insert_many(batch)
-            .await
-            .expect("insert");
-    }
-    let output = bounded_for(history.replay_all(&[]), Duration::from_secs(600)).await;
-    assert_exit(&output, 0, "");
-    let summary = summary(&output);
-    assert_eq!(summary["sent"], 100_000);
-    eprintln!("a replay of 100,000 messages: {summary}");
-    assert_eq!(history.count().await, 100_000);
-    // A relay draining a backlog holds 30 to 50 MiB; a replay streams its
-    // range, and holds no more.
-    let peak = summary["peak_memory_mib"].as_f64().expect("Linux says it");
-    assert!(peak < 64.0, "peak memory {peak} MiB");
     history.drop().await;
 }
 
