@@ -88,7 +88,6 @@ impl CompletionStage {
             });
         }
         let (delay, reason) = if exhausted {
-            self.metrics.dead_letter_held();
             let window = humantime::format_duration(self.evidence_window());
             tracing::warn!(
                 id = %message.id,
@@ -121,6 +120,11 @@ impl CompletionStage {
         let decided = self
             .decide(message, claim, Fate::Retried(&schedule), &reason, now)
             .await?;
+        // Counted once the document says so, so the count never runs ahead
+        // of what an operator reads in the collection.
+        if decided && exhausted {
+            self.metrics.dead_letter_held();
+        }
         Some(if decided {
             Retry::Scheduled
         } else {
