@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::Once;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The image, and the engine that runs it.
 pub struct Image {
@@ -55,9 +55,10 @@ impl Image {
     }
 
     /// Runs an engine command to its end, within [`ENGINE_WAIT`] (none if
-    /// it could not start or took longer, and was killed).
+    /// it could not start or took longer, and was killed). Its output is
+    /// read as it comes, so a long listing cannot fill a pipe and stall it.
     fn finish<'a>(&self, args: impl IntoIterator<Item = &'a str>) -> Option<Output> {
-        let mut child = self
+        let child = self
             .engine()
             .args(args)
             .stdin(Stdio::null())
@@ -65,16 +66,16 @@ impl Image {
             .stderr(Stdio::piped())
             .spawn()
             .ok()?;
-        let deadline = Instant::now() + ENGINE_WAIT;
-        while child.try_wait().ok()?.is_none() {
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return None;
+        let pid = child.id().to_string();
+        let (sender, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || sender.send(child.wait_with_output()));
+        match finished.recv_timeout(ENGINE_WAIT) {
+            Ok(output) => output.ok(),
+            Err(_) => {
+                let _ = Command::new("kill").args(["-KILL", &pid]).status();
+                None
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
-        child.wait_with_output().ok()
     }
 
     /// Removes the containers a run of the tests that has ended left.
