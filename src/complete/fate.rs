@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 
-use super::{still_ours, unlock, CompletionStage, Target};
+use super::{still_ours, unlock, CompletionStage, Taken, Target};
 use crate::contract::{field, status, ContractViolation, Decoded};
 use crate::observe::FailureKind;
 use crate::order::PARKED;
@@ -39,7 +39,8 @@ impl CompletionStage {
         let failed = fail(&reason, None, self.holds_key(message), now);
         let decided = self
             .decide(message, claim, Fate::Failed(&failed), &reason, now)
-            .await?;
+            .await?
+            .any();
         if decided {
             self.metrics.failed(FailureKind::Rejected);
         }
@@ -72,20 +73,14 @@ impl CompletionStage {
         if exhausted && (own || self.deliveries.within(self.evidence_window())) {
             let reason = format!("{reason} (gave up after {attempts} attempts)");
             let failed = fail(&reason, Some(stored), self.holds_key(message), now);
-            let decided = self
+            let taken = self
                 .decide(message, claim, Fate::Failed(&failed), &reason, now)
                 .await?;
-            if decided {
-                self.metrics.failed(FailureKind::Exhausted);
-                if let (Some(order), Some(key)) = (&self.order, key(message)) {
-                    order.dead_letter(key, &message.id);
-                }
+            if !taken.any() {
+                return Some(Retry::NotOurs);
             }
-            return Some(if decided {
-                Retry::GaveUp
-            } else {
-                Retry::NotOurs
-            });
+            self.dead_lettered(message, FailureKind::Exhausted);
+            return Some(Retry::GaveUp);
         }
         let (delay, reason) = if exhausted {
             let window = humantime::format_duration(self.evidence_window());
@@ -117,19 +112,33 @@ impl CompletionStage {
             },
             "$unset": unlock(),
         };
-        let decided = self
+        let taken = self
             .decide(message, claim, Fate::Retried(&schedule), &reason, now)
             .await?;
-        // Counted once the document says so, so the count never runs ahead
-        // of what an operator reads in the collection.
-        if decided && exhausted {
-            self.metrics.dead_letter_held();
-        }
-        Some(if decided {
-            Retry::Scheduled
-        } else {
-            Retry::NotOurs
+        Some(match taken {
+            // Counted once the document says so: the count never runs
+            // ahead of what an operator reads in the collection.
+            Taken::Meant if exhausted => {
+                self.metrics.dead_letter_held();
+                Retry::Scheduled
+            }
+            Taken::Meant => Retry::Scheduled,
+            // The document took no schedule, only its failure.
+            Taken::InPlace => {
+                self.dead_lettered(message, FailureKind::Rejected);
+                Retry::GaveUp
+            }
+            Taken::Nothing => Retry::NotOurs,
         })
+    }
+
+    /// A refused message now failed: counted, and its key let go or held
+    /// as `--on-dead-letter` says, as its document does.
+    fn dead_lettered(&self, message: &Decoded, kind: FailureKind) {
+        self.metrics.failed(kind);
+        if let (Some(order), Some(key)) = (&self.order, key(message)) {
+            order.dead_letter(key, &message.id);
+        }
     }
 
     /// Parks a message behind the earlier message holding its key: out of
@@ -145,8 +154,10 @@ impl CompletionStage {
             "$set": { field::NEXT_ATTEMPT_AT: PARKED },
             "$unset": unlock(),
         };
-        self.decide(message, claim, Fate::Parked(&update), "", now)
-            .await
+        let taken = self
+            .decide(message, claim, Fate::Parked(&update), "", now)
+            .await?;
+        Some(taken.any())
     }
 
     /// What a verdict that holds no claim requires of `lockId`: no claim,
@@ -186,8 +197,8 @@ impl CompletionStage {
     /// Applies a message's fate with the fence of a decision: still
     /// pending, held by this processor's claim or by none, and with the
     /// attempts it was read with. A document that cannot take the update is
-    /// failed with the least change that says so. Returns whether the
-    /// message was ours to decide.
+    /// failed with the least change that says so. Returns which write the
+    /// message took: none if it was not ours to decide.
     async fn decide(
         &self,
         message: &Decoded,
@@ -195,7 +206,7 @@ impl CompletionStage {
         fate: Fate<'_>,
         reason: &str,
         now: DateTime,
-    ) -> Option<bool> {
+    ) -> Option<Taken> {
         if let Fate::Failed(_) = fate {
             tracing::warn!(id = %message.id, reason, "outbox message failed");
         }

@@ -312,7 +312,7 @@ impl CompletionStage {
                 let least = doc! { "$set": { field::STATUS: status::PROCESSED } };
                 for id in ids {
                     let filter = Target::Filter(still_ours(doc! { "$eq": &id }, claim));
-                    if self.write_one(&id, filter, &[&update, &least]).await? {
+                    if self.write_one(&id, filter, &[&update, &least]).await?.any() {
                         self.metrics.processed(1);
                     }
                 }
@@ -322,22 +322,24 @@ impl CompletionStage {
     }
 
     /// Applies the first of `updates` the document takes. A document that
-    /// takes none is recorded as unmarkable. Returns whether a document
-    /// matched; `None` if the relay gave up waiting for MongoDB.
-    async fn write_one(&self, id: &Bson, target: Target, updates: &[&Document]) -> Option<bool> {
+    /// takes none is recorded as unmarkable. Returns which one it took;
+    /// `None` if the relay gave up waiting for MongoDB.
+    async fn write_one(&self, id: &Bson, target: Target, updates: &[&Document]) -> Option<Taken> {
         let mut last_error = None;
-        for update in updates {
+        for (place, update) in updates.iter().enumerate() {
             match self
                 .write("MongoDB recording a verdict", &target, update)
                 .await?
             {
-                Ok(changed) => return Some(changed > 0),
+                Ok(0) => return Some(Taken::Nothing),
+                Ok(_) if place == 0 => return Some(Taken::Meant),
+                Ok(_) => return Some(Taken::InPlace),
                 Err(error) => last_error = Some(error),
             }
         }
         let why = last_error.map(|e| brief(&e)).unwrap_or_default();
         self.unmarkable.add(id, &why, &self.metrics);
-        Some(false)
+        Some(Taken::Nothing)
     }
 
     /// Applies an update to every match, retrying what may pass. Returns how
@@ -369,6 +371,25 @@ impl CompletionStage {
             is_document_error,
         )
         .await
+    }
+}
+
+/// Which of the writes offered for one document it took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taken {
+    /// The first: the write meant.
+    Meant,
+    /// A later one, in the first's place: the least change that still
+    /// takes the message out of pending.
+    InPlace,
+    /// None: the document was not this processor's to change, or took no
+    /// write at all.
+    Nothing,
+}
+
+impl Taken {
+    fn any(self) -> bool {
+        self != Taken::Nothing
     }
 }
 

@@ -363,3 +363,42 @@ async fn marks_stop_waiting_when_a_source_starts_waiting_for_budget() {
     running.await.expect("no panic");
     database.drop().await.expect("drop");
 }
+
+#[tokio::test]
+async fn a_refusal_whose_document_takes_no_schedule_is_failed_and_counted_so() {
+    let database = crate::testing::database().await;
+    // A validator that refuses the schedule's field, and nothing else.
+    database
+        .create_collection("outbox")
+        .validator(doc! { "nextAttemptAt": { "$exists": false } })
+        .await
+        .expect("create the outbox");
+    let outbox = database.collection::<Document>("outbox");
+    let id = ObjectId::new();
+    let message = doc! { "_id": id, "type": "t", "payload": 1, "status": "pending" };
+    outbox.insert_one(message).await.expect("insert");
+    let stage = stage(outbox.clone());
+    let metrics = stage.metrics.clone();
+    let (input, running) = running(stage);
+    let refusal = Verdict::Refused {
+        reason: "no".into(),
+        own: false,
+    };
+    input.send(verdict_on(id, refusal)).await.unwrap();
+    drop(input);
+    let tally = running.await.expect("no panic");
+    let stored = outbox
+        .find_one(doc! { "_id": id })
+        .await
+        .expect("read")
+        .expect("the document");
+    assert_eq!(stored.get_str("status"), Ok("failed"), "{stored}");
+    assert_eq!(stored.get_str("lastError"), Ok("no"), "{stored}");
+    assert_eq!((tally.retried, tally.failed), (0, 1), "{tally:?}");
+    let rejected = metrics.render();
+    assert!(
+        rejected.contains("outbox_failed_total{kind=\"rejected\"} 1"),
+        "{rejected}"
+    );
+    database.drop().await.expect("drop");
+}

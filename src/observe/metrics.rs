@@ -53,7 +53,8 @@ label_value!(
 label_value!(
     /// Why a message was marked `failed`.
     FailureKind {
-        /// It breaks the document contract (or is too large for the broker).
+        /// It breaks the document contract, is too large for the broker, or
+        /// its document refuses the write that schedules another attempt.
         Rejected => "rejected",
         /// The broker refused it on every allowed attempt.
         Exhausted => "exhausted",
