@@ -5,10 +5,11 @@
 //! `scripts/image.sh` tags); `OUTBOX_CONTAINER_ENGINE` the engine's command
 //! (podman, with runc where it is installed, as `scripts/image.sh` chooses).
 
+use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::Once;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The image, and the engine that runs it.
 pub struct Image {
@@ -58,7 +59,7 @@ impl Image {
     /// it could not start or took longer, and was killed). Its output is
     /// read as it comes, so a long listing cannot fill a pipe and stall it.
     fn finish<'a>(&self, args: impl IntoIterator<Item = &'a str>) -> Option<Output> {
-        let child = self
+        let mut child = self
             .engine()
             .args(args)
             .stdin(Stdio::null())
@@ -66,16 +67,31 @@ impl Image {
             .stderr(Stdio::piped())
             .spawn()
             .ok()?;
-        let pid = child.id().to_string();
-        let (sender, finished) = std::sync::mpsc::channel();
-        std::thread::spawn(move || sender.send(child.wait_with_output()));
-        match finished.recv_timeout(ENGINE_WAIT) {
-            Ok(output) => output.ok(),
-            Err(_) => {
-                let _ = Command::new("kill").args(["-KILL", &pid]).status();
-                None
+        let stdout = drain(child.stdout.take());
+        let stderr = drain(child.stderr.take());
+        let deadline = Instant::now() + ENGINE_WAIT;
+        let status = loop {
+            if let Some(status) = child.try_wait().ok()? {
+                break status;
             }
-        }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // A process the engine left behind may hold a pipe open: that
+        // pipe's output is then given up after a second.
+        let read = |pipe: std::sync::mpsc::Receiver<Vec<u8>>| {
+            pipe.recv_timeout(Duration::from_secs(1))
+                .unwrap_or_default()
+        };
+        Some(Output {
+            status,
+            stdout: read(stdout),
+            stderr: read(stderr),
+        })
     }
 
     /// Removes the containers a run of the tests that has ended left.
@@ -166,4 +182,18 @@ fn soft_limit(limit: &str) -> Option<u64> {
 fn on_path(tool: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
+}
+
+/// Reads a pipe to its end on a thread of its own; the receiver gets what
+/// it read.
+fn drain(pipe: Option<impl Read + Send + 'static>) -> std::sync::mpsc::Receiver<Vec<u8>> {
+    let (sender, read) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_end(&mut bytes);
+        }
+        let _ = sender.send(bytes);
+    });
+    read
 }

@@ -1,7 +1,7 @@
 //! Tests at volume, alone on the servers: a test that loads the shared
 //! servers for a minute stretches the waits of the tests beside it past
 //! their bounds on a two-core machine. Cargo runs test binaries one after
-//! another, in the order of their names, so this one runs last.
+//! another, so this one runs alone.
 
 #[path = "../common/mod.rs"]
 mod common;
