@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 
-use super::{still_ours, unlock, CompletionStage, Taken, Target};
+use super::{still_ours, unlock, CompletionStage, Target};
 use crate::contract::{field, status, ContractViolation, Decoded};
 use crate::observe::FailureKind;
 use crate::order::PARKED;
@@ -38,9 +38,9 @@ impl CompletionStage {
         let reason = violation.to_string();
         let failed = fail(&reason, None, self.holds_key(message), now);
         let decided = self
-            .decide(message, claim, Fate::Failed(&failed), &reason, now)
+            .decide(message, claim, Fate::Failed(&failed), &reason)
             .await?
-            .any();
+            != Decided::NotOurs;
         if decided {
             self.metrics.failed(FailureKind::Rejected);
         }
@@ -68,36 +68,63 @@ impl CompletionStage {
         now: DateTime,
     ) -> Option<Retry> {
         let attempts = message.attempts_made().saturating_add(1);
-        let stored = i32::try_from(attempts).unwrap_or(i32::MAX);
         let exhausted = self.retry.exhausted(attempts);
+        let refusal = Refusal {
+            message,
+            claim,
+            reason,
+            attempts,
+            stored: i32::try_from(attempts).unwrap_or(i32::MAX),
+            now,
+        };
         if exhausted && (own || self.deliveries.within(self.evidence_window())) {
-            let reason = format!("{reason} (gave up after {attempts} attempts)");
-            let failed = fail(&reason, Some(stored), self.holds_key(message), now);
-            let taken = self
-                .decide(message, claim, Fate::Failed(&failed), &reason, now)
-                .await?;
-            if !taken.any() {
-                return Some(Retry::NotOurs);
-            }
-            self.dead_lettered(message, FailureKind::Exhausted);
-            return Some(Retry::GaveUp);
+            self.fail_exhausted(refusal).await
+        } else {
+            self.schedule(refusal, exhausted).await
         }
+    }
+
+    /// Fails a refused message out of attempts.
+    async fn fail_exhausted(&self, refusal: Refusal<'_>) -> Option<Retry> {
+        let message = refusal.message;
+        let attempts = refusal.attempts;
+        let reason = format!("{} (gave up after {attempts} attempts)", refusal.reason);
+        let holds_key = self.holds_key(message);
+        let failed = fail(&reason, Some(refusal.stored), holds_key, refusal.now);
+        let decided = self
+            .decide(message, refusal.claim, Fate::Failed(&failed), &reason)
+            .await?;
+        Some(self.failed_if(message, decided, FailureKind::Exhausted))
+    }
+
+    /// Schedules a refused message's next attempt: after the retry delay,
+    /// or, out of attempts without evidence that the fault is its own,
+    /// after the evidence window (a held dead letter).
+    async fn schedule(&self, refusal: Refusal<'_>, exhausted: bool) -> Option<Retry> {
+        let Refusal {
+            message,
+            attempts,
+            stored,
+            now,
+            ..
+        } = refusal;
         let (delay, reason) = if exhausted {
             let window = humantime::format_duration(self.evidence_window());
             tracing::warn!(
                 id = %message.id,
                 attempts,
-                reason,
+                reason = refusal.reason,
                 "outbox message is out of attempts, but the broker took no other message in the \
                  last {window}: not failing it, since the fault may be the broker's"
             );
             let held = format!(
-                "{reason} (out of attempts; not failed, as the broker took no other message in \
-                 the last {window})"
+                "{} (out of attempts; not failed, as the broker took no other message in the \
+                 last {window})",
+                refusal.reason
             );
             (self.retry.max_delay.max(self.evidence_window()), held)
         } else {
-            (self.retry.delay_after(attempts), reason.to_owned())
+            (self.retry.delay_after(attempts), refusal.reason.to_owned())
         };
         tracing::debug!(id = %message.id, attempts, ?delay, reason, "outbox message refused; will retry");
         let next = DateTime::from_millis(
@@ -112,52 +139,58 @@ impl CompletionStage {
             },
             "$unset": unlock(),
         };
-        let taken = self
-            .decide(message, claim, Fate::Retried(&schedule), &reason, now)
+        let instead_reason = format!(
+            "{} (its document takes no schedule for another attempt)",
+            refusal.reason
+        );
+        let instead = fail(&instead_reason, Some(stored), self.holds_key(message), now);
+        let fate = Fate::Retried {
+            schedule: &schedule,
+            instead: &instead,
+        };
+        let decided = self
+            .decide(message, refusal.claim, fate, &instead_reason)
             .await?;
-        Some(match taken {
+        Some(match decided {
             // Counted once the document says so: the count never runs
             // ahead of what an operator reads in the collection.
-            Taken::Meant if exhausted => {
+            Decided::AsMeant if exhausted => {
                 self.metrics.dead_letter_held();
                 Retry::Scheduled
             }
-            Taken::Meant => Retry::Scheduled,
-            // The document took no schedule, only its failure.
-            Taken::InPlace => {
-                self.dead_lettered(message, FailureKind::Rejected);
-                Retry::GaveUp
-            }
-            Taken::Nothing => Retry::NotOurs,
+            Decided::AsMeant => Retry::Scheduled,
+            // The document took no schedule, only a failure in its place.
+            _ => self.failed_if(message, decided, FailureKind::Rejected),
         })
     }
 
-    /// A refused message now failed: counted, and its key let go or held
-    /// as `--on-dead-letter` says, as its document does.
-    fn dead_lettered(&self, message: &Decoded, kind: FailureKind) {
+    /// What became of a refused message a failure was written for: if the
+    /// document took it, counted, and its key held or let go as the
+    /// document says.
+    fn failed_if(&self, message: &Decoded, decided: Decided, kind: FailureKind) -> Retry {
+        if decided == Decided::NotOurs {
+            return Retry::NotOurs;
+        }
         self.metrics.failed(kind);
         if let (Some(order), Some(key)) = (&self.order, key(message)) {
-            order.dead_letter(key, &message.id);
+            let holds = decided != Decided::FailedBare && self.holds_key(message);
+            order.dead_letter(key, &message.id, holds);
         }
+        Retry::GaveUp
     }
 
     /// Parks a message behind the earlier message holding its key: out of
     /// every range the sweep reads, until a release reads it back. Returns
     /// whether it was ours to park.
-    pub(super) async fn park(
-        &self,
-        message: &Decoded,
-        claim: Option<ObjectId>,
-        now: DateTime,
-    ) -> Option<bool> {
+    pub(super) async fn park(&self, message: &Decoded, claim: Option<ObjectId>) -> Option<bool> {
         let update = doc! {
             "$set": { field::NEXT_ATTEMPT_AT: PARKED },
             "$unset": unlock(),
         };
-        let taken = self
-            .decide(message, claim, Fate::Parked(&update), "", now)
+        let decided = self
+            .decide(message, claim, Fate::Parked(&update), "")
             .await?;
-        Some(taken.any())
+        Some(decided == Decided::AsMeant)
     }
 
     /// What a verdict that holds no claim requires of `lockId`: no claim,
@@ -197,19 +230,15 @@ impl CompletionStage {
     /// Applies a message's fate with the fence of a decision: still
     /// pending, held by this processor's claim or by none, and with the
     /// attempts it was read with. A document that cannot take the update is
-    /// failed with the least change that says so. Returns which write the
-    /// message took: none if it was not ours to decide.
+    /// failed with the least change that says so. Returns what the
+    /// document took.
     async fn decide(
         &self,
         message: &Decoded,
         claim: Option<ObjectId>,
         fate: Fate<'_>,
         reason: &str,
-        now: DateTime,
-    ) -> Option<Taken> {
-        if let Fate::Failed(_) = fate {
-            tracing::warn!(id = %message.id, reason, "outbox message failed");
-        }
+    ) -> Option<Decided> {
         let mut filter = still_ours(doc! { "$eq": &message.id }, None);
         match Fence::of(fate, claim) {
             Fence::Claim(claim) => filter.insert(field::LOCK_ID, claim),
@@ -224,17 +253,33 @@ impl CompletionStage {
         };
         // Should the document not take its fate, fail it with the reason,
         // or else with the least change that takes it out of pending.
-        let failed = fail(reason, None, self.holds_key(message), now);
         let least = doc! { "$set": { field::STATUS: status::FAILED } };
-        let fallbacks: &[&Document] = match fate {
-            Fate::Failed(update) => &[update, &least],
-            Fate::Retried(update) => &[update, &failed, &least],
+        let offered: &[(&Document, Decided)] = match fate {
+            Fate::Failed(update) => &[(update, Decided::AsMeant), (&least, Decided::FailedBare)],
+            Fate::Retried { schedule, instead } => &[
+                (schedule, Decided::AsMeant),
+                (instead, Decided::Failed),
+                (&least, Decided::FailedBare),
+            ],
             // A message that cannot be parked is left as it is: pending
             // and skipped, like any document no write can change.
-            Fate::Parked(update) => &[update],
+            Fate::Parked(update) => &[(update, Decided::AsMeant)],
         };
+        let updates: Vec<&Document> = offered.iter().map(|(update, _)| *update).collect();
         let target = Target::of(message, filter);
-        self.write_one(&message.id, target, fallbacks).await
+        let taken = self.write_one(&message.id, target, &updates).await?;
+        let decided = taken
+            .and_then(|place| offered.get(place))
+            .map_or(Decided::NotOurs, |(_, decided)| *decided);
+        let failed = match decided {
+            Decided::Failed | Decided::FailedBare => true,
+            Decided::AsMeant => matches!(fate, Fate::Failed(_)),
+            Decided::NotOurs => false,
+        };
+        if failed {
+            tracing::warn!(id = %message.id, reason, "outbox message failed");
+        }
+        Some(decided)
     }
 }
 
@@ -290,10 +335,43 @@ impl Fence {
     }
 }
 
-/// What a decision writes: a failure, another attempt scheduled, or a park.
+/// What a decision writes: a failure, another attempt scheduled (or,
+/// should the document refuse that, a failure `instead`), or a park.
 #[derive(Clone, Copy)]
 enum Fate<'a> {
     Failed(&'a Document),
-    Retried(&'a Document),
+    Retried {
+        schedule: &'a Document,
+        instead: &'a Document,
+    },
     Parked(&'a Document),
+}
+
+/// What a decision left in the message's document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decided {
+    /// The fate meant.
+    AsMeant,
+    /// In the fate's place, `failed` with its reason, and `holdsKey` where
+    /// the message holds its key.
+    Failed,
+    /// In the fate's place, `status: failed` alone: the least change that
+    /// takes the message out of pending.
+    FailedBare,
+    /// Nothing: the message was not this processor's to decide, or its
+    /// document took no write.
+    NotOurs,
+}
+
+/// A refused attempt, as the stage records it.
+#[derive(Clone, Copy)]
+struct Refusal<'a> {
+    message: &'a Decoded,
+    claim: Option<ObjectId>,
+    reason: &'a str,
+    /// Attempts made, this one included.
+    attempts: u32,
+    /// `attempts` as the document stores it.
+    stored: i32,
+    now: DateTime,
 }

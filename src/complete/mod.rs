@@ -271,7 +271,7 @@ impl CompletionStage {
                     }
                 }
                 Verdict::Parked => {
-                    if self.park(message, claim, now).await? {
+                    if self.park(message, claim).await? {
                         tally.parked += 1;
                     }
                 }
@@ -312,7 +312,11 @@ impl CompletionStage {
                 let least = doc! { "$set": { field::STATUS: status::PROCESSED } };
                 for id in ids {
                     let filter = Target::Filter(still_ours(doc! { "$eq": &id }, claim));
-                    if self.write_one(&id, filter, &[&update, &least]).await?.any() {
+                    if self
+                        .write_one(&id, filter, &[&update, &least])
+                        .await?
+                        .is_some()
+                    {
                         self.metrics.processed(1);
                     }
                 }
@@ -331,15 +335,13 @@ impl CompletionStage {
                 .write("MongoDB recording a verdict", &target, update)
                 .await?
             {
-                Ok(0) => return Some(Taken::Nothing),
-                Ok(_) if place == 0 => return Some(Taken::Meant),
-                Ok(_) => return Some(Taken::InPlace),
+                Ok(changed) => return Some((changed > 0).then_some(place)),
                 Err(error) => last_error = Some(error),
             }
         }
         let why = last_error.map(|e| brief(&e)).unwrap_or_default();
         self.unmarkable.add(id, &why, &self.metrics);
-        Some(Taken::Nothing)
+        Some(None)
     }
 
     /// Applies an update to every match, retrying what may pass. Returns how
@@ -374,24 +376,10 @@ impl CompletionStage {
     }
 }
 
-/// Which of the writes offered for one document it took.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Taken {
-    /// The first: the write meant.
-    Meant,
-    /// A later one, in the first's place: the least change that still
-    /// takes the message out of pending.
-    InPlace,
-    /// None: the document was not this processor's to change, or took no
-    /// write at all.
-    Nothing,
-}
-
-impl Taken {
-    fn any(self) -> bool {
-        self != Taken::Nothing
-    }
-}
+/// The place, among the writes offered for one document, of the one it
+/// took; none if it took none (it was not this processor's to change, or
+/// refused them all).
+type Taken = Option<usize>;
 
 /// The documents a write changes.
 enum Target {

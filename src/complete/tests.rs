@@ -10,10 +10,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::CompletionStage;
 use crate::checkpoint::CheckpointStore;
-use crate::config::RelayConfig;
+use crate::config::{DeadLetters, RelayConfig};
 use crate::contract::{ContractViolation, DecodeRules, Rule, StoredFields};
 use crate::lease::Term;
 use crate::observe::Metrics;
+use crate::order::KeyOrder;
 use crate::unreadable::RawField;
 use crate::work::{Again, Budget, Finished, LastDelivery, Unmarkable, Verdict, Work};
 
@@ -364,27 +365,41 @@ async fn marks_stop_waiting_when_a_source_starts_waiting_for_budget() {
     database.drop().await.expect("drop");
 }
 
-#[tokio::test]
-async fn a_refusal_whose_document_takes_no_schedule_is_failed_and_counted_so() {
+/// A keyed message refused once, in an outbox whose validator refuses
+/// every document with one of `refused_fields`, under `--on-dead-letter
+/// hold`: its document as the stage left it, the stage's tally, what the
+/// stage's metrics say, and the keys its order holds.
+async fn refused_where_the_document_refuses(
+    refused_fields: &[&str],
+) -> (Document, crate::work::Tally, String, Vec<String>) {
     let database = crate::testing::database().await;
-    // A validator that refuses the schedule's field, and nothing else.
+    let absent: Vec<Document> = refused_fields
+        .iter()
+        .map(|field| doc! { *field: { "$exists": false } })
+        .collect();
     database
         .create_collection("outbox")
-        .validator(doc! { "nextAttemptAt": { "$exists": false } })
+        .validator(doc! { "$and": absent })
         .await
         .expect("create the outbox");
     let outbox = database.collection::<Document>("outbox");
     let id = ObjectId::new();
-    let message = doc! { "_id": id, "type": "t", "payload": 1, "status": "pending" };
-    outbox.insert_one(message).await.expect("insert");
-    let stage = stage(outbox.clone());
+    let message = doc! { "_id": id, "type": "t", "key": "k", "payload": 1, "status": "pending" };
+    outbox.insert_one(message.clone()).await.expect("insert");
+    let mut stage = stage(outbox.clone());
+    let order = KeyOrder::new(Vec::new(), DeadLetters::Hold, true, Metrics::new());
+    stage.order = Some(order.clone());
     let metrics = stage.metrics.clone();
     let (input, running) = running(stage);
     let refusal = Verdict::Refused {
         reason: "no".into(),
         own: false,
     };
-    input.send(verdict_on(id, refusal)).await.unwrap();
+    let finished = Finished {
+        work: Work::from_collection(DecodeRules::any_relay().decode(&message), None),
+        verdict: refusal,
+    };
+    input.send(finished).await.unwrap();
     drop(input);
     let tally = running.await.expect("no panic");
     let stored = outbox
@@ -392,13 +407,37 @@ async fn a_refusal_whose_document_takes_no_schedule_is_failed_and_counted_so() {
         .await
         .expect("read")
         .expect("the document");
-    assert_eq!(stored.get_str("status"), Ok("failed"), "{stored}");
-    assert_eq!(stored.get_str("lastError"), Ok("no"), "{stored}");
-    assert_eq!((tally.retried, tally.failed), (0, 1), "{tally:?}");
-    let rejected = metrics.render();
-    assert!(
-        rejected.contains("outbox_failed_total{kind=\"rejected\"} 1"),
-        "{rejected}"
-    );
     database.drop().await.expect("drop");
+    let held = order.held().into_iter().map(|(key, _, _)| key).collect();
+    (stored, tally, metrics.render(), held)
+}
+
+#[tokio::test]
+async fn a_refusal_whose_document_takes_no_schedule_is_failed_and_counted_so() {
+    let (stored, tally, metrics, held) =
+        refused_where_the_document_refuses(&["nextAttemptAt"]).await;
+    assert_eq!(stored.get_str("status"), Ok("failed"), "{stored}");
+    let error = stored.get_str("lastError").unwrap_or_default();
+    assert!(
+        error.starts_with("no (its document takes no schedule"),
+        "{stored}"
+    );
+    assert_eq!(stored.get_i32("attempts"), Ok(1), "{stored}");
+    assert_eq!(stored.get_bool("holdsKey"), Ok(true), "{stored}");
+    assert_eq!((tally.retried, tally.failed), (0, 1), "{tally:?}");
+    assert!(
+        metrics.contains("outbox_failed_total{kind=\"rejected\"} 1"),
+        "{metrics}"
+    );
+    assert_eq!(held, ["k"], "held as its document says");
+}
+
+#[tokio::test]
+async fn a_refusal_failed_with_the_least_change_does_not_hold_its_key() {
+    let refused = ["nextAttemptAt", "lastError"];
+    let (stored, tally, _, held) = refused_where_the_document_refuses(&refused).await;
+    assert_eq!(stored.get_str("status"), Ok("failed"), "{stored}");
+    assert!(stored.get("holdsKey").is_none(), "{stored}");
+    assert_eq!((tally.retried, tally.failed), (0, 1), "{tally:?}");
+    assert!(held.is_empty(), "the document holds no key: {held:?}");
 }

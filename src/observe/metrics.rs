@@ -54,7 +54,8 @@ label_value!(
     /// Why a message was marked `failed`.
     FailureKind {
         /// It breaks the document contract, is too large for the broker, or
-        /// its document refuses the write that schedules another attempt.
+        /// its document refuses the write that schedules another attempt
+        /// and takes a failure in its place.
         Rejected => "rejected",
         /// The broker refused it on every allowed attempt.
         Exhausted => "exhausted",

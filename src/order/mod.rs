@@ -405,13 +405,16 @@ impl KeyOrder {
         true
     }
 
-    /// A dead letter, decided where the verdict was recorded (out of
-    /// attempts): releases its key, or holds it with `hold`.
-    pub fn dead_letter(&self, key: &str, id: &Bson) {
+    /// A dead letter, decided where the verdict was recorded: holds its
+    /// key where its document says so (`holdsKey`, written under
+    /// `--on-dead-letter hold`), and lets go of it otherwise, so that a new
+    /// leader, which reads the holds from the collection, holds the same.
+    pub fn dead_letter(&self, key: &str, id: &Bson, holds: bool) {
         let mut keys = self.keys();
-        let changed = match self.0.dead_letters {
-            DeadLetters::Hold => self.hold(&mut keys, key, id, HoldKind::DeadLetter),
-            DeadLetters::Release => self.let_go(&mut keys, key, id),
+        let changed = if holds {
+            self.hold(&mut keys, key, id, HoldKind::DeadLetter)
+        } else {
+            self.let_go(&mut keys, key, id)
         };
         if changed {
             self.report(&keys);

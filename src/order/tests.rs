@@ -135,7 +135,7 @@ async fn a_dead_letter_releases_its_key_or_holds_it() {
     let release = order(Vec::new(), DeadLetters::Release);
     let (turn, _) = admit(&release, "k", "m1", false).await;
     turn.finish(Outcome::Refused);
-    release.dead_letter("k", &id("m1"));
+    release.dead_letter("k", &id("m1"), false);
     assert_eq!(release.held()[0].2, HoldKind::Releasing);
 
     let hold = order(Vec::new(), DeadLetters::Hold);
