@@ -39,12 +39,8 @@ impl CompletionStage {
         let failed = fail(&reason, None, self.holds_key(message), now);
         let decided = self
             .decide(message, claim, Fate::Failed(&failed), &reason)
-            .await?
-            != Decided::NotOurs;
-        if decided {
-            self.metrics.failed(FailureKind::Rejected);
-        }
-        Some(decided)
+            .await?;
+        Some(self.failed_as(message, decided, FailureKind::Rejected))
     }
 
     /// Records an attempt the broker refused: schedules the next, or with
@@ -94,7 +90,12 @@ impl CompletionStage {
         let decided = self
             .decide(message, refusal.claim, Fate::Failed(&failed), &reason)
             .await?;
-        Some(self.failed_if(message, decided, FailureKind::Exhausted))
+        Some(
+            match self.failed_as(message, decided, FailureKind::Exhausted) {
+                true => Retry::GaveUp,
+                false => Retry::NotOurs,
+            },
+        )
     }
 
     /// Schedules a refused message's next attempt: after the retry delay,
@@ -159,24 +160,38 @@ impl CompletionStage {
                 Retry::Scheduled
             }
             Decided::AsMeant => Retry::Scheduled,
+            Decided::NotOurs => Retry::NotOurs,
             // The document took no schedule, only a failure in its place.
-            _ => self.failed_if(message, decided, FailureKind::Rejected),
+            Decided::Failed | Decided::FailedBare => {
+                self.failed_as(message, decided, FailureKind::Rejected);
+                Retry::GaveUp
+            }
         })
     }
 
-    /// What became of a refused message a failure was written for: if the
-    /// document took it, counted, and its key held or let go as the
-    /// document says.
-    fn failed_if(&self, message: &Decoded, decided: Decided, kind: FailureKind) -> Retry {
+    /// Records a failure written for a message, if its document took one
+    /// (returns whether it did): counted as `kind`, and its key held or let
+    /// go as the document says, so that a new leader, which reads the holds
+    /// from the collection, holds the same keys.
+    fn failed_as(&self, message: &Decoded, decided: Decided, kind: FailureKind) -> bool {
         if decided == Decided::NotOurs {
-            return Retry::NotOurs;
+            return false;
         }
         self.metrics.failed(kind);
-        if let (Some(order), Some(key)) = (&self.order, key(message)) {
-            let holds = decided != Decided::FailedBare && self.holds_key(message);
-            order.dead_letter(key, &message.id, holds);
+        let (Some(order), Some(key)) = (&self.order, key(message)) else {
+            return true;
+        };
+        let holds = self.holds_key(message);
+        if holds && decided == Decided::FailedBare {
+            tracing::warn!(
+                id = %message.id,
+                key,
+                "the dead letter's document took only `status: failed`, not `holdsKey`: its key \
+                 is let go, not held, and its later messages are delivered"
+            );
         }
-        Retry::GaveUp
+        order.dead_letter(key, &message.id, holds && decided != Decided::FailedBare);
+        true
     }
 
     /// Parks a message behind the earlier message holding its key: out of

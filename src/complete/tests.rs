@@ -14,7 +14,7 @@ use crate::config::{DeadLetters, RelayConfig};
 use crate::contract::{ContractViolation, DecodeRules, Rule, StoredFields};
 use crate::lease::Term;
 use crate::observe::Metrics;
-use crate::order::KeyOrder;
+use crate::order::{HeldKey, HoldKind, Holder, KeyOrder};
 use crate::unreadable::RawField;
 use crate::work::{Again, Budget, Finished, LastDelivery, Unmarkable, Verdict, Work};
 
@@ -365,13 +365,16 @@ async fn marks_stop_waiting_when_a_source_starts_waiting_for_budget() {
     database.drop().await.expect("drop");
 }
 
-/// A keyed message refused once, in an outbox whose validator refuses
+/// The verdict on a keyed message, in an outbox whose validator refuses
 /// every document with one of `refused_fields`, under `--on-dead-letter
-/// hold`: its document as the stage left it, the stage's tally, what the
-/// stage's metrics say, and the keys its order holds.
-async fn refused_where_the_document_refuses(
+/// hold`, its key held by it as the publish stage holds it for that
+/// verdict (as a dead letter for a rejection, else as retrying): its
+/// document as the stage left it, the stage's tally, what the stage's
+/// metrics say, and the holds of its key after.
+async fn decided_where_the_document_refuses(
     refused_fields: &[&str],
-) -> (Document, crate::work::Tally, String, Vec<String>) {
+    verdict: Verdict,
+) -> (Document, crate::work::Tally, String, Vec<HoldKind>) {
     let database = crate::testing::database().await;
     let absent: Vec<Document> = refused_fields
         .iter()
@@ -387,17 +390,22 @@ async fn refused_where_the_document_refuses(
     let message = doc! { "_id": id, "type": "t", "key": "k", "payload": 1, "status": "pending" };
     outbox.insert_one(message.clone()).await.expect("insert");
     let mut stage = stage(outbox.clone());
-    let order = KeyOrder::new(Vec::new(), DeadLetters::Hold, true, Metrics::new());
+    let retrying = HeldKey {
+        key: "k".into(),
+        holders: vec![Holder {
+            id,
+            dead_letter: matches!(verdict, Verdict::Rejected(_)),
+        }],
+        parked: 0,
+        since: id.timestamp(),
+    };
+    let order = KeyOrder::new(vec![retrying], DeadLetters::Hold, true, Metrics::new());
     stage.order = Some(order.clone());
     let metrics = stage.metrics.clone();
     let (input, running) = running(stage);
-    let refusal = Verdict::Refused {
-        reason: "no".into(),
-        own: false,
-    };
     let finished = Finished {
         work: Work::from_collection(DecodeRules::any_relay().decode(&message), None),
-        verdict: refusal,
+        verdict,
     };
     input.send(finished).await.unwrap();
     drop(input);
@@ -408,14 +416,22 @@ async fn refused_where_the_document_refuses(
         .expect("read")
         .expect("the document");
     database.drop().await.expect("drop");
-    let held = order.held().into_iter().map(|(key, _, _)| key).collect();
+    let held = order.held().into_iter().map(|(_, _, kind)| kind).collect();
     (stored, tally, metrics.render(), held)
+}
+
+/// A refusal the broker may take back later.
+fn refusal() -> Verdict {
+    Verdict::Refused {
+        reason: "no".into(),
+        own: false,
+    }
 }
 
 #[tokio::test]
 async fn a_refusal_whose_document_takes_no_schedule_is_failed_and_counted_so() {
     let (stored, tally, metrics, held) =
-        refused_where_the_document_refuses(&["nextAttemptAt"]).await;
+        decided_where_the_document_refuses(&["nextAttemptAt"], refusal()).await;
     assert_eq!(stored.get_str("status"), Ok("failed"), "{stored}");
     let error = stored.get_str("lastError").unwrap_or_default();
     assert!(
@@ -429,15 +445,27 @@ async fn a_refusal_whose_document_takes_no_schedule_is_failed_and_counted_so() {
         metrics.contains("outbox_failed_total{kind=\"rejected\"} 1"),
         "{metrics}"
     );
-    assert_eq!(held, ["k"], "held as its document says");
+    assert_eq!(held, [HoldKind::DeadLetter], "held as its document says");
 }
 
 #[tokio::test]
 async fn a_refusal_failed_with_the_least_change_does_not_hold_its_key() {
     let refused = ["nextAttemptAt", "lastError"];
-    let (stored, tally, _, held) = refused_where_the_document_refuses(&refused).await;
+    let (stored, tally, _, held) = decided_where_the_document_refuses(&refused, refusal()).await;
     assert_eq!(stored.get_str("status"), Ok("failed"), "{stored}");
     assert!(stored.get("holdsKey").is_none(), "{stored}");
     assert_eq!((tally.retried, tally.failed), (0, 1), "{tally:?}");
-    assert!(held.is_empty(), "the document holds no key: {held:?}");
+    // Let go: its parked messages, were there any, would be read back.
+    assert_eq!(held, [HoldKind::Releasing], "the document holds no key");
+}
+
+#[tokio::test]
+async fn a_rejection_failed_with_the_least_change_does_not_hold_its_key() {
+    let violation = ContractViolation::new(Rule::Type, "type must be a non-empty string");
+    let (stored, tally, _, held) =
+        decided_where_the_document_refuses(&["lastError"], Verdict::Rejected(violation)).await;
+    assert_eq!(stored.get_str("status"), Ok("failed"), "{stored}");
+    assert!(stored.get("holdsKey").is_none(), "{stored}");
+    assert_eq!(tally.failed, 1, "{tally:?}");
+    assert_eq!(held, [HoldKind::Releasing], "the document holds no key");
 }
