@@ -91,9 +91,10 @@ impl CompletionStage {
             .decide(message, refusal.claim, Fate::Failed(&failed), &reason)
             .await?;
         Some(
-            match self.failed_as(message, decided, FailureKind::Exhausted) {
-                true => Retry::GaveUp,
-                false => Retry::NotOurs,
+            if self.failed_as(message, decided, FailureKind::Exhausted) {
+                Retry::GaveUp
+            } else {
+                Retry::NotOurs
             },
         )
     }
