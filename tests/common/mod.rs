@@ -8,7 +8,9 @@
 #![allow(dead_code)]
 
 pub mod container;
+pub mod failpoint;
 pub mod history;
+pub mod scenario;
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -36,7 +36,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::progress::StreamProgress;
 
+mod replayed;
 mod start;
+use replayed::{Seen, Window};
+
 use crate::contract::{field, status, DecodeRules};
 use crate::observe::{Metrics, Role};
 use crate::retry::{pause, reconnect_backoff, until_settled};
@@ -118,11 +121,16 @@ impl ChangeStreamSource {
         // What a catch-up pass read, still to be skipped by a stream that
         // broke before it passed the pass's snapshot.
         let mut carried = None;
-        while let Some((events, caught_up)) = self
+        // What the stream passed on, kept over reopenings.
+        let mut seen = Seen::default();
+        while let Some((events, caught_up, window)) = self
             .start(position.clone(), carried.take(), &output, &shutdown)
             .await
         {
-            match self.tail(events, caught_up, &output, &shutdown).await {
+            match self
+                .tail(events, caught_up, window, &mut seen, &output, &shutdown)
+                .await
+            {
                 Tail::Stopped => return,
                 // A stream that breaks again where it broke before is
                 // reopened with backoff, not in a tight loop.
@@ -218,75 +226,253 @@ impl ChangeStreamSource {
     /// shutdown or until the stream breaks.
     ///
     /// Messages the catch-up pass already queued are passed on as bare
-    /// positions (see [`CaughtUp`]).
+    /// positions (see [`CaughtUp`]), and so are those a replay's `window`
+    /// finds delivered already; what `seen` says was passed on is dropped
+    /// (see [`replayed`]).
     async fn tail(
         &self,
         mut events: Events,
         mut caught_up: CaughtUp,
+        mut window: Window,
+        seen: &mut Seen,
         output: &Feed,
         shutdown: &CancellationToken,
     ) -> Tail {
         let mut last = events.resume_token();
         let mut last_sent = Instant::now();
+        // A replay's window, held back for one read of which are delivered.
+        let mut held = Held::default();
         loop {
             let next = tokio::select! {
                 _ = shutdown.cancelled() => {
                     // The newest position the stream reported: every event
-                    // before it has been passed on, so it may be recorded.
-                    if let Some(token) = events.resume_token().filter(|t| Some(t) != last.as_ref()) {
+                    // before it has been passed on, so it may be recorded,
+                    // unless some are still held back.
+                    if let Some(token) = events
+                        .resume_token()
+                        .filter(|t| held.is_empty() && Some(t) != last.as_ref())
+                    {
                         let _ = output.send(Work::marker(token, Some(DateTime::now()))).await;
                     }
                     return Tail::Stopped;
                 }
                 next = events.next_if_any() => next,
             };
-            let work = match next {
+            // Whatever ends the stream, or finds it caught up, first passes
+            // on what the window held back.
+            let outcome = match next {
                 Ok(Some(event)) if event.operation_type == OperationType::Invalidate => {
-                    return Tail::Ended;
+                    Some(Tail::Ended)
                 }
-                Ok(None) if !events.is_alive() => return Tail::Ended,
+                Ok(None) if !events.is_alive() => Some(Tail::Ended),
                 Ok(Some(event)) => {
-                    let token = event.id;
-                    last = Some(token.clone());
-                    let at = commit_time(event.wall_time, event.cluster_time);
-                    self.progress.read(at);
-                    self.metrics.stream_event(at);
-                    match event.full_document {
-                        // Left to the sweep, which reads the document itself.
-                        Some(document) if document.get(OVERSIZED).ok().flatten().is_some() => {
-                            Work::marker(token, at)
-                        }
-                        Some(document) if !caught_up.repeats(&document, event.cluster_time) => {
-                            Work::from_stream(self.rules.decode_raw(&document), token, at)
-                        }
-                        _ => Work::marker(token, at),
+                    let insert = Insert::from(event);
+                    if seen.repeats(insert.cluster_time, insert.id()) {
+                        continue;
                     }
+                    self.progress.read(insert.at);
+                    self.metrics.stream_event(insert.at);
+                    if window == Window::Replaying {
+                        if held.take(insert) {
+                            continue;
+                        }
+                    } else {
+                        let token = insert.token.clone();
+                        let work = self.work(insert, &mut caught_up).await;
+                        if output.send(work).await.is_err() {
+                            return Tail::Stopped;
+                        }
+                        last = Some(token);
+                        last_sent = Instant::now();
+                        continue;
+                    }
+                    None
                 }
                 Ok(None) => {
-                    // Nothing more committed: read up to now.
-                    self.progress.read(Some(DateTime::now()));
-                    self.metrics.stream_idle();
-                    match events.resume_token() {
-                        Some(token)
-                            if Some(&token) != last.as_ref()
-                                && last_sent.elapsed() >= self.idle_checkpoint_interval =>
-                        {
-                            last = Some(token.clone());
-                            Work::marker(token, Some(DateTime::now()))
-                        }
-                        _ => continue,
-                    }
+                    window = Window::Live;
+                    None
                 }
                 Err(error) => {
-                    tracing::warn!(error = %error, "change stream failed; reopening it");
-                    return Tail::Broken(last, caught_up);
+                    tracing::warn!(
+                        error = %crate::error::brief(&error),
+                        "change stream failed; reopening it"
+                    );
+                    Some(Tail::Broken(None, CaughtUp::none()))
                 }
             };
-            if output.send(work).await.is_err() {
-                return Tail::Stopped;
+            if !held.is_empty() {
+                match self
+                    .pass_on_held(&mut held, &mut caught_up, output, shutdown)
+                    .await
+                {
+                    Some(token) => {
+                        last = Some(token);
+                        last_sent = Instant::now();
+                    }
+                    None => return Tail::Stopped,
+                }
             }
-            last_sent = Instant::now();
+            match outcome {
+                Some(Tail::Broken(..)) => return Tail::Broken(last, caught_up),
+                Some(ended) => return ended,
+                None if window == Window::Replaying => continue,
+                None => {}
+            }
+            // Nothing more committed: read up to now.
+            self.progress.read(Some(DateTime::now()));
+            self.metrics.stream_idle();
+            match events.resume_token() {
+                Some(token)
+                    if Some(&token) != last.as_ref()
+                        && last_sent.elapsed() >= self.idle_checkpoint_interval =>
+                {
+                    last = Some(token.clone());
+                    if output
+                        .send(Work::marker(token, Some(DateTime::now())))
+                        .await
+                        .is_err()
+                    {
+                        return Tail::Stopped;
+                    }
+                    last_sent = Instant::now();
+                }
+                _ => {}
+            }
         }
+    }
+
+    /// Passes on what a replay's window held back, the messages still
+    /// pending as messages and the rest as bare positions, in order.
+    /// Returns the last position passed on; `None` if the pipeline closed
+    /// or the relay stopped.
+    async fn pass_on_held(
+        &self,
+        held: &mut Held,
+        caught_up: &mut CaughtUp,
+        output: &Feed,
+        shutdown: &CancellationToken,
+    ) -> Option<ResumeToken> {
+        let ids = held.inserts.iter().filter_map(Insert::id).collect();
+        let delivered = replayed::delivered(&self.outbox, ids, shutdown).await;
+        if shutdown.is_cancelled() {
+            return None;
+        }
+        let delivered = delivered.unwrap_or_default();
+        if !delivered.is_empty() {
+            tracing::debug!(
+                count = delivered.len(),
+                "the replayed stream skips messages delivered already"
+            );
+        }
+        let mut last = None;
+        for insert in std::mem::take(held).inserts {
+            let token = insert.token.clone();
+            let work = match insert.id() {
+                Some(id) if delivered.contains(&id) => Work::marker(insert.token, insert.at),
+                _ => self.work(insert, caught_up).await,
+            };
+            output.send(work).await.ok()?;
+            last = Some(token);
+        }
+        last
+    }
+
+    /// What an insert event becomes: the message, or a bare position for a
+    /// message the catch-up pass queued already.
+    async fn work(&self, insert: Insert, caught_up: &mut CaughtUp) -> Work {
+        let Insert {
+            token,
+            at,
+            cluster_time,
+            document,
+        } = insert;
+        match document {
+            Some(document) if document.get(OVERSIZED).ok().flatten().is_some() => {
+                match self.read_whole(&document).await {
+                    Some(whole) if !caught_up.repeats(&whole, cluster_time) => {
+                        Work::from_stream(self.rules.decode_raw(&whole), token, at)
+                    }
+                    _ => Work::marker(token, at),
+                }
+            }
+            Some(document) if !caught_up.repeats(&document, cluster_time) => {
+                Work::from_stream(self.rules.decode_raw(&document), token, at)
+            }
+            _ => Work::marker(token, at),
+        }
+    }
+
+    /// The whole document of a message too large for its event, read from
+    /// the collection while it is pending, so that it takes its turn among
+    /// its key's messages. `None` if it is pending no longer (delivered by
+    /// the sweep meanwhile), or the read failed: then the sweep delivers
+    /// it, possibly after its key's later messages (docs/guarantees.md).
+    async fn read_whole(&self, stub: &RawDocumentBuf) -> Option<RawDocumentBuf> {
+        let id = stub.get(field::ID).ok().flatten()?.to_raw_bson();
+        let id = bson::Bson::try_from(id).ok()?;
+        let read = self
+            .outbox
+            .clone_with_type::<RawDocumentBuf>()
+            .find_one(doc! { field::ID: &id, field::STATUS: status::PENDING })
+            .await;
+        match read {
+            Ok(whole) => whole,
+            Err(error) => {
+                tracing::warn!(
+                    %id,
+                    error = %crate::error::brief(&error),
+                    "could not read a message too large for its change event; the sweep \
+                     delivers it, possibly after its key's later messages"
+                );
+                None
+            }
+        }
+    }
+}
+
+/// An insert event as the source keeps it until it is passed on.
+struct Insert {
+    token: ResumeToken,
+    at: Option<DateTime>,
+    cluster_time: Option<bson::Timestamp>,
+    document: Option<RawDocumentBuf>,
+}
+
+impl Insert {
+    fn id(&self) -> Option<ObjectId> {
+        self.document.as_ref().and_then(replayed::id_of)
+    }
+}
+
+impl From<Event> for Insert {
+    fn from(event: Event) -> Self {
+        Insert {
+            token: event.id,
+            at: commit_time(event.wall_time, event.cluster_time),
+            cluster_time: event.cluster_time,
+            document: event.full_document,
+        }
+    }
+}
+
+/// The inserts a replay's window holds back, bounded by count and bytes.
+#[derive(Default)]
+struct Held {
+    inserts: Vec<Insert>,
+    bytes: usize,
+}
+
+impl Held {
+    fn is_empty(&self) -> bool {
+        self.inserts.is_empty()
+    }
+
+    /// Holds `insert` back; false once the chunk is full and is to be
+    /// passed on.
+    fn take(&mut self, insert: Insert) -> bool {
+        self.bytes += insert.document.as_ref().map_or(0, |d| d.as_bytes().len());
+        self.inserts.push(insert);
+        self.inserts.len() < replayed::CHUNK && self.bytes < replayed::CHUNK_BYTES
     }
 }
 

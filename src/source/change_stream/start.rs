@@ -19,7 +19,7 @@ use mongodb::change_stream::event::ResumeToken;
 use mongodb::options::Hint;
 use tokio_util::sync::CancellationToken;
 
-use super::{said, CaughtUp, ChangeStreamSource, Events, Position};
+use super::{said, CaughtUp, ChangeStreamSource, Events, Position, Window};
 use crate::observe::Role;
 use crate::retry::until_ok;
 use crate::setup::SWEEP_INDEX;
@@ -114,15 +114,16 @@ fn fit(needed: bool, timed: bool, read_at: u32, sized: u32) -> Fit {
 
 impl ChangeStreamSource {
     /// Starts the stream as [`Self::plan`] decides, then carries the plan
-    /// out. Returns the open stream and what its pass read (for a replay,
-    /// what an earlier pass of the term read); `None` if the relay stopped.
+    /// out. Returns the open stream, what its pass read (for a replay,
+    /// what an earlier pass of the term read) and whether it replays from
+    /// a stored position; `None` if the relay stopped.
     pub(super) async fn start(
         &self,
         token: Option<ResumeToken>,
         carried: Option<CaughtUp>,
         output: &Feed,
         shutdown: &CancellationToken,
-    ) -> Option<(Events, CaughtUp)> {
+    ) -> Option<(Events, CaughtUp, Window)> {
         let plan = tokio::select! {
             _ = shutdown.cancelled() => return None,
             plan = self.plan(token, carried) => plan,
@@ -194,14 +195,14 @@ impl ChangeStreamSource {
         plan: Plan,
         output: &Feed,
         shutdown: &CancellationToken,
-    ) -> Option<(Events, CaughtUp)> {
+    ) -> Option<(Events, CaughtUp, Window)> {
         let (snapshot, batch) = match plan {
             Plan::Replay {
                 after,
                 carried,
                 batch,
             } => match self.replay(after, batch, shutdown).await {
-                Replayed::Open(events) => return Some((events, carried)),
+                Replayed::Open(events) => return Some((events, carried, Window::Replaying)),
                 Replayed::HistoryGone => (None, batch),
                 Replayed::Stopped => return None,
             },
@@ -223,7 +224,11 @@ impl ChangeStreamSource {
                 .await
                 .ok()?;
         }
-        Some((events, CaughtUp::new(fed.recent, upto, self.grace_period)))
+        Some((
+            events,
+            CaughtUp::new(fed.recent, upto, self.grace_period),
+            Window::Live,
+        ))
     }
 
     /// Documents a read asks for: sized from the outbox's documents where

@@ -1,0 +1,347 @@
+//! What a fault scenario needs: its own servers, a writer committing
+//! messages in transactions while the fault happens, a core-NATS count of
+//! every publish (a repeat JetStream drops still counts), and the check at
+//! the end that everything committed arrived once in the stream, each key
+//! in commit order, with the figures written to `target/fault-report.jsonl`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bson::{doc, oid::ObjectId, Document};
+use futures::{StreamExt, TryStreamExt};
+use outbox_relay::{NewMessage, Outbox};
+use tokio_util::sync::CancellationToken;
+
+use super::{manifest_dir, MongoProcess, NatsProcess, TestEnv, WAIT};
+
+/// The longest a scenario waits for everything to be delivered at the end:
+/// a bound for a relay that stopped, not a speed to meet. SecantusDB's
+/// Python build drains about a hundred messages a second here with the
+/// test's reads beside it, so 6,000 take about a minute on an idle machine.
+pub const DRAIN: Duration = Duration::from_secs(240);
+
+/// Every publish seen on the scenario's subjects, with when it arrived.
+#[derive(Clone, Default)]
+pub struct Publishes(Arc<Mutex<Vec<(String, Instant)>>>);
+
+impl Publishes {
+    pub async fn watch(env: &TestEnv) -> Self {
+        let publishes = Publishes::default();
+        let mut subscriber = env
+            .nats
+            .subscribe(format!("{}.>", env.prefix))
+            .await
+            .unwrap();
+        env.nats.flush().await.unwrap();
+        let sink = publishes.clone();
+        tokio::spawn(async move {
+            while let Some(message) = subscriber.next().await {
+                if let Some(id) = super::msg_id(&message) {
+                    if let Ok(mut all) = sink.0.lock() {
+                        all.push((id, Instant::now()));
+                    }
+                }
+            }
+        });
+        publishes
+    }
+
+    /// Publishes past the first of each message: the repeats.
+    pub fn repeats(&self) -> usize {
+        let Ok(all) = self.0.lock() else {
+            return 0;
+        };
+        let distinct: HashSet<&String> = all.iter().map(|(id, _)| id).collect();
+        all.len() - distinct.len()
+    }
+
+    pub fn count(&self) -> usize {
+        self.0.lock().map(|all| all.len()).unwrap_or(0)
+    }
+
+    /// The longest time without any publish between `from` and `to`: with
+    /// messages committed every 20 ms, the pause a fault caused.
+    /// The window starts a second before `from`, so the last publishes
+    /// before the fault are in it.
+    pub fn longest_gap(&self, from: Instant, to: Instant) -> Duration {
+        let from = from.checked_sub(Duration::from_secs(1)).unwrap_or(from);
+        let Ok(all) = self.0.lock() else {
+            return Duration::ZERO;
+        };
+        let mut times: Vec<Instant> = all
+            .iter()
+            .map(|(_, at)| *at)
+            .filter(|at| *at >= from && *at <= to)
+            .collect();
+        times.sort();
+        times
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// The first publish arriving after `since`.
+    pub fn first_after(&self, since: Instant) -> Option<Instant> {
+        let all = self.0.lock().ok()?;
+        all.iter().map(|(_, at)| *at).filter(|at| *at > since).min()
+    }
+
+    /// Waits until `n` publishes arrived after `since`.
+    pub async fn wait_count_after(&self, since: Instant, n: usize) {
+        super::wait_until(&format!("{n} publishes after the fault"), || async {
+            self.0
+                .lock()
+                .map(|all| all.iter().filter(|(_, at)| *at > since).count() >= n)
+                .unwrap_or(false)
+        })
+        .await;
+    }
+
+    pub async fn wait_first_after(&self, since: Instant) -> Duration {
+        super::wait_until("a publish after the fault", || async {
+            self.first_after(since).is_some()
+        })
+        .await;
+        self.first_after(since)
+            .map(|at| at - since)
+            .unwrap_or_default()
+    }
+}
+
+/// Writes orders with their outbox messages in transactions, one every
+/// 20 ms, until stopped; every tenth transaction is aborted on purpose.
+/// Failed writes (a server is down) are retried. Returns the aborted ids.
+pub struct Writer {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Vec<ObjectId>>,
+}
+
+impl Writer {
+    pub fn start(env: &TestEnv) -> Self {
+        Self::start_every(env, Duration::from_millis(20))
+    }
+
+    /// A writer that starts a transaction every `interval` (as far as
+    /// the server keeps up: a late one is not made up for).
+    pub fn start_every(env: &TestEnv, interval: Duration) -> Self {
+        let stop = CancellationToken::new();
+        let (client, db, until) = (env.client.clone(), env.db.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let outbox = Outbox::new(&db);
+            let orders = db.collection::<Document>("orders");
+            let mut aborted = Vec::new();
+            let mut n = 0_i64;
+            let mut ticks = tokio::time::interval(interval);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while !until.is_cancelled() {
+                ticks.tick().await;
+                n += 1;
+                let abort = n % 10 == 0;
+                match write_one(&client, &outbox, &orders, n, abort).await {
+                    Ok(id) if abort => aborted.push(id),
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+            aborted
+        });
+        Writer { stop, task }
+    }
+
+    pub async fn finish(self) -> Vec<ObjectId> {
+        self.stop.cancel();
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("writer stops")
+            .expect("writer task")
+    }
+}
+
+pub async fn write_one(
+    client: &mongodb::Client,
+    outbox: &Outbox,
+    orders: &mongodb::Collection<Document>,
+    n: i64,
+    abort: bool,
+) -> outbox_relay::Result<ObjectId> {
+    let failed = |e| outbox_relay::Error::Config(format!("write failed: {e}"));
+    let mut session = client.start_session().await.map_err(failed)?;
+    session.start_transaction().await.map_err(failed)?;
+    orders
+        .insert_one(doc! { "n": n })
+        .session(&mut session)
+        .await
+        .map_err(failed)?;
+    // A few keys, so each scenario checks the order of each key too; one
+    // writer writes them in turn, so `n` is commit order.
+    let message = NewMessage::serialized("order.placed", &doc! { "n": n })?.key(key_of(n));
+    let id = outbox.add(&mut session, message).await?;
+    if abort {
+        session.abort_transaction().await.map_err(failed)?;
+    } else {
+        session.commit_transaction().await.map_err(failed)?;
+    }
+    Ok(id)
+}
+
+pub fn key_of(n: i64) -> String {
+    format!("k{}", n % 5)
+}
+
+/// Each key's committed messages in commit order (by the writer's `n`).
+pub fn committed_per_key(documents: &[Document]) -> HashMap<String, Vec<ObjectId>> {
+    let mut numbered: Vec<(i64, ObjectId)> = documents
+        .iter()
+        .filter_map(|d| {
+            let n = d.get_document("payload").ok()?.get_i64("n").ok()?;
+            Some((n, d.get_object_id("_id").ok()?))
+        })
+        .collect();
+    numbered.sort();
+    let mut per_key: HashMap<String, Vec<ObjectId>> = HashMap::new();
+    for (n, id) in numbered {
+        per_key.entry(key_of(n)).or_default().push(id);
+    }
+    per_key
+}
+
+/// Waits until nothing is pending, then checks the stream against the
+/// collection (each key in commit order), and writes the scenario's
+/// figures to the report.
+pub async fn verify(
+    env: &TestEnv,
+    scenario: &str,
+    publishes: &Publishes,
+    aborted: &[ObjectId],
+    extra: serde_json::Value,
+) {
+    let outbox = env.outbox();
+    let deadline = Instant::now() + DRAIN;
+    loop {
+        let pending = outbox
+            .count_documents(doc! { "status": "pending" })
+            .await
+            .unwrap_or(u64::MAX);
+        if pending == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{scenario}: {pending} messages still pending"
+        );
+        // SecantusDB counts a backlog slowly and holds other work meanwhile
+        // (README): a tighter poll would slow the relay it waits for.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let documents: Vec<Document> = outbox
+        .find(doc! {})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let failed: Vec<&Document> = documents
+        .iter()
+        .filter(|d| d.get_str("status") != Ok("processed"))
+        .collect();
+    assert!(failed.is_empty(), "{scenario}: not processed: {failed:?}");
+    let committed: HashSet<String> = documents
+        .iter()
+        .filter_map(|d| d.get_object_id("_id").ok())
+        .map(|id| id.to_hex())
+        .collect();
+
+    let stored = env.stored().await;
+    let mut in_stream: HashMap<String, usize> = HashMap::new();
+    for message in &stored {
+        *in_stream.entry(message.id.clone()).or_default() += 1;
+    }
+    let stream_ids: HashSet<String> = in_stream.keys().cloned().collect();
+    let missing: Vec<&String> = committed.difference(&stream_ids).collect();
+    let phantom: Vec<&String> = stream_ids.difference(&committed).collect();
+    assert!(
+        missing.is_empty(),
+        "{scenario}: {} committed messages never reached the stream: {missing:?}",
+        missing.len()
+    );
+    assert!(
+        phantom.is_empty(),
+        "{scenario}: {} messages in the stream were never committed: {phantom:?}",
+        phantom.len()
+    );
+    assert!(
+        in_stream.values().all(|&n| n == 1),
+        "{scenario}: the stream holds a message twice"
+    );
+    let aborted_seen: Vec<String> = aborted
+        .iter()
+        .map(|id| id.to_hex())
+        .filter(|id| stream_ids.contains(id))
+        .collect();
+    assert!(
+        aborted_seen.is_empty(),
+        "{scenario}: aborted transactions published: {aborted_seen:?}"
+    );
+    assert!(
+        committed.len() >= 20,
+        "{scenario}: too few messages written to mean anything"
+    );
+    super::assert_order_per_key(&stored, &committed_per_key(&documents));
+
+    // Let late duplicates land before counting them.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let raw = publishes.count();
+    let mut report = serde_json::json!({
+        "scenario": scenario,
+        "committed": committed.len(),
+        "aborted": aborted.len(),
+        "raw_publishes": raw,
+        "duplicate_publishes": raw.saturating_sub(committed.len()),
+    });
+    if let (Some(report), Some(extra)) = (report.as_object_mut(), extra.as_object()) {
+        report.extend(extra.clone());
+    }
+    append_report(&report);
+}
+
+/// Adds a scenario's figures to `target/fault-report.jsonl`.
+pub fn append_report(report: &serde_json::Value) {
+    let line = format!("{report}\n");
+    let path = manifest_dir().join("target").join("fault-report.jsonl");
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut file| std::io::Write::write_all(&mut file, line.as_bytes()));
+    assert!(appended.is_ok(), "write the fault report");
+}
+
+/// A scenario's own servers, so its faults cannot touch other tests.
+pub struct Servers {
+    pub mongo: MongoProcess,
+    pub nats: NatsProcess,
+}
+
+impl Servers {
+    pub async fn start() -> Self {
+        Servers {
+            mongo: MongoProcess::start().await,
+            nats: NatsProcess::start().await,
+        }
+    }
+
+    /// Servers whose MongoDB takes `configureFailPoint` (see [`super::failpoint`]).
+    pub async fn with_fail_points() -> Self {
+        Servers {
+            mongo: MongoProcess::start_with(&["--enable-test-commands"]).await,
+            nats: NatsProcess::start().await,
+        }
+    }
+
+    /// A test environment on these servers.
+    pub async fn env(&self) -> TestEnv {
+        TestEnv::on(&self.mongo.uri(), &self.nats.url()).await
+    }
+}
