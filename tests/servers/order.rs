@@ -449,3 +449,38 @@ async fn a_hold_written_out_of_the_leaders_sight_is_taken_on_and_released() {
     relay.stop().await.unwrap();
     env.drop().await;
 }
+
+#[tokio::test]
+async fn a_message_too_large_for_its_change_event_takes_its_turn_in_its_key() {
+    // A server that takes messages of 20 MB, so the large one is delivered.
+    let nats = NatsProcess::start_with("max_payload: 20971520", None).await;
+    let env = TestEnv::on(&mongodb_uri(), &nats.url()).await;
+    let mut receiver = env.subscribe().await;
+    let relay = RunningRelay::start_tailing(env.config()).await;
+    // Past what a change event carries whole (16 MiB less 64 KiB), so the
+    // stream brings a stub of its `_id`.
+    let large = ObjectId::new();
+    let small = ObjectId::new();
+    let mut session = env.client.start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    for (id, size) in [(large, 16 * 1024 * 1024 - 32 * 1024), (small, 10)] {
+        env.outbox()
+            .insert_one(doc! {
+                "_id": id, "type": "order.placed", "payload": "x".repeat(size),
+                "key": "k", "status": "pending",
+            })
+            .session(&mut session)
+            .await
+            .unwrap();
+    }
+    session.commit_transaction().await.unwrap();
+    let received = receiver.until_id(small).await;
+    let order: Vec<String> = received.iter().filter_map(crate::common::msg_id).collect();
+    assert_eq!(
+        order,
+        [large.to_hex(), small.to_hex()],
+        "the large message first, as committed"
+    );
+    relay.stop().await.unwrap();
+    env.drop().await;
+}
