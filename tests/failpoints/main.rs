@@ -100,3 +100,49 @@ async fn a_stream_the_driver_resumes_publishes_nothing_twice() {
     relay.terminate().await;
     env.drop().await;
 }
+
+/// Errors a write meets in a replica set: a write concern the majority
+/// did not confirm in time, a dropped connection, an election.
+fn write_failures() -> [(&'static str, Failure); 3] {
+    [
+        ("writeConcernError 64", Failure::WriteConcern(64)),
+        ("connection closed", Failure::CloseConnection),
+        ("NotWritablePrimary", Failure::Code(10107, &[])),
+    ]
+}
+
+/// The most messages a scenario of failing marks may publish again: a
+/// mark that failed leaves its batch unmarked, and the batch is published
+/// again by the sweep (at most `--batch-size`, 100 here, for each of the
+/// three failures armed three times).
+const UNMARKED_AT_MOST: usize = 3 * 3 * 100;
+
+#[tokio::test]
+async fn marks_that_fail_lose_nothing() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let servers = Servers::with_fail_points().await;
+    let env = servers.env().await;
+    let publishes = Publishes::watch(&env).await;
+    let mut relay = tailing(&servers, &env, "marks").await;
+    let writer = Writer::start(&env);
+    let mut faults = Vec::new();
+    for (name, failure) in write_failures() {
+        let armed = Instant::now();
+        failpoint::arm(&env.client, RELAY, &["update"], 3, &failure).await;
+        publishes.wait_count_after(armed, THROUGH).await;
+        faults.push(name);
+    }
+    failpoint::off(&env.client).await;
+    let aborted = writer.finish().await;
+    verify(
+        &env,
+        "marks failed 3 times each with a write concern error, a dropped connection, an election",
+        &publishes,
+        &aborted,
+        serde_json::json!({ "faults": faults }),
+    )
+    .await;
+    assert!(publishes.repeats() <= UNMARKED_AT_MOST);
+    relay.terminate().await;
+    env.drop().await;
+}
