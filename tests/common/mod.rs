@@ -482,6 +482,8 @@ pub fn assert_order_per_key(stored: &[Stored], committed: &HashMap<String, Vec<O
 pub struct RunningRelay {
     shutdown: CancellationToken,
     handle: JoinHandle<outbox_relay::Result<()>>,
+    /// The relay's own metrics, which say its role as `/readyz` does.
+    pub metrics: outbox_relay::Metrics,
 }
 
 impl RunningRelay {
@@ -491,8 +493,31 @@ impl RunningRelay {
 
     fn run(relay: Relay) -> Self {
         let shutdown = CancellationToken::new();
+        let metrics = relay.metrics().clone();
         let handle = tokio::spawn(relay.run(shutdown.clone()));
-        RunningRelay { shutdown, handle }
+        RunningRelay {
+            shutdown,
+            handle,
+            metrics,
+        }
+    }
+
+    /// Whether the relay is in `role` (as `/readyz` says: [`LEADING`], [`STANDING_BY`]).
+    pub fn is(&self, role: &str) -> bool {
+        self.metrics
+            .readiness()
+            .conditions
+            .iter()
+            .any(|c| c == role)
+    }
+
+    /// Waits until the relay is in `role`.
+    pub async fn wait_for_role(&self, role: &str) {
+        wait_until(&format!("a relay {role}"), || {
+            let now = self.is(role);
+            async move { now }
+        })
+        .await;
     }
 
     /// A relay that has taken the lease and opened its change stream. On
@@ -501,14 +526,8 @@ impl RunningRelay {
     /// and reach NATS only by the sweep, after its key's later messages: a
     /// test of per-key order writes once this returns.
     pub async fn start_tailing(config: RelayConfig) -> Self {
-        let relay = Relay::connect(config).await.expect("relay connects");
-        let metrics = relay.metrics().clone();
-        let running = Self::run(relay);
-        wait_until("the relay to tail its change stream", || {
-            let tailing = metrics.readiness().conditions.iter().any(|c| c == LEADING);
-            async move { tailing }
-        })
-        .await;
+        let running = Self::run(Relay::connect(config).await.expect("relay connects"));
+        running.wait_for_role(LEADING).await;
         running
     }
 
