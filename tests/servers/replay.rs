@@ -232,6 +232,80 @@ async fn an_interrupted_replay_resumed_sends_the_rest_and_nothing_twice() {
     history.drop().await;
 }
 
+/// The server's clock, which judges replay holds.
+async fn server_time(env: &TestEnv) -> bson::DateTime {
+    let hello = env
+        .client
+        .database("admin")
+        .run_command(doc! { "hello": 1 })
+        .await
+        .expect("hello");
+    *hello.get_datetime("localTime").expect("the server's time")
+}
+
+#[tokio::test]
+async fn a_run_whose_replay_another_takes_over_stops_with_exit_1_and_says_so() {
+    let mut history = History::delivered(300, 7).await;
+    // Paced so that it is still running when its replay is taken.
+    let running = tokio::process::Command::from(history.replay_all(&["--rate", "50"]))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the replay");
+    wait_until("the replay to send some", || {
+        let mut stream = history.stream.clone();
+        async move {
+            let info = stream.info().await;
+            info.is_ok_and(|info| info.state.messages >= 10)
+        }
+    })
+    .await;
+    // What another run does when this one's hold has lapsed.
+    let held_until =
+        bson::DateTime::from_millis(server_time(&history.env).await.timestamp_millis() + 3_600_000);
+    let records = history.env.db.collection::<Document>("outbox_replays");
+    let taken = records
+        .update_one(
+            doc! {},
+            doc! { "$set": { "owner": "elsewhere/1/another", "heldUntil": held_until } },
+        )
+        .await
+        .expect("take the replay over");
+    assert_eq!(taken.modified_count, 1);
+    let output = tokio::time::timeout(WAIT, running.wait_with_output())
+        .await
+        .expect("the run stops")
+        .expect("its output");
+    // Not a bad setting, and nothing for this user to resume: the other
+    // run goes on.
+    assert_exit(&output, 1, "taken over by another run");
+    let text = output_text(&output);
+    assert!(
+        text.contains("elsewhere/1/another"),
+        "names the other run: {text}"
+    );
+    assert!(text.contains("nothing to resume"), "{text}");
+    assert!(!text.contains("--resume"), "{text}");
+    let record = records
+        .find_one(doc! {})
+        .await
+        .expect("read")
+        .expect("recorded");
+    assert_eq!(
+        record.get_str("owner"),
+        Ok("elsewhere/1/another"),
+        "{record}"
+    );
+    assert_eq!(
+        record.get_str("state"),
+        Ok("running"),
+        "left to the other run: {record}"
+    );
+    assert!(history.count().await < 300);
+    history.drop().await;
+}
+
 #[tokio::test]
 async fn a_message_the_stream_refuses_is_skipped_and_the_rest_sent() {
     let env = TestEnv::new().await;
