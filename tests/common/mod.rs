@@ -1115,6 +1115,21 @@ impl RelayProcess {
         let _ = self.child.wait();
     }
 
+    /// Waits for the relay to exit by itself; its exit status, or `None`
+    /// if it still runs `within` from now.
+    pub async fn exit_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the relay") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// SIGTERM, then waits for the exit; fails the test if it does not exit cleanly.
     pub async fn terminate(&mut self) {
         self.signal("TERM");
