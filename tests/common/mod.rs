@@ -804,7 +804,32 @@ pub struct MongoProcess {
     pub extra: Vec<String>,
     /// Connection-string options a client needs (`&tls=true&...`).
     pub options: String,
+    /// How far ahead of this host's clock the server's `hello.localTime`
+    /// runs, for tests of what is judged on the server's clock.
+    ahead: Option<Duration>,
 }
+
+/// Starts SecantusDB (the Python build) with its `hello.localTime` moved
+/// ahead by the seconds given first: the clock the relay judges leases and
+/// holds by, skewed from the host's without touching the host.
+const SKEWED_SERVER: &str = r#"
+import datetime as dt
+import sys
+
+from secantus import commands
+
+ahead = dt.timedelta(seconds=float(sys.argv.pop(1)))
+for name in ("hello", "isMaster", "ismaster"):
+    def skewed(doc, ctx, original=commands._HANDLERS[name]):
+        reply = original(doc, ctx)
+        reply["localTime"] = reply["localTime"] + ahead
+        return reply
+    commands._HANDLERS[name] = skewed
+
+from secantus.cli import main
+
+sys.exit(main())
+"#;
 
 impl MongoProcess {
     pub async fn start() -> Self {
@@ -831,6 +856,7 @@ impl MongoProcess {
             dir,
             extra,
             options: String::new(),
+            ahead: None,
         }
     }
 
@@ -846,11 +872,32 @@ impl MongoProcess {
         )
     }
 
+    /// A server whose clock (`hello.localTime`) runs `ahead` of this host's.
+    pub async fn start_ahead(ahead: Duration) -> Self {
+        let mut mongo = Self::unstarted(Vec::new());
+        mongo.ahead = Some(ahead);
+        mongo.restart().await;
+        mongo
+    }
+
     pub async fn restart(&mut self) {
-        let server = std::env::var_os("SECANTUSD")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| manifest_dir().join(".services/venv/bin/secantusd-py"));
-        let child = Command::new(&server)
+        let (server, mut command) = match self.ahead {
+            None => {
+                let server = std::env::var_os("SECANTUSD")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| manifest_dir().join(".services/venv/bin/secantusd-py"));
+                (server.clone(), Command::new(server))
+            }
+            Some(ahead) => {
+                let script = self.dir.join("skewed.py");
+                std::fs::write(&script, SKEWED_SERVER).expect("the skewed server's script");
+                let python = manifest_dir().join(".services/venv/bin/python");
+                let mut command = Command::new(&python);
+                command.arg(script).arg(ahead.as_secs_f64().to_string());
+                (python, command)
+            }
+        };
+        let child = command
             .args([
                 "--host",
                 "127.0.0.1",

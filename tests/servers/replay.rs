@@ -339,6 +339,72 @@ async fn a_run_whose_replay_another_takes_over_stops_with_exit_1_and_says_so() {
 }
 
 #[tokio::test]
+async fn a_replays_hold_is_judged_on_the_servers_clock() {
+    // The server's clock an hour ahead of this host's: a hold that lapsed
+    // a minute ago by the server's clock is 59 minutes off by the host's.
+    let mongo = MongoProcess::start_ahead(Duration::from_secs(3600)).await;
+    let env = TestEnv::on(&mongo.uri(), &nats_url()).await;
+    let messages: Vec<Document> = (0..100)
+        .map(|n| delivered(ObjectId::new(), "order.placed", &format!("k{}", n % 5)))
+        .collect();
+    env.outbox().insert_many(messages).await.expect("insert");
+    let history = History::on(env).await;
+    let running = tokio::process::Command::from(history.replay_all(&["--rate", "50"]))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the replay");
+    let pid = running.id().expect("a pid").to_string();
+    wait_until("the replay to send some", || {
+        let mut stream = history.stream.clone();
+        async move {
+            let info = stream.info().await;
+            info.is_ok_and(|info| info.state.messages >= 5)
+        }
+    })
+    .await;
+    let interrupted = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status();
+    assert!(interrupted.is_ok_and(|s| s.success()), "send SIGINT");
+    let output = tokio::time::timeout(WAIT, running.wait_with_output())
+        .await
+        .expect("the replay stops")
+        .expect("its output");
+    assert_exit(&output, 130, "");
+    let replay_id = summary(&output)["replay_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let records = history.env.db.collection::<Document>("outbox_replays");
+    // The history's commands name the skewed server.
+    let resume = || bounded(history.replay(&["--resume", &replay_id, "--json"]));
+    // As another run left it: held for a minute more, by the server's clock.
+    let now = server_time(&history.env).await.timestamp_millis();
+    let held = |until: i64| {
+        doc! { "$set": {
+            "state": "running", "owner": "elsewhere/1/another",
+            "heldUntil": bson::DateTime::from_millis(until),
+        } }
+    };
+    records
+        .update_one(doc! { "_id": &replay_id }, held(now + 60_000))
+        .await
+        .expect("hold the replay");
+    assert_exit(&resume().await, 2, "running in another process");
+    // Its run crashed a minute ago, by the server's clock.
+    records
+        .update_one(doc! { "_id": &replay_id }, held(now - 60_000))
+        .await
+        .expect("let the hold lapse");
+    let output = resume().await;
+    assert_exit(&output, 0, "");
+    assert_eq!(summary(&output)["state"], "done");
+    history.drop().await;
+}
+
+#[tokio::test]
 async fn a_message_the_stream_refuses_is_skipped_and_the_rest_sent() {
     let env = TestEnv::new().await;
     let mut messages: Vec<Document> = (0..20)
