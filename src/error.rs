@@ -77,6 +77,11 @@ pub enum Error {
     #[error("{0}")]
     StoredState(String),
 
+    /// Another run took over what this one held (a replay whose hold
+    /// lapsed): this run stopped, and the other goes on.
+    #[error("{0}")]
+    TakenOver(String),
+
     /// A server answered in a way its protocol does not allow.
     #[error("unexpected reply: {0}")]
     Protocol(String),
@@ -146,6 +151,7 @@ impl Error {
             | Error::Nats { .. }
             | Error::Io { .. }
             | Error::StoredState(_)
+            | Error::TakenOver(_)
             | Error::Protocol(_)
             | Error::Internal(_)
             | Error::Bench(_)
@@ -345,6 +351,7 @@ mod tests {
             (Error::check(CheckKind::NatsRefused, "x"), 10),
             (Error::io("writing", io()), 1),
             (Error::StoredState("x".into()), 1),
+            (Error::TakenOver("x".into()), 1),
             (Error::Protocol("x".into()), 1),
             (Error::Internal("x".into()), 1),
             (Error::Bench("x".into()), 1),

@@ -19,10 +19,14 @@
 //!   a margin. The server read its clock after that, so the deadline always
 //!   comes first.
 //! - A graceful stop releases the lease, so a standby takes over at once.
+//! - No stored field keeps every relay from leading: an expiry that is not
+//!   a date is given one a lease from now (a holder may renew it), and a
+//!   lapsed lease whose term cannot be counted is taken at a term above any
+//!   a relay could have counted to (`fresh_term`), each with a warning.
 
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, DateTime, RawDocumentBuf};
+use bson::{doc, oid::ObjectId, DateTime, Document, RawBsonRef, RawDocument, RawDocumentBuf};
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use tokio::time::Instant;
@@ -134,19 +138,21 @@ impl Lease {
 
     /// Takes the lease if it is free or expired. `Ok(Err(remaining))` if
     /// another relay holds it, with the time its lease has left.
+    ///
+    /// No stored field keeps every relay from leading: a lease whose
+    /// fields are not what relays write (an expiry that is not a date, a
+    /// term that is not an integer the server can add one to) is judged
+    /// on what can be read of it (`Standing`) and taken over, with a
+    /// warning saying what was wrong.
     pub async fn try_acquire(&self) -> Result<std::result::Result<Held, Duration>> {
         let sent = Instant::now();
         let now = self.server_time().await?;
+        // The common case in one step: a lapsed (or new) lease whose term
+        // the server counts on.
         let taken = self
             .documents
             .find_one_and_update(
-                doc! {
-                    "_id": &self.id,
-                    "$or": [
-                        { "expiresAt": { "$lt": now } },
-                        { "expiresAt": { "$exists": false } },
-                    ],
-                },
+                doc! { "_id": &self.id, "$and": [lapsed(now), doc! { "$or": countable() }] },
                 doc! {
                     "$set": { "owner": &self.owner, "expiresAt": later(now, self.timing.duration) },
                     "$inc": { "term": 1_i64 },
@@ -156,26 +162,136 @@ impl Lease {
             .return_document(ReturnDocument::After)
             .await;
         match taken {
-            Ok(Some(document)) if document.get_str("owner") == Ok(self.owner.as_str()) => {
-                // `$inc` keeps an integer an integer; a double (a shell
-                // edit) is read as its whole part.
-                let term = Term(
-                    document
-                        .get_i64("term")
-                        .or_else(|_| document.get_i32("term").map(i64::from))
-                        .or_else(|_| document.get_f64("term").map(|t| t as i64))
-                        .unwrap_or(1),
-                );
-                tracing::info!(term = term.0, owner = %self.owner, "took the lease: leading");
-                Ok(Ok(Held {
-                    term,
-                    deadline: sent + self.timing.duration - self.timing.margin(),
-                }))
-            }
-            Ok(_) => Ok(Err(self.timing.standby_poll_interval)),
-            Err(error) if is_duplicate_key(&error) => Ok(Err(self.remaining(now).await?)),
+            Ok(Some(document)) => Ok(self.took(&document, sent)),
+            Ok(None) => Ok(Err(self.timing.standby_poll_interval)),
+            // The lease exists, and is not lapsed with a countable term.
+            Err(error) if is_duplicate_key(&error) => self.judge(now, sent).await,
             Err(error) => Err(Error::mongo("taking the lease failed", error)),
         }
+    }
+
+    /// What a take the server answered with `document` gives this relay:
+    /// the lease, if it is the owner now, at the term stored.
+    fn took(
+        &self,
+        document: &RawDocumentBuf,
+        sent: Instant,
+    ) -> std::result::Result<Held, Duration> {
+        let owner = document.get_str("owner").ok();
+        // Both takes leave an integer: `$inc` keeps one an integer, and the
+        // other writes one.
+        let term = document
+            .get_i64("term")
+            .ok()
+            .or_else(|| document.get_i32("term").ok().map(i64::from));
+        match (owner, term) {
+            (Some(owner), Some(term)) if owner == self.owner => {
+                let term = Term(term);
+                tracing::info!(term = term.0, owner = %self.owner, "took the lease: leading");
+                Ok(Held {
+                    term,
+                    deadline: sent + self.timing.duration - self.timing.margin(),
+                })
+            }
+            _ => Err(self.timing.standby_poll_interval),
+        }
+    }
+
+    /// Reads a lease the common take did not take, and acts on what it is.
+    async fn judge(
+        &self,
+        now: DateTime,
+        sent: Instant,
+    ) -> Result<std::result::Result<Held, Duration>> {
+        let stored = self
+            .documents
+            .find_one(doc! { "_id": &self.id })
+            .await
+            .map_err(|e| Error::mongo("reading the lease failed", e))?;
+        // Removed since: it is taken anew at the next try.
+        let Some(stored) = stored else {
+            return Ok(Err(Duration::ZERO));
+        };
+        match Standing::of(&stored, now) {
+            Standing::Held(left) => Ok(Err(left)),
+            Standing::Changed => Ok(Err(Duration::ZERO)),
+            Standing::Timeless(found) => self.give_expiry(&found, now).await,
+            Standing::Lapsed { next, found } => self.take_over(next, found, now, sent).await,
+        }
+    }
+
+    /// Gives a lease whose expiry is not a date one: a lease from now, as
+    /// if its holder had just renewed it.
+    ///
+    /// Not taken at once: the expiry is what says when a holder must stop,
+    /// and one may still be delivering. It cannot renew an expiry that is
+    /// not a date (a renewal matches dates), so its deadline falls within
+    /// a lease of the moment the expiry was overwritten, before the expiry
+    /// given here. A holder that renews the new expiry first goes on
+    /// leading (its owner and term still stand); otherwise the lease
+    /// lapses and is taken as any other.
+    async fn give_expiry(
+        &self,
+        found: &str,
+        now: DateTime,
+    ) -> Result<std::result::Result<Held, Duration>> {
+        let dated = self
+            .documents
+            .update_one(
+                doc! { "_id": &self.id, "expiresAt": { "$exists": true, "$not": { "$type": "date" } } },
+                doc! { "$set": { "expiresAt": later(now, self.timing.duration) } },
+            )
+            .await
+            .map_err(|e| Error::mongo("writing the lease's expiry failed", e))?;
+        if dated.modified_count > 0 {
+            tracing::warn!(
+                lease = ?self.timing.duration,
+                "the lease's expiresAt is {found}, not a date, so no relay could tell when it \
+                 ends, and none could take it: it now ends one lease from now, when a standby \
+                 takes it over unless its holder renews it first"
+            );
+        }
+        Ok(Err(self.timing.duration))
+    }
+
+    /// Takes a lapsed lease whose term the common take does not count on,
+    /// at term `next`; `found` says what was wrong with the stored term.
+    async fn take_over(
+        &self,
+        next: Term,
+        found: Option<String>,
+        now: DateTime,
+        sent: Instant,
+    ) -> Result<std::result::Result<Held, Duration>> {
+        let taken = self
+            .documents
+            .find_one_and_update(
+                // Only as judged: of two relays that read it at once, the
+                // first take leaves a countable term, and the other's
+                // matches nothing.
+                doc! { "_id": &self.id, "$and": [lapsed(now), doc! { "$nor": countable() }] },
+                doc! { "$set": {
+                    "owner": &self.owner,
+                    "expiresAt": later(now, self.timing.duration),
+                    "term": next.0,
+                } },
+            )
+            .return_document(ReturnDocument::After)
+            .await
+            .map_err(|e| Error::mongo("taking the lease failed", e))?;
+        let Some(document) = taken else {
+            return Ok(Err(Duration::ZERO));
+        };
+        let held = self.took(&document, sent);
+        if let (Ok(_), Some(found)) = (&held, found) {
+            tracing::warn!(
+                term = next.0,
+                "took over a lease whose term was {found}, not an integer a term can grow from: \
+                 leading at term {}, a number above any term relays count to",
+                next.0
+            );
+        }
+        Ok(held)
     }
 
     /// Extends a held lease. `Ok(false)` if another relay has taken it.
@@ -294,21 +410,174 @@ impl Lease {
     async fn server_time(&self) -> Result<DateTime> {
         server_time(self.database.client()).await
     }
+}
 
-    /// How long the current holder's lease has left, by the server's clock.
-    async fn remaining(&self, now: DateTime) -> Result<Duration> {
-        let lease = self
-            .documents
-            .find_one(doc! { "_id": &self.id })
-            .await
-            .map_err(|e| Error::mongo("reading the lease failed", e))?;
-        let expires = lease
-            .and_then(|d| d.get_datetime("expiresAt").ok())
-            .unwrap_or(now);
-        let left = expires
-            .timestamp_millis()
-            .saturating_sub(now.timestamp_millis());
-        Ok(Duration::from_millis(u64::try_from(left).unwrap_or(0)))
+/// A lease whose expiry has passed, or that has none. A query compares a
+/// date with dates alone, so an expiry of another type matches neither.
+fn lapsed(now: DateTime) -> Document {
+    doc! { "$or": [
+        { "expiresAt": { "$lt": now } },
+        { "expiresAt": { "$exists": false } },
+    ] }
+}
+
+/// The terms the common take counts on: none yet, or an integer the
+/// server can add one to. `$inc` fails on a string (every take would), on
+/// the largest integer, and leaves a double past 2^53 as it was (`1e20 +
+/// 1` is `1e20`: two relays would hold one term).
+fn countable() -> Vec<Document> {
+    vec![
+        doc! { "term": { "$exists": false } },
+        doc! { "term": { "$type": ["int", "long"], "$lt": i64::MAX } },
+    ]
+}
+
+/// A lease the common take did not take, as read, by the server's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Standing {
+    /// Another relay holds it, for this long yet.
+    Held(Duration),
+    /// Its expiry is not a date (what it is, said): no one can tell when
+    /// it ends.
+    Timeless(String),
+    /// Lapsed, with a term the common take does not count on: taken at
+    /// `next`. `found` says what was wrong with the term, if anything was
+    /// (an integer stored as a double, a shell's edit, is read as itself).
+    Lapsed { next: Term, found: Option<String> },
+    /// Lapsed with a countable term: it changed between the take and the
+    /// read (taken, released or removed), or the read lags the write.
+    Changed,
+}
+
+impl Standing {
+    fn of(stored: &RawDocument, now: DateTime) -> Standing {
+        match field(stored, "expiresAt") {
+            Ok(None) => {}
+            Ok(Some(RawBsonRef::DateTime(expires))) => {
+                let left = expires
+                    .timestamp_millis()
+                    .saturating_sub(now.timestamp_millis());
+                if let Ok(left @ 1..) = u64::try_from(left) {
+                    return Standing::Held(Duration::from_millis(left));
+                }
+            }
+            Ok(Some(other)) => return Standing::Timeless(describe(other)),
+            Err(unreadable) => return Standing::Timeless(unreadable),
+        }
+        match StoredTerm::of(field(stored, "term")) {
+            StoredTerm::Counted => Standing::Changed,
+            StoredTerm::Whole(term) => Standing::Lapsed {
+                next: Term(term + 1),
+                found: None,
+            },
+            StoredTerm::Uncounted { found, read_as } => Standing::Lapsed {
+                next: fresh_term(read_as, now),
+                found: Some(found),
+            },
+        }
+    }
+}
+
+/// A stored term, as the takes count it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum StoredTerm {
+    /// None, or an integer the common take adds one to.
+    Counted,
+    /// An integer stored as a double, below 2^53, where a double counts
+    /// exactly: the next term is one more, written as an integer.
+    Whole(i64),
+    /// Anything else: what it is, and the term a relay of an earlier
+    /// version read from it (a number's whole part), if it is a number.
+    Uncounted { found: String, read_as: Option<i64> },
+}
+
+impl StoredTerm {
+    /// Where a double stops counting whole numbers exactly.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+
+    fn of(term: std::result::Result<Option<RawBsonRef<'_>>, String>) -> StoredTerm {
+        let term = match term {
+            Ok(Some(term)) => term,
+            Ok(None) => return StoredTerm::Counted,
+            Err(found) => {
+                return StoredTerm::Uncounted {
+                    found,
+                    read_as: None,
+                }
+            }
+        };
+        match term {
+            RawBsonRef::Int32(_) => StoredTerm::Counted,
+            RawBsonRef::Int64(term) if term < i64::MAX => StoredTerm::Counted,
+            RawBsonRef::Double(term) if term.fract() == 0.0 && term.abs() < Self::EXACT - 1.0 => {
+                // Exact: a whole number below 2^53 in magnitude.
+                StoredTerm::Whole(term as i64)
+            }
+            // `as` saturates, as an earlier version's reading did.
+            RawBsonRef::Double(term) => StoredTerm::Uncounted {
+                found: describe(RawBsonRef::Double(term)),
+                read_as: term.is_finite().then_some(term.trunc() as i64),
+            },
+            RawBsonRef::Int64(term) => StoredTerm::Uncounted {
+                found: format!("{term}, the largest a term can be"),
+                read_as: Some(term),
+            },
+            other => StoredTerm::Uncounted {
+                found: describe(other),
+                read_as: None,
+            },
+        }
+    }
+}
+
+/// The term taken over a stored one the takes cannot count on.
+///
+/// Such a term says nothing dependable about the terms held before it: an
+/// edit may have put it there after any number of terms, and relays of
+/// earlier versions read a fraction, a double past 2^53 or a string as
+/// some other number (its whole part, the largest integer, or 1). So the
+/// new term is the server's clock in milliseconds since 1970. Terms are
+/// counted from 1, one per new leader: reaching that number would take a
+/// new leader every millisecond since 1970, and a later take-over of
+/// another unreadable term reads a later clock, so a larger number. Where
+/// the stored number is larger still, the term is one more than what was
+/// read from it. At the very top nothing is larger: the clock's number is
+/// then a term that is neither that holder's nor the one after it, which
+/// is all a relay's memory of its own terms asks (`checkpoint::KeptPlace`,
+/// `work::Acknowledged`), and the checkpoint is fenced by owner as well as
+/// term, so that holder writes nothing more.
+fn fresh_term(read_as: Option<i64>, now: DateTime) -> Term {
+    let clock = now.timestamp_millis().max(1);
+    let above_read = read_as.and_then(|term| term.checked_add(1));
+    Term(above_read.map_or(clock, |above| above.max(clock)))
+}
+
+/// Field `name` of a stored lease: absent, its value, or, where the driver
+/// cannot read it (a string that is not UTF-8), what it is said as.
+fn field<'a>(
+    stored: &'a RawDocument,
+    name: &str,
+) -> std::result::Result<Option<RawBsonRef<'a>>, String> {
+    let unreadable = |e: bson::raw::Error| format!("a value that cannot be read ({e})");
+    for element in stored.iter_elements() {
+        let element = element.map_err(unreadable)?;
+        if element.key() == name {
+            return element.value().map(Some).map_err(unreadable);
+        }
+    }
+    Ok(None)
+}
+
+/// A stored value as a warning says it.
+fn describe(value: RawBsonRef<'_>) -> String {
+    match value {
+        RawBsonRef::String(text) => format!("the string {text:?}"),
+        RawBsonRef::Double(number) => format!("the number {number}"),
+        RawBsonRef::Int32(number) => format!("the number {number}"),
+        RawBsonRef::Int64(number) => format!("the number {number}"),
+        RawBsonRef::Null => "null".to_owned(),
+        RawBsonRef::Boolean(value) => value.to_string(),
+        other => format!("a value of BSON type {:?}", other.element_type()),
     }
 }
 
@@ -331,4 +600,105 @@ pub(crate) fn owner_name() -> String {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "relay".to_owned());
     format!("{host}/{}/{}", std::process::id(), ObjectId::new().to_hex())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::Bson;
+
+    const NOW: i64 = 1_800_000_000_000;
+
+    fn standing(fields: Document) -> Standing {
+        let mut stored = doc! { "_id": "db.outbox", "owner": "gone" };
+        stored.extend(fields);
+        let raw = RawDocumentBuf::from_document(&stored).expect("a document");
+        Standing::of(&raw, DateTime::from_millis(NOW))
+    }
+
+    fn past() -> DateTime {
+        DateTime::from_millis(NOW - 1)
+    }
+
+    #[test]
+    fn an_expiry_that_is_not_a_date_is_said_and_dated() {
+        for (expiry, said) in [
+            (Bson::Null, "null"),
+            (Bson::Int64(NOW + 60_000), "the number 1800000060000"),
+            (
+                Bson::String("2030-01-01".into()),
+                "the string \"2030-01-01\"",
+            ),
+            (
+                Bson::Document(doc! {}),
+                "a value of BSON type EmbeddedDocument",
+            ),
+        ] {
+            assert_eq!(
+                standing(doc! { "expiresAt": expiry, "term": 3_i64 }),
+                Standing::Timeless(said.to_owned())
+            );
+        }
+        assert_eq!(
+            standing(doc! { "expiresAt": DateTime::from_millis(NOW + 1500), "term": "x" }),
+            Standing::Held(Duration::from_millis(1500)),
+            "a term that cannot be counted waits for the expiry"
+        );
+    }
+
+    #[test]
+    fn a_term_that_cannot_be_counted_is_taken_over_above_any_counted_one() {
+        let fresh = |found: &str| Standing::Lapsed {
+            next: Term(NOW),
+            found: Some(found.to_owned()),
+        };
+        for (term, expected) in [
+            (Bson::String("7".into()), fresh("the string \"7\"")),
+            (Bson::Double(7.5), fresh("the number 7.5")),
+            (
+                Bson::Double(1e20),
+                fresh("the number 100000000000000000000"),
+            ),
+            (
+                Bson::Int64(i64::MAX),
+                fresh("9223372036854775807, the largest a term can be"),
+            ),
+            (Bson::Null, fresh("null")),
+            (Bson::Boolean(true), fresh("true")),
+        ] {
+            let found = standing(doc! { "expiresAt": past(), "term": term.clone() });
+            assert_eq!(found, expected, "{term:?}");
+        }
+        assert_eq!(
+            standing(doc! { "expiresAt": past(), "term": 7.0 }),
+            Standing::Lapsed {
+                next: Term(8),
+                found: None
+            },
+            "a whole double is read as itself"
+        );
+        assert_eq!(
+            standing(doc! { "expiresAt": past(), "term": 4e15 }),
+            Standing::Lapsed {
+                next: Term(4_000_000_000_000_001),
+                found: None
+            },
+            "below 2^53 a double counts exactly"
+        );
+        assert_eq!(
+            standing(doc! { "term": 7_i64 }),
+            Standing::Changed,
+            "the common take counts it"
+        );
+    }
+
+    #[test]
+    fn a_fresh_term_is_above_the_clock_and_what_was_read() {
+        let now = DateTime::from_millis(NOW);
+        assert_eq!(fresh_term(None, now), Term(NOW));
+        assert_eq!(fresh_term(Some(7), now), Term(NOW));
+        assert_eq!(fresh_term(Some(i64::MAX), now), Term(NOW));
+        assert_eq!(fresh_term(Some(NOW * 10), now), Term(NOW * 10 + 1));
+        assert_eq!(fresh_term(None, DateTime::from_millis(-5)), Term(1));
+    }
 }

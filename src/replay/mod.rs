@@ -223,22 +223,27 @@ pub async fn run(
         Ok(Ended::Interrupted) | Err(_) => State::Stopped,
     };
     if lost {
-        return Err(Error::Config(format!(
-            "replay {:?} was taken up by another run while this one could not renew its hold; \
-             this run stopped, and the other goes on",
-            record.id
-        )));
+        return Err(records.taken_over(&record.id).await);
     }
     let saved = records.save(&record.id, &progress, state).await;
-    if let Err(error) = &sent {
-        tracing::error!(
-            replay = %record.id,
-            "the replay stopped ({error}); resume it with outbox-relay replay --resume {}",
-            record.id
-        );
-    }
-    let ended = sent?;
-    saved?;
+    let ended = match (sent, saved) {
+        // Not this run's to resume: the error says what the other does.
+        (Err(taken @ Error::TakenOver(_)), _) | (_, Err(taken @ Error::TakenOver(_))) => {
+            return Err(taken)
+        }
+        (Err(error), _) => {
+            tracing::error!(
+                replay = %record.id,
+                "the replay stopped ({error}); resume it with outbox-relay replay --resume {}",
+                record.id
+            );
+            return Err(error);
+        }
+        (Ok(ended), saved) => {
+            saved?;
+            ended
+        }
+    };
     // A new replay that found nothing to send leaves no record behind.
     let nothing = progress.sent == 0 && progress.skipped == 0;
     if ended == Ended::Finished && record.progress == Progress::default() && nothing {

@@ -11,7 +11,10 @@
 //! A run holds the record for [`HOLD`], renewed on a timer of its own
 //! ([`Holding`]), and a run of the same replay is refused while another
 //! holds it, so two never send at once; a crashed run's hold lapses on its
-//! own, and a run that finds its hold taken stops.
+//! own, and a run that finds its hold taken stops. Holds are written and
+//! judged on the database server's clock, as leases are
+//! (`lease::server_time`): runs on hosts whose clocks disagree still agree
+//! on when a hold lapses.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::selection::Selection;
 use crate::error::{Error, Result};
+use crate::lease::server_time;
 use crate::time::later;
 
 /// The collection replay records are kept in, beside the outbox.
@@ -175,7 +179,7 @@ impl Records {
         selection: Selection,
         replay_prefix: Option<String>,
     ) -> Result<Record> {
-        let now = DateTime::now();
+        let now = self.server_time().await?;
         let record = Record {
             id: ObjectId::new().to_hex(),
             outbox,
@@ -198,7 +202,7 @@ impl Records {
     /// Takes up replay `id` of `outbox` again, unless it is done or another
     /// run holds it.
     pub async fn resume(&self, id: &str, outbox: &str) -> Result<Record> {
-        let now = DateTime::now();
+        let now = self.server_time().await?;
         let taken = self
             .collection
             .find_one_and_update(
@@ -268,10 +272,17 @@ impl Records {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
+                let now = match server_time(collection.client()).await {
+                    Ok(now) => now,
+                    Err(error) => {
+                        tracing::debug!(%error, "renewing the replay's hold failed");
+                        continue;
+                    }
+                };
                 let renewed = collection
                     .update_one(
                         doc! { "_id": &id, "owner": &owner, "state": "running" },
-                        doc! { "$set": { "heldUntil": later(DateTime::now(), HOLD) } },
+                        doc! { "$set": { "heldUntil": later(now, HOLD) } },
                     )
                     .await;
                 match renewed {
@@ -316,6 +327,8 @@ impl Records {
     /// meanwhile (this run's hold lapsed).
     pub async fn save(&self, id: &str, progress: &Progress, state: State) -> Result<()> {
         let now = DateTime::now();
+        // Given up: before any moment a run will judge it at, on any clock.
+        let lapsed = DateTime::from_millis(0);
         let progress = bson::to_bson(progress)
             .map_err(|e| Error::Internal(format!("a replay's progress as BSON: {e}")))?;
         let mut set = doc! {
@@ -325,7 +338,7 @@ impl Records {
         // A running run's hold is [`Holding`]'s to renew; an ended one
         // gives it up.
         if state != State::Running {
-            set.insert("heldUntil", now);
+            set.insert("heldUntil", lapsed);
         }
         let saved = self
             .collection
@@ -336,13 +349,44 @@ impl Records {
             .await
             .map_err(|e| Error::mongo("recording the replay's progress failed", e))?;
         if saved.matched_count == 0 {
-            return Err(Error::Config(format!(
-                "replay {id:?} was taken up by another run while this one could not renew its \
-                 hold for {}; this run stops",
-                humantime::format_duration(HOLD)
-            )));
+            return Err(self.taken_over(id).await);
         }
         Ok(())
+    }
+
+    /// The error of a run whose replay `id` another run has taken over
+    /// (this run's hold lapsed), saying what became of it and what is left
+    /// to do.
+    pub async fn taken_over(&self, id: &str) -> Error {
+        let found = self.collection.find_one(doc! { "_id": id }).await;
+        let now = match found {
+            Ok(Some(record)) => match record.state {
+                State::Running => format!(
+                    "the other run ({}) is sending the rest: there is nothing to resume",
+                    record.owner
+                ),
+                State::Done => format!("the other run ({}) has finished it", record.owner),
+                State::Stopped => format!(
+                    "the other run ({}) has stopped too: outbox-relay replay --resume {id} \
+                     sends the rest",
+                    record.owner
+                ),
+            },
+            _ => format!(
+                "what the other run does could not be read (its record is in {})",
+                self.collection.name()
+            ),
+        };
+        Error::TakenOver(format!(
+            "replay {id:?} was taken over by another run, after this one could not renew its \
+             hold for {}; this run stopped sending, and {now}",
+            humantime::format_duration(HOLD)
+        ))
+    }
+
+    /// The database server's clock, which judges holds.
+    async fn server_time(&self) -> Result<DateTime> {
+        server_time(self.collection.client()).await
     }
 }
 

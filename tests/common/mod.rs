@@ -484,6 +484,8 @@ pub fn assert_order_per_key(stored: &[Stored], committed: &HashMap<String, Vec<O
 pub struct RunningRelay {
     shutdown: CancellationToken,
     handle: JoinHandle<outbox_relay::Result<()>>,
+    /// The relay's own metrics, which say its role as `/readyz` does.
+    pub metrics: outbox_relay::Metrics,
 }
 
 impl RunningRelay {
@@ -493,8 +495,31 @@ impl RunningRelay {
 
     fn run(relay: Relay) -> Self {
         let shutdown = CancellationToken::new();
+        let metrics = relay.metrics().clone();
         let handle = tokio::spawn(relay.run(shutdown.clone()));
-        RunningRelay { shutdown, handle }
+        RunningRelay {
+            shutdown,
+            handle,
+            metrics,
+        }
+    }
+
+    /// Whether the relay is in `role` (as `/readyz` says: [`LEADING`], [`STANDING_BY`]).
+    pub fn is(&self, role: &str) -> bool {
+        self.metrics
+            .readiness()
+            .conditions
+            .iter()
+            .any(|c| c == role)
+    }
+
+    /// Waits until the relay is in `role`.
+    pub async fn wait_for_role(&self, role: &str) {
+        wait_until(&format!("a relay {role}"), || {
+            let now = self.is(role);
+            async move { now }
+        })
+        .await;
     }
 
     /// A relay that has taken the lease and opened its change stream. On
@@ -503,14 +528,8 @@ impl RunningRelay {
     /// and reach NATS only by the sweep, after its key's later messages: a
     /// test of per-key order writes once this returns.
     pub async fn start_tailing(config: RelayConfig) -> Self {
-        let relay = Relay::connect(config).await.expect("relay connects");
-        let metrics = relay.metrics().clone();
-        let running = Self::run(relay);
-        wait_until("the relay to tail its change stream", || {
-            let tailing = metrics.readiness().conditions.iter().any(|c| c == LEADING);
-            async move { tailing }
-        })
-        .await;
+        let running = Self::run(Relay::connect(config).await.expect("relay connects"));
+        running.wait_for_role(LEADING).await;
         running
     }
 
@@ -787,7 +806,32 @@ pub struct MongoProcess {
     pub extra: Vec<String>,
     /// Connection-string options a client needs (`&tls=true&...`).
     pub options: String,
+    /// How far ahead of this host's clock the server's `hello.localTime`
+    /// runs, for tests of what is judged on the server's clock.
+    ahead: Option<Duration>,
 }
+
+/// Starts SecantusDB (the Python build) with its `hello.localTime` moved
+/// ahead by the seconds given first: the clock the relay judges leases and
+/// holds by, skewed from the host's without touching the host.
+const SKEWED_SERVER: &str = r#"
+import datetime as dt
+import sys
+
+from secantus import commands
+
+ahead = dt.timedelta(seconds=float(sys.argv.pop(1)))
+for name in ("hello", "isMaster", "ismaster"):
+    def skewed(doc, ctx, original=commands._HANDLERS[name]):
+        reply = original(doc, ctx)
+        reply["localTime"] = reply["localTime"] + ahead
+        return reply
+    commands._HANDLERS[name] = skewed
+
+from secantus.cli import main
+
+sys.exit(main())
+"#;
 
 impl MongoProcess {
     pub async fn start() -> Self {
@@ -814,6 +858,7 @@ impl MongoProcess {
             dir,
             extra,
             options: String::new(),
+            ahead: None,
         }
     }
 
@@ -829,11 +874,32 @@ impl MongoProcess {
         )
     }
 
+    /// A server whose clock (`hello.localTime`) runs `ahead` of this host's.
+    pub async fn start_ahead(ahead: Duration) -> Self {
+        let mut mongo = Self::unstarted(Vec::new());
+        mongo.ahead = Some(ahead);
+        mongo.restart().await;
+        mongo
+    }
+
     pub async fn restart(&mut self) {
-        let server = std::env::var_os("SECANTUSD")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| manifest_dir().join(".services/venv/bin/secantusd-py"));
-        let child = Command::new(&server)
+        let (server, mut command) = match self.ahead {
+            None => {
+                let server = std::env::var_os("SECANTUSD")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| manifest_dir().join(".services/venv/bin/secantusd-py"));
+                (server.clone(), Command::new(server))
+            }
+            Some(ahead) => {
+                let script = self.dir.join("skewed.py");
+                std::fs::write(&script, SKEWED_SERVER).expect("the skewed server's script");
+                let python = manifest_dir().join(".services/venv/bin/python");
+                let mut command = Command::new(&python);
+                command.arg(script).arg(ahead.as_secs_f64().to_string());
+                (python, command)
+            }
+        };
+        let child = command
             .args([
                 "--host",
                 "127.0.0.1",
@@ -1096,6 +1162,21 @@ impl RelayProcess {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Waits for the relay to exit by itself; its exit status, or `None`
+    /// if it still runs `within` from now.
+    pub async fn exit_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the relay") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// SIGTERM, then waits for the exit; fails the test if it does not exit cleanly.

@@ -3,8 +3,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::common::{count_by_id, msg_id, write_orders, RunningRelay, TestEnv};
-use bson::doc;
+use crate::common::{
+    count_by_id, msg_id, write_orders, RunningRelay, TestEnv, LEADING, STANDING_BY,
+};
+use bson::{doc, Bson, DateTime, Document};
 use outbox_relay::checkpoint::CheckpointStore;
 use outbox_relay::lease::{Lease, LeaseTiming};
 
@@ -112,4 +114,129 @@ async fn leadership_terms_grow_and_fence_the_checkpoint() {
     );
     assert!(saves(b.owner(), held_b.term).await);
     env.drop().await;
+}
+
+/// The lease document of the test's outbox, as a relay reads it.
+fn lease_id(env: &TestEnv) -> String {
+    format!("{}.outbox", env.name)
+}
+
+async fn write_lease(env: &TestEnv, fields: Document) {
+    let mut lease = doc! { "_id": lease_id(env) };
+    lease.extend(fields);
+    env.db
+        .collection::<Document>("outbox_checkpoints")
+        .insert_one(lease)
+        .await
+        .unwrap();
+}
+
+async fn read_lease(env: &TestEnv) -> Document {
+    env.db
+        .collection::<Document>("outbox_checkpoints")
+        .find_one(doc! { "_id": lease_id(env) })
+        .await
+        .unwrap()
+        .expect("the lease")
+}
+
+/// A lease some other program wrote, with `fields` of types no relay
+/// writes, is taken over by one relay, which delivers, while a second
+/// beside it stands by.
+async fn taken_over_beside_a_standby(fields: Document) {
+    let env = TestEnv::new().await;
+    write_lease(&env, fields.clone()).await;
+    let mut config = env.replica_config();
+    // A standby's wait on an expiry that is not a date is one lease.
+    config.lease_duration = Duration::from_secs(3);
+    let first = RunningRelay::start(config.clone()).await;
+    first.wait_for_role(LEADING).await;
+    let second = RunningRelay::start(config).await;
+    second.wait_for_role(STANDING_BY).await;
+    let ids = write_orders(&env, 5).await;
+    env.wait_count(doc! { "status": "processed", "_id": { "$in": &ids } }, 5)
+        .await;
+    assert!(first.is(LEADING), "{fields}");
+    assert!(second.is(STANDING_BY), "no two leaders: {fields}");
+    let lease = read_lease(&env).await;
+    assert!(
+        matches!(lease.get("term"), Some(Bson::Int64(_) | Bson::Int32(_))),
+        "{lease}"
+    );
+    assert!(lease.get_datetime("expiresAt").is_ok(), "{lease}");
+    first.stop().await.unwrap();
+    second.stop().await.unwrap();
+    env.drop().await;
+}
+
+/// A lapsed expiry, as a crashed holder leaves it.
+fn lapsed() -> DateTime {
+    DateTime::from_millis(DateTime::now().timestamp_millis() - 60_000)
+}
+
+macro_rules! taken_over {
+    ($($name:ident: $fields:expr;)*) => {$(
+        #[tokio::test]
+        async fn $name() {
+            taken_over_beside_a_standby($fields).await;
+        }
+    )*};
+}
+
+taken_over! {
+    a_lease_expiring_at_null_is_taken_over: doc! { "owner": "gone", "term": 3_i64, "expiresAt": Bson::Null };
+    a_lease_expiring_at_a_number_is_taken_over:
+        doc! { "owner": "gone", "term": 3_i64, "expiresAt": DateTime::now().timestamp_millis() };
+    a_lease_expiring_at_a_string_is_taken_over:
+        doc! { "owner": "gone", "term": 3_i64, "expiresAt": "2030-01-01T00:00:00Z" };
+    a_lease_with_a_string_term_is_taken_over: doc! { "owner": "gone", "term": "7", "expiresAt": lapsed() };
+    a_lease_with_a_fractional_term_is_taken_over: doc! { "owner": "gone", "term": 7.5, "expiresAt": lapsed() };
+    a_lease_with_the_largest_term_is_taken_over:
+        doc! { "owner": "gone", "term": i64::MAX, "expiresAt": lapsed() };
+    a_lease_with_a_term_past_exact_doubles_is_taken_over:
+        doc! { "owner": "gone", "term": 1e20, "expiresAt": lapsed() };
+    a_lease_with_a_null_term_and_a_numeric_owner_is_taken_over:
+        doc! { "owner": 42, "term": Bson::Null, "expiresAt": lapsed() };
+    a_lease_with_no_field_of_the_right_type_is_taken_over:
+        doc! { "owner": [1], "term": true, "expiresAt": {} };
+}
+
+/// Terms taken over a term that cannot be counted go on growing by one,
+/// from above anything read from it; two relays never take one term.
+#[tokio::test]
+async fn terms_taken_over_an_uncountable_term_grow_above_it() {
+    let timing = LeaseTiming {
+        duration: Duration::from_secs(30),
+        renew_interval: Duration::from_secs(10),
+        standby_poll_interval: Duration::from_millis(100),
+    };
+    for term in [
+        Bson::String("7".into()),
+        Bson::Double(7.5),
+        Bson::Double(1e20),
+        Bson::Int64(i64::MAX),
+    ] {
+        let env = TestEnv::new().await;
+        write_lease(
+            &env,
+            doc! { "owner": "gone", "term": term.clone(), "expiresAt": lapsed() },
+        )
+        .await;
+        let a = Lease::new(&env.db, "outbox_checkpoints", "outbox", timing);
+        let b = Lease::new(&env.db, "outbox_checkpoints", "outbox", timing);
+        let held_a = a.try_acquire().await.unwrap().expect("taken over");
+        b.try_acquire()
+            .await
+            .unwrap()
+            .expect_err("held by the first");
+        assert!(held_a.term.0 > 7, "{term:?}: {:?}", held_a.term);
+        assert_eq!(
+            read_lease(&env).await.get("term"),
+            Some(&Bson::Int64(held_a.term.0))
+        );
+        a.release(&held_a).await.unwrap();
+        let held_b = b.try_acquire().await.unwrap().expect("released");
+        assert_eq!(held_b.term.0, held_a.term.0 + 1, "{term:?}");
+        env.drop().await;
+    }
 }

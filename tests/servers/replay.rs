@@ -166,6 +166,22 @@ async fn a_replay_by_time_and_type_into_a_new_prefix_sends_each_selected_message
 #[tokio::test]
 async fn an_interrupted_replay_resumed_sends_the_rest_and_nothing_twice() {
     let mut history = History::delivered(300, 7).await;
+    // Every publish, repeats included: the stream's duplicate window (an
+    // hour) would hide a message sent again under its id.
+    let mut published = Receiver {
+        subscriber: history
+            .env
+            .nats
+            .subscribe(format!("{}.>", history.prefix))
+            .await
+            .expect("subscribe to the replay's subjects"),
+    };
+    history
+        .env
+        .nats
+        .flush()
+        .await
+        .expect("the subscription made");
     // Paced so that it is still running when it is stopped.
     let running = tokio::process::Command::from(history.replay_all(&["--rate", "100"]))
         .stdout(std::process::Stdio::piped())
@@ -225,10 +241,166 @@ async fn an_interrupted_replay_resumed_sends_the_rest_and_nothing_twice() {
     let distinct: std::collections::HashSet<&String> = ids.iter().collect();
     assert_eq!(distinct.len(), 300, "every message");
     assert_eq!(ids.len(), 300, "none twice");
+    // A stop answered by Ctrl-C waits for the answers to what it sent and
+    // records them (docs/replay.md), so the resumed run sends each of the
+    // rest, and nothing the first one sent: every message is published
+    // exactly once.
+    let publishes = published.drain_delivered(&history.env.nats).await;
+    let mut times: HashMap<String, usize> = HashMap::new();
+    for message in &publishes {
+        let of = header(message, "Outbox-Replay-Of").expect("a replayed message");
+        *times.entry(of).or_default() += 1;
+    }
+    assert_eq!(times.len(), 300, "every message published");
+    let repeated: Vec<_> = times.iter().filter(|(_, &n)| n != 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "published more than once: {repeated:?}"
+    );
 
     // Done is done: resuming again is refused.
     let again = bounded(history.replay(&["--resume", &replay_id])).await;
     assert_exit(&again, 2, "is done");
+    history.drop().await;
+}
+
+/// The server's clock, which judges replay holds.
+async fn server_time(env: &TestEnv) -> bson::DateTime {
+    let hello = env
+        .client
+        .database("admin")
+        .run_command(doc! { "hello": 1 })
+        .await
+        .expect("hello");
+    *hello.get_datetime("localTime").expect("the server's time")
+}
+
+#[tokio::test]
+async fn a_run_whose_replay_another_takes_over_stops_with_exit_1_and_says_so() {
+    let mut history = History::delivered(300, 7).await;
+    // Paced so that it is still running when its replay is taken.
+    let running = tokio::process::Command::from(history.replay_all(&["--rate", "50"]))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the replay");
+    wait_until("the replay to send some", || {
+        let mut stream = history.stream.clone();
+        async move {
+            let info = stream.info().await;
+            info.is_ok_and(|info| info.state.messages >= 10)
+        }
+    })
+    .await;
+    // What another run does when this one's hold has lapsed.
+    let held_until =
+        bson::DateTime::from_millis(server_time(&history.env).await.timestamp_millis() + 3_600_000);
+    let records = history.env.db.collection::<Document>("outbox_replays");
+    let taken = records
+        .update_one(
+            doc! {},
+            doc! { "$set": { "owner": "elsewhere/1/another", "heldUntil": held_until } },
+        )
+        .await
+        .expect("take the replay over");
+    assert_eq!(taken.modified_count, 1);
+    let output = tokio::time::timeout(WAIT, running.wait_with_output())
+        .await
+        .expect("the run stops")
+        .expect("its output");
+    // Not a bad setting, and nothing for this user to resume: the other
+    // run goes on.
+    assert_exit(&output, 1, "taken over by another run");
+    let text = output_text(&output);
+    assert!(
+        text.contains("elsewhere/1/another"),
+        "names the other run: {text}"
+    );
+    assert!(text.contains("nothing to resume"), "{text}");
+    assert!(!text.contains("--resume"), "{text}");
+    let record = records
+        .find_one(doc! {})
+        .await
+        .expect("read")
+        .expect("recorded");
+    assert_eq!(
+        record.get_str("owner"),
+        Ok("elsewhere/1/another"),
+        "{record}"
+    );
+    assert_eq!(
+        record.get_str("state"),
+        Ok("running"),
+        "left to the other run: {record}"
+    );
+    assert!(history.count().await < 300);
+    history.drop().await;
+}
+
+#[tokio::test]
+async fn a_replays_hold_is_judged_on_the_servers_clock() {
+    // The server's clock an hour ahead of this host's: a hold that lapsed
+    // a minute ago by the server's clock is 59 minutes off by the host's.
+    let mongo = MongoProcess::start_ahead(Duration::from_secs(3600)).await;
+    let env = TestEnv::on(&mongo.uri(), &nats_url()).await;
+    let messages: Vec<Document> = (0..100)
+        .map(|n| delivered(ObjectId::new(), "order.placed", &format!("k{}", n % 5)))
+        .collect();
+    env.outbox().insert_many(messages).await.expect("insert");
+    let history = History::on(env).await;
+    let running = tokio::process::Command::from(history.replay_all(&["--rate", "50"]))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the replay");
+    let pid = running.id().expect("a pid").to_string();
+    wait_until("the replay to send some", || {
+        let mut stream = history.stream.clone();
+        async move {
+            let info = stream.info().await;
+            info.is_ok_and(|info| info.state.messages >= 5)
+        }
+    })
+    .await;
+    let interrupted = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status();
+    assert!(interrupted.is_ok_and(|s| s.success()), "send SIGINT");
+    let output = tokio::time::timeout(WAIT, running.wait_with_output())
+        .await
+        .expect("the replay stops")
+        .expect("its output");
+    assert_exit(&output, 130, "");
+    let replay_id = summary(&output)["replay_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let records = history.env.db.collection::<Document>("outbox_replays");
+    // The history's commands name the skewed server.
+    let resume = || bounded(history.replay(&["--resume", &replay_id, "--json"]));
+    // As another run left it: held for a minute more, by the server's clock.
+    let now = server_time(&history.env).await.timestamp_millis();
+    let held = |until: i64| {
+        doc! { "$set": {
+            "state": "running", "owner": "elsewhere/1/another",
+            "heldUntil": bson::DateTime::from_millis(until),
+        } }
+    };
+    records
+        .update_one(doc! { "_id": &replay_id }, held(now + 60_000))
+        .await
+        .expect("hold the replay");
+    assert_exit(&resume().await, 2, "running in another process");
+    // Its run crashed a minute ago, by the server's clock.
+    records
+        .update_one(doc! { "_id": &replay_id }, held(now - 60_000))
+        .await
+        .expect("let the hold lapse");
+    let output = resume().await;
+    assert_exit(&output, 0, "");
+    assert_eq!(summary(&output)["state"], "done");
     history.drop().await;
 }
 
