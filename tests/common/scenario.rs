@@ -126,8 +126,15 @@ impl Writer {
     /// A writer that starts a transaction every `interval` (as far as
     /// the server keeps up: a late one is not made up for).
     pub fn start_every(env: &TestEnv, interval: Duration) -> Self {
+        Self::start_on(env.client.clone(), env, interval)
+    }
+
+    /// A writer of its own `client` (one a fail point may name) into the
+    /// database of `env`.
+    pub fn start_on(client: mongodb::Client, env: &TestEnv, interval: Duration) -> Self {
         let stop = CancellationToken::new();
-        let (client, db, until) = (env.client.clone(), env.db.clone(), stop.clone());
+        let db = client.database(&env.name);
+        let until = stop.clone();
         let task = tokio::spawn(async move {
             let outbox = Outbox::new(&db);
             let orders = db.collection::<Document>("orders");
