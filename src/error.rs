@@ -217,6 +217,16 @@ pub(crate) fn brief(error: &mongodb::error::Error) -> String {
         ErrorKind::ServerSelection { .. } => {
             "no server answered in time (is it running, and is the address right?)".to_owned()
         }
+        ErrorKind::Write(mongodb::error::WriteFailure::WriteConcernError(concern)) => format!(
+            "the write concern was not met: {} (code {} {})",
+            concern.message, concern.code, concern.code_name
+        ),
+        ErrorKind::Write(mongodb::error::WriteFailure::WriteError(write)) => format!(
+            "{} (code {} {})",
+            write.message,
+            write.code,
+            write.code_name.as_deref().unwrap_or("")
+        ),
         _ => {
             let text = error.kind.to_string();
             match text.find(" Topology:") {

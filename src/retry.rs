@@ -26,6 +26,51 @@ pub(crate) fn reconnect_backoff() -> ExponentialBackoff {
     }
 }
 
+/// How a failure reads in a log line: in one line, and a driver's error
+/// without its dump of the server's reply (see [`crate::error::brief`]).
+pub(crate) trait Shown {
+    fn shown(&self) -> String;
+}
+
+impl Shown for mongodb::error::Error {
+    fn shown(&self) -> String {
+        crate::error::brief(self)
+    }
+}
+
+impl Shown for crate::error::Error {
+    fn shown(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl Shown for String {
+    fn shown(&self) -> String {
+        self.clone()
+    }
+}
+
+impl Shown for &str {
+    fn shown(&self) -> String {
+        (*self).to_owned()
+    }
+}
+
+impl<Kind> Shown for async_nats::error::Error<Kind>
+where
+    Kind: Clone + std::fmt::Debug + Display + PartialEq,
+{
+    fn shown(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl Shown for Box<dyn std::error::Error + Send + Sync> {
+    fn shown(&self) -> String {
+        self.to_string()
+    }
+}
+
 /// Tracks whether a dependency is failing, and logs only the changes.
 #[derive(Debug)]
 pub(crate) struct Outage {
@@ -42,9 +87,9 @@ impl Outage {
     }
 
     /// Records a failure; logs it if this starts an outage.
-    pub fn failed(&mut self, error: &dyn Display) {
+    pub fn failed(&mut self, error: &impl Shown) {
         if !self.failing {
-            tracing::warn!(error = %error, "{}: failing; retrying with backoff", self.what);
+            tracing::warn!(error = %error.shown(), "{}: failing; retrying with backoff", self.what);
             self.failing = true;
         }
     }
@@ -75,7 +120,7 @@ pub(crate) async fn until_ok<T, E, F, Fut>(
     attempt: F,
 ) -> Option<T>
 where
-    E: Display,
+    E: Shown,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
@@ -94,7 +139,7 @@ pub(crate) async fn until_settled<T, E, F, Fut>(
     is_final: impl Fn(&E) -> bool,
 ) -> Option<Result<T, E>>
 where
-    E: Display,
+    E: Shown,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
@@ -121,7 +166,7 @@ pub(crate) async fn settle<T, E, F, Fut>(
     is_final: impl Fn(&E) -> bool,
 ) -> Option<Result<T, E>>
 where
-    E: Display,
+    E: Shown,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {

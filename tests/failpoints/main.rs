@@ -184,6 +184,15 @@ async fn run(scenario: Scenario) {
     );
     ready_as(port, LEADING).await;
     assert!(relay.running(), "the relay is alive");
+    let log = std::fs::read_to_string(&relay.log).unwrap_or_default();
+    for dump in ["RawDocumentBuf", "server response: Some("] {
+        assert!(
+            !log.contains(dump),
+            "{}: the log shows a driver's dump ({dump}) where one line would do: {}",
+            scenario.name,
+            relay.log.display()
+        );
+    }
     relay.terminate().await;
     env.drop().await;
 }
