@@ -44,6 +44,7 @@ async fn relay_killed_repeatedly_under_load() {
         serde_json::json!({}),
     )
     .await;
+    publishes.assert_repeats_at_most(4 * IN_FLIGHT_AT_MOST, "relay kill -9 x4");
     relay.terminate().await;
     env.drop().await;
 }
@@ -80,6 +81,11 @@ async fn server_restarted_under_load(which: Stopped, outage: Duration, scenario:
     let aborted = writer.finish().await;
     let figures = serde_json::json!({ "resumed_after_restart_ms": resumed.as_millis() as u64 });
     verify(&env, scenario, &publishes, &aborted, figures).await;
+    // The counting subscriber of a NATS restart is on the stopped server,
+    // and misses publishes around the outage: it cannot count repeats.
+    if let Stopped::Mongo = which {
+        publishes.assert_repeats_at_most(IN_FLIGHT_AT_MOST, scenario);
+    }
     relay.terminate().await;
     env.drop().await;
 }
@@ -176,6 +182,8 @@ async fn three_relays_lose_their_leader_to_kill_and_to_a_graceful_stop() {
         }),
     )
     .await;
+    // A graceful stop repeats nothing; the kill, what was in flight.
+    publishes.assert_repeats_at_most(IN_FLIGHT_AT_MOST, "3 relays");
     for relay in &mut alive {
         if relay.running() {
             relay.terminate().await;
@@ -183,11 +191,6 @@ async fn three_relays_lose_their_leader_to_kill_and_to_a_graceful_stop() {
     }
     env.drop().await;
 }
-
-/// The most messages a takeover after SIGKILL may publish again at 150
-/// committed a second: those the killed leader had published and not yet
-/// marked (docs/guarantees.md, the fault matrix).
-const IN_FLIGHT_AT_150: usize = 10;
 
 #[tokio::test]
 async fn a_takeover_after_sigkill_republishes_only_what_was_in_flight() {
@@ -246,11 +249,7 @@ async fn a_takeover_after_sigkill_republishes_only_what_was_in_flight() {
         }),
     )
     .await;
-    let repeats = publishes.repeats();
-    assert!(
-        repeats <= IN_FLIGHT_AT_150,
-        "the new leader published {repeats} messages again; only what was in flight may repeat"
-    );
+    publishes.assert_repeats_at_most(IN_FLIGHT_AT_MOST, "2 relays at 150 msg/s, leader killed");
     for relay in &mut relays {
         if relay.running() {
             relay.terminate().await;
@@ -294,6 +293,7 @@ async fn resume_token_lost_or_corrupted_while_the_relay_is_down() {
             serde_json::json!({}),
         )
         .await;
+        publishes.assert_repeats_at_most(IN_FLIGHT_AT_MOST, label);
         relay.terminate().await;
         env.drop().await;
     }

@@ -110,6 +110,23 @@ impl Publishes {
     }
 }
 
+/// What a relay killed at the scenarios' rates (50 to 150 messages a
+/// second) may have published and not yet marked: the most a takeover or
+/// a restart after SIGKILL may publish again (docs/guarantees.md, the
+/// fault matrix).
+pub const IN_FLIGHT_AT_MOST: usize = 10;
+
+impl Publishes {
+    /// Fails the scenario if more than `bound` publishes were repeats.
+    pub fn assert_repeats_at_most(&self, bound: usize, scenario: &str) {
+        let repeats = self.repeats();
+        assert!(
+            repeats <= bound,
+            "{scenario}: {repeats} messages published again, more than the {bound} the docs allow"
+        );
+    }
+}
+
 /// Writes orders with their outbox messages in transactions, one every
 /// 20 ms, until stopped; every tenth transaction is aborted on purpose.
 /// Failed writes (a server is down) are retried. Returns the aborted ids.
