@@ -208,25 +208,31 @@ impl From<Error> for mongodb::error::Error {
 /// A driver error in one line: the server's code and message, or the kind of
 /// failure without the driver's topology description.
 pub(crate) fn brief(error: &mongodb::error::Error) -> String {
-    use mongodb::error::ErrorKind;
+    use mongodb::error::{ErrorKind, WriteFailure};
     match &*error.kind {
-        ErrorKind::Command(command) => format!(
-            "{} (code {} {})",
-            command.message, command.code, command.code_name
-        ),
+        ErrorKind::Command(command) => {
+            format!(
+                "{} {}",
+                command.message,
+                code(command.code, &command.code_name)
+            )
+        }
         ErrorKind::ServerSelection { .. } => {
             "no server answered in time (is it running, and is the address right?)".to_owned()
         }
-        ErrorKind::Write(mongodb::error::WriteFailure::WriteConcernError(concern)) => format!(
-            "the write concern was not met: {} (code {} {})",
-            concern.message, concern.code, concern.code_name
+        ErrorKind::Write(WriteFailure::WriteConcernError(concern)) => format!(
+            "the write concern was not met: {} {}",
+            concern.message,
+            code(concern.code, &concern.code_name)
         ),
-        ErrorKind::Write(mongodb::error::WriteFailure::WriteError(write)) => format!(
-            "{} (code {} {})",
-            write.message,
-            write.code,
-            write.code_name.as_deref().unwrap_or("")
-        ),
+        ErrorKind::Write(WriteFailure::WriteError(write)) => {
+            let name = write.code_name.as_deref().unwrap_or("");
+            match &write.details {
+                // A validator's refusal says why in its details.
+                Some(details) => format!("{} {}: {details}", write.message, code(write.code, name)),
+                None => format!("{} {}", write.message, code(write.code, name)),
+            }
+        }
         _ => {
             let text = error.kind.to_string();
             match text.find(" Topology:") {
@@ -234,6 +240,15 @@ pub(crate) fn brief(error: &mongodb::error::Error) -> String {
                 None => text,
             }
         }
+    }
+}
+
+/// A server's error code, with its name where the server gave one.
+fn code(code: i32, name: &str) -> String {
+    if name.is_empty() {
+        format!("(code {code})")
+    } else {
+        format!("(code {code} {name})")
     }
 }
 

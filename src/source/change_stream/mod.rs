@@ -127,6 +127,11 @@ impl ChangeStreamSource {
             .start(position.clone(), carried.take(), &output, &shutdown)
             .await
         {
+            if window == Window::Live {
+                // Opened at a catch-up pass's snapshot, which may hold
+                // another history (a restored deployment, say).
+                seen = Seen::default();
+            }
             match self
                 .tail(events, caught_up, window, &mut seen, &output, &shutdown)
                 .await
@@ -146,6 +151,8 @@ impl ChangeStreamSource {
                     position = last;
                 }
                 Tail::Ended => {
+                    // A recreated collection may come with another history.
+                    seen = Seen::default();
                     self.metrics.stream_ended();
                     self.metrics.set_role_unless_stopping(Role::Leading);
                     if !self.await_collection(&shutdown).await {
@@ -242,15 +249,19 @@ impl ChangeStreamSource {
         let mut last_sent = Instant::now();
         // A replay's window, held back for one read of which are delivered.
         let mut held = Held::default();
+        // Whether the newest event read repeated one passed on: the driver
+        // resumed from an earlier position, and the stream's own position
+        // is behind what was passed on until it reads past it again.
+        let mut behind = false;
         loop {
             let next = tokio::select! {
                 _ = shutdown.cancelled() => {
                     // The newest position the stream reported: every event
                     // before it has been passed on, so it may be recorded,
-                    // unless some are still held back.
+                    // unless some are still held back or it is behind.
                     if let Some(token) = events
                         .resume_token()
-                        .filter(|t| held.is_empty() && Some(t) != last.as_ref())
+                        .filter(|t| held.is_empty() && !behind && Some(t) != last.as_ref())
                     {
                         let _ = output.send(Work::marker(token, Some(DateTime::now()))).await;
                     }
@@ -258,106 +269,179 @@ impl ChangeStreamSource {
                 }
                 next = events.next_if_any() => next,
             };
-            // Whatever ends the stream, or finds it caught up, first passes
-            // on what the window held back.
-            let outcome = match next {
+            let insert = match next {
                 Ok(Some(event)) if event.operation_type == OperationType::Invalidate => {
-                    Some(Tail::Ended)
+                    return self
+                        .end(Tail::Ended, held, caught_up, last, output, shutdown)
+                        .await;
                 }
-                Ok(None) if !events.is_alive() => Some(Tail::Ended),
-                Ok(Some(event)) => {
-                    let insert = Insert::from(event);
-                    if seen.repeats(insert.cluster_time, insert.id()) {
-                        continue;
-                    }
-                    self.progress.read(insert.at);
-                    self.metrics.stream_event(insert.at);
-                    if window == Window::Replaying {
-                        if held.take(insert) {
-                            continue;
-                        }
-                    } else {
-                        let token = insert.token.clone();
-                        let work = self.work(insert, &mut caught_up).await;
-                        if output.send(work).await.is_err() {
-                            return Tail::Stopped;
-                        }
-                        last = Some(token);
-                        last_sent = Instant::now();
-                        continue;
-                    }
-                    None
-                }
-                Ok(None) => {
-                    window = Window::Live;
-                    None
+                Ok(None) if !events.is_alive() => {
+                    return self
+                        .end(Tail::Ended, held, caught_up, last, output, shutdown)
+                        .await;
                 }
                 Err(error) => {
                     tracing::warn!(
                         error = %crate::error::brief(&error),
                         "change stream failed; reopening it"
                     );
-                    Some(Tail::Broken(None, CaughtUp::none()))
+                    let broken = Tail::Broken(None, CaughtUp::none());
+                    return self
+                        .end(broken, held, caught_up, last, output, shutdown)
+                        .await;
                 }
-            };
-            if !held.is_empty() {
-                match self
-                    .pass_on_held(&mut held, &mut caught_up, output, shutdown)
-                    .await
-                {
-                    Some(token) => {
-                        last = Some(token);
+                Ok(Some(event)) => Insert::from(event),
+                Ok(None) => {
+                    behind = false;
+                    // Caught up with the present: the window is over.
+                    window = Window::Live;
+                    if !held.is_empty() {
+                        match self
+                            .pass_on_held(
+                                &mut held,
+                                Check::Delivered,
+                                &mut caught_up,
+                                output,
+                                shutdown,
+                            )
+                            .await
+                        {
+                            Some(token) => last = Some(token),
+                            None => return Tail::Stopped,
+                        }
                         last_sent = Instant::now();
                     }
+                    // Nothing more committed: read up to now.
+                    self.progress.read(Some(DateTime::now()));
+                    self.metrics.stream_idle();
+                    match events.resume_token() {
+                        Some(token)
+                            if Some(&token) != last.as_ref()
+                                && last_sent.elapsed() >= self.idle_checkpoint_interval =>
+                        {
+                            last = Some(token.clone());
+                            if output
+                                .send(Work::marker(token, Some(DateTime::now())))
+                                .await
+                                .is_err()
+                            {
+                                return Tail::Stopped;
+                            }
+                            last_sent = Instant::now();
+                        }
+                        _ => {}
+                    }
+                    continue;
+                }
+            };
+            behind = seen.repeats(insert.cluster_time, insert.id());
+            if behind {
+                continue;
+            }
+            if window.ends_before(insert.cluster_time) {
+                window = Window::Live;
+                if !held.is_empty() {
+                    match self
+                        .pass_on_held(
+                            &mut held,
+                            Check::Delivered,
+                            &mut caught_up,
+                            output,
+                            shutdown,
+                        )
+                        .await
+                    {
+                        Some(token) => last = Some(token),
+                        None => return Tail::Stopped,
+                    }
+                }
+            }
+            if window == Window::Live {
+                let token = insert.token.clone();
+                let Some(work) = self.work(insert, &mut caught_up, shutdown).await else {
+                    return Tail::Stopped;
+                };
+                if output.send(work).await.is_err() {
+                    return Tail::Stopped;
+                }
+                last = Some(token);
+            } else if !held.take(insert) {
+                match self
+                    .pass_on_held(
+                        &mut held,
+                        Check::Delivered,
+                        &mut caught_up,
+                        output,
+                        shutdown,
+                    )
+                    .await
+                {
+                    Some(token) => last = Some(token),
                     None => return Tail::Stopped,
                 }
+            } else {
+                continue;
             }
-            match outcome {
-                Some(Tail::Broken(..)) => return Tail::Broken(last, caught_up),
-                Some(ended) => return ended,
-                None if window == Window::Replaying => continue,
-                None => {}
-            }
-            // Nothing more committed: read up to now.
-            self.progress.read(Some(DateTime::now()));
-            self.metrics.stream_idle();
-            match events.resume_token() {
-                Some(token)
-                    if Some(&token) != last.as_ref()
-                        && last_sent.elapsed() >= self.idle_checkpoint_interval =>
-                {
-                    last = Some(token.clone());
-                    if output
-                        .send(Work::marker(token, Some(DateTime::now())))
-                        .await
-                        .is_err()
-                    {
-                        return Tail::Stopped;
-                    }
-                    last_sent = Instant::now();
-                }
-                _ => {}
-            }
+            last_sent = Instant::now();
         }
     }
 
-    /// Passes on what a replay's window held back, the messages still
-    /// pending as messages and the rest as bare positions, in order.
-    /// Returns the last position passed on; `None` if the pipeline closed
-    /// or the relay stopped.
+    /// Ends tailing as `how` says, once what the window held back is
+    /// passed on: a stream that broke reopens after it. Where the stream
+    /// ended (the collection dropped or renamed), the held messages are
+    /// passed on unchecked: the collection that would say which were
+    /// delivered may be gone, and a repeat is allowed where a loss is not.
+    async fn end(
+        &self,
+        how: Tail,
+        mut held: Held,
+        mut caught_up: CaughtUp,
+        mut last: Option<ResumeToken>,
+        output: &Feed,
+        shutdown: &CancellationToken,
+    ) -> Tail {
+        if !held.is_empty() {
+            let check = match how {
+                Tail::Broken(..) => Check::Delivered,
+                Tail::Ended | Tail::Stopped => Check::None,
+            };
+            match self
+                .pass_on_held(&mut held, check, &mut caught_up, output, shutdown)
+                .await
+            {
+                Some(token) => last = Some(token),
+                None => return Tail::Stopped,
+            }
+        }
+        match how {
+            Tail::Broken(..) => Tail::Broken(last, caught_up),
+            other => other,
+        }
+    }
+
+    /// Passes on what a replay's window held back, in order: as messages
+    /// those still pending (or all of them, where `check` says so), the
+    /// rest as bare positions. Returns the last position passed on;
+    /// `None` if the pipeline closed or the relay stopped.
     async fn pass_on_held(
         &self,
         held: &mut Held,
+        check: Check,
         caught_up: &mut CaughtUp,
         output: &Feed,
         shutdown: &CancellationToken,
     ) -> Option<ResumeToken> {
-        let ids = held.inserts.iter().filter_map(Insert::id).collect();
-        let delivered = replayed::delivered(&self.outbox, ids, shutdown).await;
-        if shutdown.is_cancelled() {
-            return None;
-        }
-        let delivered = delivered.unwrap_or_default();
+        let delivered = match check {
+            Check::Delivered => {
+                let ids = held.inserts.iter().filter_map(Insert::id).collect();
+                let delivered = replayed::delivered(&self.outbox, ids, shutdown).await;
+                if shutdown.is_cancelled() {
+                    return None;
+                }
+                delivered.unwrap_or_default()
+            }
+            Check::None => HashSet::new(),
+        };
         if !delivered.is_empty() {
             tracing::debug!(
                 count = delivered.len(),
@@ -368,8 +452,11 @@ impl ChangeStreamSource {
         for insert in std::mem::take(held).inserts {
             let token = insert.token.clone();
             let work = match insert.id() {
-                Some(id) if delivered.contains(&id) => Work::marker(insert.token, insert.at),
-                _ => self.work(insert, caught_up).await,
+                Some(id) if delivered.contains(&id) => {
+                    self.progress.read(insert.at);
+                    Work::marker(insert.token, insert.at)
+                }
+                _ => self.work(insert, caught_up, shutdown).await?,
             };
             output.send(work).await.ok()?;
             last = Some(token);
@@ -377,18 +464,30 @@ impl ChangeStreamSource {
         last
     }
 
-    /// What an insert event becomes: the message, or a bare position for a
-    /// message the catch-up pass queued already.
-    async fn work(&self, insert: Insert, caught_up: &mut CaughtUp) -> Work {
+    /// What an insert event becomes, once it is passed on: the message,
+    /// or a bare position for a message the catch-up pass queued already.
+    /// `None` if the relay stopped first.
+    async fn work(
+        &self,
+        insert: Insert,
+        caught_up: &mut CaughtUp,
+        shutdown: &CancellationToken,
+    ) -> Option<Work> {
         let Insert {
             token,
             at,
             cluster_time,
             document,
         } = insert;
-        match document {
+        self.progress.read(at);
+        self.metrics.stream_event(at);
+        let work = match document {
             Some(document) if document.get(OVERSIZED).ok().flatten().is_some() => {
-                match self.read_whole(&document).await {
+                let whole = tokio::select! {
+                    _ = shutdown.cancelled() => return None,
+                    whole = self.read_whole(&document) => whole,
+                };
+                match whole {
                     Some(whole) if !caught_up.repeats(&whole, cluster_time) => {
                         Work::from_stream(self.rules.decode_raw(&whole), token, at)
                     }
@@ -399,25 +498,27 @@ impl ChangeStreamSource {
                 Work::from_stream(self.rules.decode_raw(&document), token, at)
             }
             _ => Work::marker(token, at),
-        }
+        };
+        Some(work)
     }
 
     /// The whole document of a message too large for its event, read from
     /// the collection while it is pending, so that it takes its turn among
     /// its key's messages. `None` if it is pending no longer (delivered by
-    /// the sweep meanwhile), or the read failed: then the sweep delivers
-    /// it, possibly after its key's later messages (docs/guarantees.md).
+    /// the sweep meanwhile), or the read failed or took longer than
+    /// [`replayed::READ_LIMIT`]: then the sweep delivers it, possibly after
+    /// its key's later messages (docs/guarantees.md).
     async fn read_whole(&self, stub: &RawDocumentBuf) -> Option<RawDocumentBuf> {
         let id = stub.get(field::ID).ok().flatten()?.to_raw_bson();
         let id = bson::Bson::try_from(id).ok()?;
-        let read = self
-            .outbox
-            .clone_with_type::<RawDocumentBuf>()
+        let outbox = self.outbox.clone_with_type::<RawDocumentBuf>();
+        let read = outbox
             .find_one(doc! { field::ID: &id, field::STATUS: status::PENDING })
-            .await;
+            .max_time(replayed::READ_LIMIT);
+        let read = tokio::time::timeout(replayed::READ_LIMIT * 2, read).await;
         match read {
-            Ok(whole) => whole,
-            Err(error) => {
+            Ok(Ok(whole)) => whole,
+            Ok(Err(error)) => {
                 tracing::warn!(
                     %id,
                     error = %crate::error::brief(&error),
@@ -426,8 +527,25 @@ impl ChangeStreamSource {
                 );
                 None
             }
+            Err(_) => {
+                tracing::warn!(
+                    %id,
+                    "reading a message too large for its change event took too long; the \
+                     sweep delivers it, possibly after its key's later messages"
+                );
+                None
+            }
         }
     }
+}
+
+/// Whether held messages are checked for delivery before they are passed on.
+#[derive(Clone, Copy)]
+enum Check {
+    /// One read says which are delivered already.
+    Delivered,
+    /// All are passed on as messages.
+    None,
 }
 
 /// An insert event as the source keeps it until it is passed on.

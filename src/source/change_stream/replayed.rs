@@ -8,12 +8,15 @@
 //!   after its marks, at most every `--checkpoint-interval`). So a new
 //!   leader, or a relay restarted, reads again what its predecessor had
 //!   published and marked since its last stored position. Those messages
-//!   are held back in chunks while the stream replays (until its first
-//!   read that finds nothing more committed), and one read of each chunk's
-//!   ids asks the collection which are still pending: only those are
-//!   passed on, the rest as bare positions. A takeover then repeats only
-//!   what was in flight when its predecessor stopped. If the read fails,
-//!   the whole chunk is passed on: a repeat is allowed, a loss is not.
+//!   are held back in chunks while the stream replays (up to the server's
+//!   time when it opened, or its first read that finds nothing more
+//!   committed), and one read of each chunk's ids asks the collection
+//!   which are delivered already (found, and no longer pending): those
+//!   are passed on as bare positions, the rest as messages. A takeover
+//!   then repeats only what was in flight when its predecessor stopped. A
+//!   document the read does not find (a snapshot that lags the stream
+//!   after a failover, a collection renamed) is passed on, and if the read
+//!   fails the whole chunk is: a repeat is allowed, a loss is not.
 //! - **A driver's resume.** After a resumable error the driver reopens the
 //!   stream from the position it holds itself, and it may be an earlier
 //!   one than the last event it returned (a resume that is itself retried
@@ -23,6 +26,7 @@
 //!   cluster time) with an id already passed on.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Document, RawDocumentBuf};
 use futures::TryStreamExt;
@@ -37,16 +41,35 @@ pub(super) const CHUNK: usize = 256;
 /// How many bytes of documents a replay's window holds back, at most.
 pub(super) const CHUNK_BYTES: usize = 4 << 20;
 
+/// The longest a read the stream waits on may take (the server's
+/// `maxTimeMS`; the wait itself is cut at twice that): a server that holds
+/// it up costs a repeat or a late delivery, never a stalled stream.
+pub(crate) const READ_LIMIT: Duration = Duration::from_secs(5);
+
 /// Whether the stream is still replaying what was committed before it
 /// opened, or tails what commits now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Window {
-    /// Opened just after a stored position, and not yet caught up to the
-    /// present: what it reads may have been delivered by a predecessor.
-    Replaying,
+    /// Opened just after a stored position: what it reads up to the
+    /// server's time when it opened (where the server said it) may have
+    /// been delivered by a predecessor.
+    Replaying { until: Option<bson::Timestamp> },
     /// Caught up, or opened at a catch-up pass's snapshot (the pass's own
     /// messages are skipped by `CaughtUp`).
     Live,
+}
+
+impl Window {
+    /// Whether a replay's window is over before an event committed at
+    /// `at`: it committed after the stream opened. An event without a
+    /// time, or a window without one, ends it only by a read that finds
+    /// nothing more committed.
+    pub(super) fn ends_before(&self, at: Option<bson::Timestamp>) -> bool {
+        match (self, at) {
+            (Window::Replaying { until: Some(until) }, Some(at)) => at > *until,
+            _ => false,
+        }
+    }
 }
 
 /// The newest commit the stream passed on: its cluster time, and the ids
@@ -84,9 +107,10 @@ pub(super) fn id_of(document: &RawDocumentBuf) -> Option<ObjectId> {
     document.get_object_id(field::ID).ok()
 }
 
-/// Which of `ids` are no longer pending in the outbox: delivered, failed,
-/// or gone. `None` if the read failed or the relay stopped first, and the
-/// caller passes them all on.
+/// Which of `ids` the outbox holds as delivered already: found, and no
+/// longer pending. `None` if the read failed, took longer than
+/// [`READ_LIMIT`], or the relay stopped first; the caller then passes them
+/// all on.
 pub(super) async fn delivered(
     outbox: &Collection<Document>,
     ids: Vec<ObjectId>,
@@ -95,36 +119,42 @@ pub(super) async fn delivered(
     if ids.is_empty() {
         return Some(HashSet::new());
     }
+    let count = ids.len();
+    // By `_id` alone, which every server reads by index; the status is
+    // judged here.
     let read = async {
         outbox
-            .find(doc! { field::ID: { "$in": &ids }, field::STATUS: status::PENDING })
-            .projection(doc! { field::ID: 1 })
+            .find(doc! { field::ID: { "$in": ids } })
+            .projection(doc! { field::ID: 1, field::STATUS: 1 })
+            .max_time(READ_LIMIT)
             .await?
             .try_collect::<Vec<Document>>()
             .await
     };
-    let pending = tokio::select! {
+    let found = tokio::select! {
         _ = shutdown.cancelled() => return None,
-        read = read => read,
+        found = tokio::time::timeout(READ_LIMIT * 2, read) => found,
     };
-    match pending {
-        Ok(pending) => {
-            let pending: HashSet<ObjectId> = pending
-                .iter()
-                .filter_map(|document| document.get_object_id(field::ID).ok())
-                .collect();
-            Some(ids.into_iter().filter(|id| !pending.contains(id)).collect())
+    let failure = match found {
+        Ok(Ok(found)) => {
+            return Some(
+                found
+                    .iter()
+                    .filter(|document| document.get_str(field::STATUS) != Ok(status::PENDING))
+                    .filter_map(|document| document.get_object_id(field::ID).ok())
+                    .collect(),
+            )
         }
-        Err(error) => {
-            tracing::warn!(
-                error = %crate::error::brief(&error),
-                count = ids.len(),
-                "could not read which of the replayed messages were delivered already; \
-                 passing them all on (JetStream drops repeats within its duplicate window)"
-            );
-            None
-        }
-    }
+        Ok(Err(error)) => crate::error::brief(&error),
+        Err(_) => "it took too long".to_owned(),
+    };
+    tracing::warn!(
+        error = %failure,
+        count,
+        "could not read which of the replayed messages were delivered already; \
+         passing them all on (JetStream drops repeats within its duplicate window)"
+    );
+    None
 }
 
 #[cfg(test)]
@@ -138,6 +168,17 @@ mod tests {
             time: 1_800_000_000,
             increment,
         })
+    }
+
+    #[test]
+    fn a_replay_window_ends_at_the_first_event_after_the_stream_opened() {
+        let window = Window::Replaying { until: at(5) };
+        assert!(!window.ends_before(at(5)), "committed before it opened");
+        assert!(window.ends_before(at(6)), "committed after");
+        assert!(!window.ends_before(None), "an event without a time");
+        let untimed = Window::Replaying { until: None };
+        assert!(!untimed.ends_before(at(6)), "a window without a time");
+        assert!(!Window::Live.ends_before(at(6)));
     }
 
     #[test]

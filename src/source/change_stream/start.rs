@@ -68,7 +68,8 @@ struct Answers {
 
 /// How a replay's open went.
 enum Replayed {
-    Open(Events),
+    /// Open, with the server's time just after it opened, where it said it.
+    Open(Events, Option<bson::Timestamp>),
     /// The server cannot resume from the position: catch up instead.
     HistoryGone,
     Stopped,
@@ -202,7 +203,9 @@ impl ChangeStreamSource {
                 carried,
                 batch,
             } => match self.replay(after, batch, shutdown).await {
-                Replayed::Open(events) => return Some((events, carried, Window::Replaying)),
+                Replayed::Open(events, until) => {
+                    return Some((events, carried, Window::Replaying { until }))
+                }
                 Replayed::HistoryGone => (None, batch),
                 Replayed::Stopped => return None,
             },
@@ -386,7 +389,11 @@ impl ChangeStreamSource {
                 self.progress.resumed();
                 self.metrics.stream_resumed();
                 self.metrics.set_role_unless_stopping(Role::Tailing);
-                Replayed::Open(events)
+                let opened = tokio::select! {
+                    _ = shutdown.cancelled() => return Replayed::Stopped,
+                    opened = self.server_time() => opened,
+                };
+                Replayed::Open(events, opened)
             }
             Some(Err(error)) => {
                 self.metrics.history_lost();
@@ -399,6 +406,23 @@ impl ChangeStreamSource {
                 Replayed::HistoryGone
             }
         }
+    }
+
+    /// The server's cluster time now (a `ping`'s `operationTime`), where
+    /// it says it in time: what a replay committed up to then may have
+    /// been delivered before.
+    async fn server_time(&self) -> Option<bson::Timestamp> {
+        let client = self.outbox.client();
+        let mut session = client.start_session().await.ok()?;
+        let database = client.database(&self.outbox.namespace().db);
+        let ping = database
+            .run_command(bson::doc! { "ping": 1 })
+            .session(&mut session);
+        tokio::time::timeout(super::replayed::READ_LIMIT, ping)
+            .await
+            .ok()?
+            .ok()?;
+        session.operation_time()
     }
 
     /// The catch-up pass: a snapshot of what is pending (`read` already,
