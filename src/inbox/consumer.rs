@@ -958,9 +958,15 @@ impl Shared {
             };
         };
         if held.counted.is_none() && (held.delivered > 1 || held.ran) {
-            let runs = record_run(self.inbox.collection(), &entry, DateTime::now()).await;
-            held.counted = match runs {
-                Ok(runs) => Some(runs.unwrap_or(0)),
+            let counted = record_run(self.inbox.collection(), &entry, DateTime::now()).await;
+            held.counted = match counted {
+                // Handled meanwhile: the transaction finds it a repeat.
+                Ok(None) => Some(0),
+                Ok(Some(before)) if !before.allows_a_run(limit) => {
+                    held.delivery.attempt = before.runs;
+                    return Err(Outcome::never_ended(before.runs));
+                }
+                Ok(Some(before)) => Some(before.runs.saturating_add(1)),
                 Err(error) if is_unreachable(&error) => return Err(Outcome::Mongo(error)),
                 Err(error) => {
                     return Err(Outcome::Spent(format!(
@@ -971,17 +977,11 @@ impl Shared {
             };
         }
         match held.counted {
-            // Handled meanwhile: the transaction finds it a repeat.
-            Some(0) => Ok(None),
+            Some(0) | None => Ok(None),
             Some(runs) => {
                 held.delivery.attempt = runs;
-                match runs > limit {
-                    // Counting the run it refuses: the ones before it began.
-                    true => Err(Outcome::never_ended(runs - 1)),
-                    false => Ok(Some(runs)),
-                }
+                Ok(Some(runs))
             }
-            None => Ok(None),
         }
     }
 

@@ -19,7 +19,10 @@
 //! (written outside the transaction, which aborted) with the count and the
 //! error. A delivery that runs no handler (a hand-back at shutdown, an ack
 //! wait run out) costs nothing, across restarts too. A `failed` record's
-//! message that comes again (replayed) gets one more run. A `failing`
+//! message that comes again (replayed) gets one more run, whichever write
+//! counts it (`Before::allows_a_run`); a count before a run takes the
+//! record back to `failing`, so that run is one, not one per redelivery.
+//! A `failing`
 //! record has no `expireAt`: its count must outlast any retry delay.
 //!
 //! The unique index `inbox_message` on `{consumer, messageId}` is what makes
@@ -134,11 +137,48 @@ fn count(n: u64) -> i64 {
 /// What recording a message handled found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Recorded {
-    /// Not handled before: the handler runs, after `runs_before` counted.
-    /// `given_up`: its record was `failed`, and the message came again.
-    New { runs_before: u64, given_up: bool },
+    /// Not handled before: the handler runs, if the record allows it.
+    New(Before),
     /// Handled before: the transaction is to be aborted.
     HandledBefore,
+}
+
+/// A message's record as a count of its runs found it, before counting
+/// the run about to begin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Before {
+    /// The runs counted so far.
+    pub runs: u64,
+    /// The record was `failed`: the message was given up on, and has come
+    /// again (replayed, say).
+    pub given_up: bool,
+}
+
+impl Before {
+    /// No record yet.
+    const NONE: Before = Before {
+        runs: 0,
+        given_up: false,
+    };
+
+    fn of(record: &Document) -> Before {
+        Before {
+            runs: attempts_of(record),
+            given_up: record.get_str(field::STATUS) == Ok(status::FAILED),
+        }
+    }
+
+    /// Whether the run about to begin may: the one rule that bounds a
+    /// message's runs, whichever write counts them. Past `max_runs`, the
+    /// runs begun include some that never ended (a handler that ends its
+    /// process, say), and none begins again; but a message given up on
+    /// that comes again gets a run, however many it had before. The count
+    /// made before a run takes the record back from `failed` (see
+    /// [`record_run`]), so that exception serves one run, not every
+    /// redelivery of a handler that never ends.
+    pub fn allows_a_run(&self, max_runs: u64) -> bool {
+        self.given_up || self.runs < max_runs
+    }
 }
 
 /// Ensures the unique index that recognises repeats and the TTL index that
@@ -202,45 +242,43 @@ pub(crate) async fn record_handled(
         .await?;
     Ok(match before {
         Some(record) if is_handled(&record) => Recorded::HandledBefore,
-        Some(record) => Recorded::New {
-            runs_before: attempts_of(&record),
-            given_up: record.get_str(field::STATUS) == Ok(status::FAILED),
-        },
-        None => Recorded::New {
-            runs_before: 0,
-            given_up: false,
-        },
+        Some(record) => Recorded::New(Before::of(&record)),
+        None => Recorded::New(Before::NONE),
     })
 }
 
 /// Counts a run about to begin, outside any transaction, so that a run
-/// that never ends still counts: the runs begun so far, this one included;
-/// none if the message was handled meanwhile.
+/// that never ends still counts: the record as it was before this count;
+/// none if the message was handled meanwhile. A `failed` record is taken
+/// back to `failing`: the message is being tried again, and the next count
+/// finds it so (see [`Before::allows_a_run`]).
 pub(crate) async fn record_run(
     inbox: &Collection<Document>,
     entry: &Entry<'_>,
     now: DateTime,
-) -> mongodb::error::Result<Option<u64>> {
+) -> mongodb::error::Result<Option<Before>> {
     let mut filter = entry.key();
     filter.insert(field::STATUS, doc! { "$ne": status::HANDLED });
+    let mut inserted = entry.described(status::FAILING, now, None);
+    inserted.remove(field::STATUS);
     let update = doc! {
         "$inc": { field::ATTEMPTS: 1 },
-        "$setOnInsert": entry.described(status::FAILING, now, None),
-        "$unset": { field::EXPIRE_AT: "" },
+        "$set": { field::STATUS: status::FAILING },
+        "$setOnInsert": inserted,
+        "$unset": { field::EXPIRE_AT: "", field::FAILED_AT: "" },
     };
     // A duplicate key: a handled record, which the filter missed, or
     // another copy's insert of the first record, racing this one; asked
     // again, the second finds that record.
     for _ in 0..2 {
-        let after = inbox
+        let before = inbox
             .find_one_and_update(filter.clone(), update.clone())
             .upsert(true)
-            .return_document(ReturnDocument::After)
-            .projection(doc! { field::ATTEMPTS: 1 })
+            .return_document(ReturnDocument::Before)
+            .projection(doc! { field::STATUS: 1, field::ATTEMPTS: 1 })
             .await;
-        match after {
-            // This run at least, whatever a hand-edited count said before.
-            Ok(record) => return Ok(record.map(|record| attempts_of(&record).max(1))),
+        match before {
+            Ok(record) => return Ok(Some(record.as_ref().map_or(Before::NONE, Before::of))),
             Err(error) if is_duplicate_key(&error) => continue,
             Err(error) => return Err(error),
         }

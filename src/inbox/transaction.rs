@@ -143,19 +143,17 @@ impl Transaction<'_> {
                 // Not counted before it began, as JetStream called it a
                 // first delivery; but JetStream's count can fall short (a
                 // delivery that reached no client is taken back from it),
-                // so the record bounds the runs here too. A `failing`
-                // record at the limit holds runs begun that never ended; a
-                // `failed` one's message that comes again gets a run.
-                Ok(Recorded::New {
-                    runs_before,
-                    given_up,
-                }) if counted.is_none() && !given_up && runs_before >= self.max_runs => {
+                // so the record bounds the runs here too, by the rule the
+                // count before a run keeps.
+                Ok(Recorded::New(before))
+                    if counted.is_none() && !before.allows_a_run(self.max_runs) =>
+                {
                     abort(session).await;
-                    delivery.attempt = runs_before;
-                    return Attempt::Done(Outcome::never_ended(runs_before));
+                    delivery.attempt = before.runs;
+                    return Attempt::Done(Outcome::never_ended(before.runs));
                 }
-                Ok(Recorded::New { runs_before, .. }) => {
-                    delivery.attempt = counted.unwrap_or(runs_before.saturating_add(1));
+                Ok(Recorded::New(before)) => {
+                    delivery.attempt = counted.unwrap_or(before.runs.saturating_add(1));
                 }
                 Ok(Recorded::HandledBefore) => {
                     abort(session).await;
