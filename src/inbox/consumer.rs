@@ -56,12 +56,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::record::{record_failed, record_failing, record_run, Entry};
+use super::record::{record_failed, record_failing, record_run, Counted, Entry};
+use super::stopping::{self, LAST_WORDS_WAIT};
 use super::transaction::{Outcome, Transaction};
 use super::{BoxedHandler, Delivery, Handler, HandlerError, Inbox};
 use crate::contract::header;
 use crate::error::{brief, is_unreachable, Error, Result};
 use crate::retry::{self, reconnect_backoff, Outage};
+use crate::stop::Stop;
 
 /// Settings of a [`Consumer`]; [`ConsumerBuilder::bind`] creates or binds
 /// the durable JetStream consumer.
@@ -82,6 +84,7 @@ struct Settings {
     retry_initial_delay: Duration,
     retry_max_delay: Duration,
     after_commit: Option<AfterCommitHook>,
+    shutdown_timeout: Duration,
 }
 
 /// What the consumer does once a message's transaction has committed.
@@ -166,6 +169,7 @@ impl ConsumerBuilder {
                 retry_initial_delay: Duration::from_secs(1),
                 retry_max_delay: Duration::from_secs(60),
                 after_commit: None,
+                shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             },
             ack_wait: Duration::from_secs(30),
         }
@@ -209,6 +213,14 @@ impl ConsumerBuilder {
     /// [`AfterCommit`]); for fault-injection tests.
     pub fn after_commit(mut self, hook: AfterCommitHook) -> Self {
         self.settings.after_commit = Some(hook);
+        self
+    }
+
+    /// How long the transactions in flight may take to finish once
+    /// `shutdown` fires (default 10 s); past it they are abandoned, and
+    /// [`Consumer::run`] returns within [`Consumer::stop_bound`].
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.shutdown_timeout = timeout;
         self
     }
 
@@ -396,10 +408,27 @@ impl Consumer {
         }
     }
 
-    /// Handles messages until `shutdown` fires, then finishes what is in
-    /// flight. Returns an error if JetStream ends the consumer (deleted).
+    /// The longest [`Consumer::run`] takes to return once `shutdown` fires:
+    /// the shutdown timeout, then at most [`LAST_WORDS_WAIT`] to hand
+    /// messages back and send the last acknowledgements.
+    pub fn stop_bound(&self) -> Duration {
+        self.settings.shutdown_timeout + LAST_WORDS_WAIT
+    }
+
+    /// Handles messages until `shutdown` fires, then stops within
+    /// [`Consumer::stop_bound`] (the shutdown timeout, 10 s by default,
+    /// plus 5 s), whatever MongoDB or NATS do meanwhile: it reads nothing
+    /// more, finishes the transactions in flight and acknowledges them,
+    /// and hands every other message it holds back to JetStream. Past the
+    /// shutdown timeout the transactions still running are abandoned (a
+    /// MongoDB that stopped answering, say), nothing is handed back, and
+    /// every message held comes back after its ack wait, as after a crash:
+    /// it returns [`Error::ShutdownTimeout`] then. Returns an error as well
+    /// if JetStream ends the consumer (deleted).
     pub async fn run<H: Handler>(self, handler: H, shutdown: CancellationToken) -> Result<()> {
         let held_limit = self.settings.held_limit();
+        let shutdown_timeout = self.settings.shutdown_timeout;
+        let stop = Stop::after_grace(shutdown.clone(), shutdown_timeout);
         let shared = Arc::new(Shared {
             client: self.inbox.collection().client().clone(),
             inbox: self.inbox,
@@ -425,6 +454,7 @@ impl Consumer {
         let _release = Release {
             shared: shared.clone(),
             keeper_stop: keeper_stop.clone(),
+            abandon: stop.abandon.clone(),
         };
         let mut tasks = JoinSet::new();
         let pulling = Pulling {
@@ -432,30 +462,39 @@ impl Consumer {
             limit: self.pull_limit,
             holding: &holding,
         };
-        let outcome = pulling.until(&shared, &mut tasks, &shutdown).await;
+        let outcome = tokio::select! {
+            outcome = pulling.until(&shared, &mut tasks, &shutdown) => outcome,
+            // A pull NATS never ends.
+            _ = stop.abandon.cancelled() => Ok(()),
+        };
         shared.shutdown.cancel();
-        while tasks.join_next().await.is_some() {}
-        shared.hand_back().await;
-        // Acknowledgements are buffered publishes: sent before returning,
-        // so a process that exits next does not lose them.
-        // Bounded: a client reconnecting to a NATS that is down answers
-        // no flush.
-        match tokio::time::timeout(FLUSH_WAIT, shared.nats.flush()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) | Err(_) => tracing::warn!(
-                "sending the last acknowledgements failed; JetStream will redeliver those \
-                 messages after their ack wait"
-            ),
-        }
+        let finished = stopping::finish(&mut tasks, &stop.abandon).await;
+        stopping::last_words(&shared, finished).await;
         keeper_stop.cancel();
+        // A keeper stuck in a publish to a NATS that does not take it.
+        keeper.abort();
         let _ = keeper.await;
-        outcome
+        match (outcome, finished) {
+            (Err(error), _) => Err(error),
+            (Ok(()), stopping::Finished::All) => Ok(()),
+            (Ok(()), stopping::Finished::Abandoned) => {
+                Err(Error::ShutdownTimeout(shutdown_timeout))
+            }
+        }
     }
 }
 
-/// How long a stopping consumer waits for its last acknowledgements to be
-/// sent.
-const FLUSH_WAIT: Duration = Duration::from_secs(5);
+/// The pause before a message whose record another transaction held is
+/// tried again: a dead process's transaction holds it until the server
+/// ends it (60 s on MongoDB), a live copy's for a moment.
+const RECORD_HELD_PAUSE: Duration = Duration::from_secs(1);
+
+/// How long one try of a record write outside a transaction may take.
+const RECORD_WRITE_WAIT: Duration = Duration::from_secs(5);
+
+/// How long the consumer waits for the transactions in flight once
+/// `shutdown` fires, unless told otherwise: the relay's default too.
+const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Ends the keeping alive of a consumer's messages when it is dropped, and
 /// lets go of what it still held (breaking the held messages' references
@@ -463,11 +502,14 @@ const FLUSH_WAIT: Duration = Duration::from_secs(5);
 struct Release {
     shared: Arc<Shared>,
     keeper_stop: CancellationToken,
+    /// Fired here too, so the timer waiting to fire it ends with the run.
+    abandon: CancellationToken,
 }
 
 impl Drop for Release {
     fn drop(&mut self) {
         self.keeper_stop.cancel();
+        self.abandon.cancel();
         self.shared.shutdown.cancel();
         drop(std::mem::take(
             &mut *self
@@ -607,10 +649,10 @@ async fn check_exists(pull: &PullConsumer) -> Result<()> {
 }
 
 /// What the consumer's tasks share.
-struct Shared {
+pub(super) struct Shared {
     inbox: Inbox,
     client: mongodb::Client,
-    nats: async_nats::Client,
+    pub(super) nats: async_nats::Client,
     handler: Box<dyn BoxedHandler>,
     settings: Settings,
     /// One permit per transaction running.
@@ -779,7 +821,7 @@ impl Shared {
     /// come back in its order, ahead of its later messages. Run once no
     /// pull is open: a pull still open would take a message handed back
     /// ahead of those handed back after it.
-    async fn hand_back(&self) {
+    pub(super) async fn hand_back(&self) {
         let mut left =
             std::mem::take(&mut *self.handed_back.lock().unwrap_or_else(|e| e.into_inner()));
         left.sort_by_key(|held| held.delivery.stream_sequence);
@@ -875,6 +917,14 @@ impl Shared {
                         return settled;
                     }
                 }
+                // Nothing ran and nothing was counted: the message waits
+                // without a transaction's place, so that the others go on.
+                Outcome::Busy => {
+                    outage.recovered();
+                    if let Some(settled) = self.wait_for_record(held, in_place).await {
+                        return settled;
+                    }
+                }
                 Outcome::Spent(reason) => {
                     outage.recovered();
                     if !self.give_up(held, &reason).await {
@@ -961,12 +1011,13 @@ impl Shared {
             let counted = record_run(self.inbox.collection(), &entry, DateTime::now()).await;
             held.counted = match counted {
                 // Handled meanwhile: the transaction finds it a repeat.
-                Ok(None) => Some(0),
-                Ok(Some(before)) if !before.allows_a_run(limit) => {
+                Ok(Counted::Handled) => Some(0),
+                Ok(Counted::Held) => return Err(Outcome::Busy),
+                Ok(Counted::Before(before)) if !before.allows_a_run(limit) => {
                     held.delivery.attempt = before.runs;
                     return Err(Outcome::never_ended(before.runs));
                 }
-                Ok(Some(before)) => Some(before.runs.saturating_add(1)),
+                Ok(Counted::Before(before)) => Some(before.runs.saturating_add(1)),
                 Err(error) if is_unreachable(&error) => return Err(Outcome::Mongo(error)),
                 Err(error) => {
                     return Err(Outcome::Spent(format!(
@@ -1013,6 +1064,27 @@ impl Shared {
         }
         self.inbox.metrics().failed(consumer);
         Some(Settled::Acknowledged)
+    }
+
+    /// A message whose record another transaction holds (see
+    /// [`Outcome::Busy`]) is tried again after a pause: here when
+    /// `in_place`, its key's later messages waiting behind it, else by
+    /// JetStream's redelivery after that delay (None: the caller loops).
+    async fn wait_for_record(&self, held: &Held, in_place: bool) -> Option<Settled> {
+        tracing::info!(
+            consumer = self.inbox.name(),
+            subject = %held.delivery.subject,
+            stream_sequence = held.delivery.stream_sequence,
+            "the message's inbox record is held by another transaction; trying again later"
+        );
+        if !in_place {
+            acknowledge(&held.message, AckKind::Nak(Some(RECORD_HELD_PAUSE))).await;
+            return Some(Settled::Acknowledged);
+        }
+        if !self.pause(RECORD_HELD_PAUSE).await {
+            return Some(Settled::Left);
+        }
+        None
     }
 
     /// Tries a failed message again after a growing delay: here, or by
@@ -1094,7 +1166,12 @@ impl Shared {
     }
 
     /// Writes a record outside any transaction, waiting out an outage of
-    /// MongoDB (which charges no message), until the consumer stops.
+    /// MongoDB (which charges no message), until the consumer stops. Each
+    /// try is bounded: a record another transaction holds holds such a
+    /// write until that one ends (for ever on some servers), and the try is
+    /// made again after a pause. Such a write is not taken back by the
+    /// server, and may land later; these writes can (a count only rises,
+    /// and a status written twice is the same status).
     async fn write_record<F, Fut>(&self, write: F) -> Written
     where
         F: Fn() -> Fut,
@@ -1103,15 +1180,18 @@ impl Shared {
         let mut backoff = reconnect_backoff();
         let mut outage = Outage::new("MongoDB inbox");
         loop {
-            match write().await {
-                Ok(()) => return Written::Done,
-                Err(error) if is_unreachable(&error) => {
-                    outage.failed(&brief(&error));
-                    if !retry::pause(&mut backoff, &self.shutdown).await {
-                        return Written::Stopped;
-                    }
-                }
-                Err(error) => return Written::Refused(brief(&error)),
+            let problem = match tokio::time::timeout(RECORD_WRITE_WAIT, write()).await {
+                Ok(Ok(())) => return Written::Done,
+                Ok(Err(error)) if is_unreachable(&error) => brief(&error),
+                Ok(Err(error)) => return Written::Refused(brief(&error)),
+                Err(_) => format!(
+                    "a record write took longer than {RECORD_WRITE_WAIT:?} (its record held by \
+                     another transaction?)"
+                ),
+            };
+            outage.failed(&problem);
+            if !retry::pause(&mut backoff, &self.shutdown).await {
+                return Written::Stopped;
             }
         }
     }

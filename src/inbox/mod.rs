@@ -49,6 +49,7 @@
 //! - `consumer`: the JetStream pull consumer, concurrency with each key's
 //!   messages one at a time in stream order, retries and dead letters,
 //!   graceful shutdown;
+//! - `stopping`: the consumer's stop, bounded whatever the servers do;
 //! - `metrics`: what the consumer counts, in the Prometheus text format.
 //!
 //! A message without `Nats-Msg-Id` (not from the relay) is handled without
@@ -60,6 +61,7 @@
 mod consumer;
 mod metrics;
 mod record;
+mod stopping;
 mod transaction;
 
 use std::fmt;
@@ -77,6 +79,7 @@ pub use record::{
     check_consumer, failed_messages, field, status, FailedMessage, DEFAULT_COLLECTION, TTL_INDEX,
     UNIQUE_INDEX,
 };
+pub use stopping::LAST_WORDS_WAIT;
 
 use crate::error::{Error, Result};
 

@@ -47,12 +47,13 @@ use std::time::Duration;
 
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
-use mongodb::options::{IndexOptions, ReturnDocument};
+use mongodb::error::TRANSIENT_TRANSACTION_ERROR;
+use mongodb::options::{Acknowledgment, IndexOptions, ReturnDocument, WriteConcern};
 use mongodb::{ClientSession, Collection, IndexModel};
 use serde::Serialize;
 
 use super::Delivery;
-use crate::error::{is_duplicate_key, Error, Result};
+use crate::error::{is_duplicate_key, is_unreachable, Error, Result};
 use crate::time::later;
 
 /// The inbox collection, unless the consumer names another.
@@ -247,16 +248,36 @@ pub(crate) async fn record_handled(
     })
 }
 
-/// Counts a run about to begin, outside any transaction, so that a run
-/// that never ends still counts: the record as it was before this count;
-/// none if the message was handled meanwhile. A `failed` record is taken
+/// What a count made before a run found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counted {
+    /// Counted: the record as it was before.
+    Before(Before),
+    /// Handled meanwhile: nothing counted.
+    Handled,
+    /// Another transaction holds the record (a copy being handled, or one
+    /// of a process that died mid-run, which the server ends only at its
+    /// lifetime, 60 s on MongoDB): nothing counted, and nothing waits on it.
+    Held,
+}
+
+/// Counts a run about to begin, apart from the run's own transaction, so
+/// that a run that never ends still counts. A `failed` record is taken
 /// back to `failing`: the message is being tried again, and the next count
 /// finds it so (see [`Before::allows_a_run`]).
+///
+/// The count is a transaction of its own: a write outside any transaction
+/// would wait for a record another transaction holds until that one ends,
+/// for a dead process's a minute on MongoDB and for ever on some servers,
+/// while a write in a transaction meets a write conflict at once, and one
+/// that is given up on client-side is still applied when the lock goes, a
+/// count of a run that never began. So a held record answers
+/// [`Counted::Held`] at once, and costs nothing.
 pub(crate) async fn record_run(
     inbox: &Collection<Document>,
     entry: &Entry<'_>,
     now: DateTime,
-) -> mongodb::error::Result<Option<Before>> {
+) -> mongodb::error::Result<Counted> {
     let mut filter = entry.key();
     filter.insert(field::STATUS, doc! { "$ne": status::HANDLED });
     let mut inserted = entry.described(status::FAILING, now, None);
@@ -267,23 +288,58 @@ pub(crate) async fn record_run(
         "$setOnInsert": inserted,
         "$unset": { field::EXPIRE_AT: "", field::FAILED_AT: "" },
     };
+    let mut session = inbox.client().start_session().await?;
+    let majority = WriteConcern::builder().w(Acknowledgment::Majority).build();
     // A duplicate key: a handled record, which the filter missed, or
     // another copy's insert of the first record, racing this one; asked
     // again, the second finds that record.
     for _ in 0..2 {
+        session
+            .start_transaction()
+            .write_concern(majority.clone())
+            .await?;
         let before = inbox
             .find_one_and_update(filter.clone(), update.clone())
             .upsert(true)
             .return_document(ReturnDocument::Before)
             .projection(doc! { field::STATUS: 1, field::ATTEMPTS: 1 })
+            .session(&mut session)
             .await;
-        match before {
-            Ok(record) => return Ok(Some(record.as_ref().map_or(Before::NONE, Before::of))),
-            Err(error) if is_duplicate_key(&error) => continue,
-            Err(error) => return Err(error),
+        let before = match before {
+            Ok(before) => before,
+            Err(error) => {
+                let _ = session.abort_transaction().await;
+                match held_or_again(error)? {
+                    Some(counted) => return Ok(counted),
+                    None => continue,
+                }
+            }
+        };
+        if let Err(error) = session.commit_transaction().await {
+            if let Some(counted) = held_or_again(error)? {
+                return Ok(counted);
+            }
+            continue;
         }
+        return Ok(Counted::Before(
+            before.as_ref().map_or(Before::NONE, Before::of),
+        ));
     }
-    Ok(None)
+    Ok(Counted::Handled)
+}
+
+/// A failed count's error read: a write conflict is a record held by
+/// another transaction; a duplicate key is to be asked again (None); any
+/// other error is returned, an unreachable server among them (which a
+/// transaction also labels transient).
+fn held_or_again(error: mongodb::error::Error) -> mongodb::error::Result<Option<Counted>> {
+    if is_duplicate_key(&error) {
+        return Ok(None);
+    }
+    if !is_unreachable(&error) && error.contains_label(TRANSIENT_TRANSACTION_ERROR) {
+        return Ok(Some(Counted::Held));
+    }
+    Err(error)
 }
 
 /// Where a double's steps become larger than 1: 2^53.

@@ -22,6 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::{wait_until, TestEnv, WAIT};
 
+mod stops;
+
 /// Publishes `body` to the test's stream as the relay would: with the
 /// message id and, if given, the key.
 async fn publish(
