@@ -31,16 +31,24 @@
 //!   (down, electing, refusing this user) or starts no transaction charges
 //!   none: the message waits,
 //!   kept alive, until it answers, and an outage burns no attempts.
-//! - **Graceful shutdown.** On `shutdown` the consumer reads nothing more,
-//!   finishes the transactions in flight and acknowledges them, and, once
-//!   its last pull has ended, hands every other message it holds back to
-//!   JetStream (a negative acknowledgement without delay, in stream order),
-//!   so the consumer started next receives them before their keys' later
-//!   messages. After a crash,
-//!   the messages held wait out their ack wait instead: a consumer started
-//!   sooner may handle a key's later message first.
+//! - **A held record holds up its message alone.** A record another
+//!   transaction holds (a process killed mid-run leaves one until the server
+//!   ends its transaction) answers the count before a run with a write
+//!   conflict at once; the message waits without a transaction's place and
+//!   is tried again, and nothing is counted.
+//! - **Graceful shutdown, bounded.** On `shutdown` the consumer reads
+//!   nothing more, finishes the transactions in flight and acknowledges
+//!   them, and, once its last pull has ended, hands every other message it
+//!   holds back to JetStream (a negative acknowledgement without delay, in
+//!   stream order), so the consumer started next receives them before their
+//!   keys' later messages. Past the shutdown timeout the transactions still
+//!   running are abandoned (`stopping`), so `run` returns within
+//!   [`Consumer::stop_bound`]. After a crash, the messages held wait out
+//!   their ack wait instead (refreshed in the order they came, so they come
+//!   back in it): a consumer started sooner may handle a key's later
+//!   message first.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -438,6 +446,7 @@ impl Consumer {
             settings: self.settings,
             lanes: Mutex::default(),
             kept: Mutex::default(),
+            keep_now: tokio::sync::Notify::new(),
             handed_back: Mutex::default(),
             // Also fired when the consumer ends, so its tasks stop too.
             shutdown: shutdown.child_token(),
@@ -494,7 +503,7 @@ const RECORD_WRITE_WAIT: Duration = Duration::from_secs(5);
 
 /// How long the consumer waits for the transactions in flight once
 /// `shutdown` fires, unless told otherwise: the relay's default too.
-const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Ends the keeping alive of a consumer's messages when it is dropped, and
 /// lets go of what it still held (breaking the held messages' references
@@ -662,6 +671,8 @@ pub(super) struct Shared {
     lanes: Mutex<HashMap<String, VecDeque<Held>>>,
     /// The reply subjects of held messages, kept from redelivery.
     kept: Mutex<KeptAlive>,
+    /// Told when an acknowledgement is due before the keeper's next round.
+    keep_now: tokio::sync::Notify,
     /// Held messages left as the consumer stops, handed back to JetStream
     /// once nothing more can arrive (see [`Shared::hand_back`]).
     handed_back: Mutex<Vec<Held>>,
@@ -671,7 +682,13 @@ pub(super) struct Shared {
 #[derive(Default)]
 struct KeptAlive {
     next: u64,
-    subjects: HashMap<u64, Subject>,
+    /// By the order the messages came in, which is each key's stream
+    /// order: JetStream redelivers a dead consumer's messages in the order
+    /// their ack waits run out, so they are refreshed in this order.
+    subjects: BTreeMap<u64, Subject>,
+    /// In-progress acknowledgements to send, in the order due: the keeper
+    /// alone sends them, so they reach JetStream in this order.
+    due: VecDeque<Subject>,
 }
 
 /// A message read and not yet settled.
@@ -779,7 +796,13 @@ impl Shared {
     /// A message just read, held: kept alive, in its place among the held.
     fn hold(self: &Arc<Self>, message: jetstream::Message, slot: OwnedSemaphorePermit) -> Held {
         let delivery = read_delivery(&message);
-        let kept = self.keep(&message);
+        tracing::trace!(
+            stream_sequence = delivery.stream_sequence,
+            delivered = delivery.attempt,
+            key = delivery.key.as_deref().unwrap_or(""),
+            "received"
+        );
+        let kept = self.keep(&message, delivery.key.is_some());
         Held {
             message,
             delivered: delivery.attempt,
@@ -830,13 +853,21 @@ impl Shared {
         }
     }
 
-    /// Registers a held message to be kept from redelivery.
-    fn keep(self: &Arc<Self>, message: &jetstream::Message) -> KeptEntry {
+    /// Registers a held message to be kept from redelivery. A keyed one is
+    /// acknowledged in progress at once, after those already due: its ack
+    /// wait runs from its delivery, which JetStream may have made before
+    /// it received the keeper's last round for the key's earlier messages,
+    /// and after a crash it would then come back ahead of them.
+    fn keep(self: &Arc<Self>, message: &jetstream::Message, keyed: bool) -> KeptEntry {
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         kept.next += 1;
         let number = kept.next;
         if let Some(reply) = &message.reply {
             kept.subjects.insert(number, reply.clone());
+            if keyed {
+                kept.due.push_back(reply.clone());
+                self.keep_now.notify_one();
+            }
         }
         KeptEntry {
             shared: self.clone(),
@@ -1224,19 +1255,28 @@ async fn acknowledge(message: &jetstream::Message, kind: AckKind) {
 }
 
 /// Keeps every held message from redelivery until `stop`: an in-progress
-/// acknowledgement for each, a third of the ack wait apart.
+/// acknowledgement for each, a third of the ack wait apart, in the order
+/// they came. After a crash JetStream redelivers them as their ack waits
+/// run out, each from its last acknowledgement: refreshed in any other
+/// order (a map's), a key's later message could come back first.
 async fn keep_alive(shared: Arc<Shared>, ack_wait: Duration, stop: CancellationToken) {
     let every = (ack_wait / 3).max(Duration::from_millis(100));
+    let mut round = tokio::time::interval(every);
+    round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once: nothing is held yet.
+    round.tick().await;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
+            _ = round.tick() => {
+                let mut kept = shared.kept.lock().unwrap_or_else(|e| e.into_inner());
+                let every_held: Vec<Subject> = kept.subjects.values().cloned().collect();
+                kept.due.extend(every_held);
+            }
+            () = shared.keep_now.notified() => {}
         }
-        let subjects: Vec<Subject> = {
-            let kept = shared.kept.lock().unwrap_or_else(|e| e.into_inner());
-            kept.subjects.values().cloned().collect()
-        };
-        for subject in subjects {
+        let due = std::mem::take(&mut shared.kept.lock().unwrap_or_else(|e| e.into_inner()).due);
+        for subject in due {
             let progress = Bytes::from(AckKind::Progress);
             if let Err(error) = shared.nats.publish(subject, progress).await {
                 tracing::debug!(error = %error, "an in-progress acknowledgement failed");

@@ -73,7 +73,9 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use mongodb::{ClientSession, Collection, Database};
 
-pub use consumer::{AfterCommit, AfterCommitHook, Backlog, Consumer, ConsumerBuilder};
+pub use consumer::{
+    AfterCommit, AfterCommitHook, Backlog, Consumer, ConsumerBuilder, DEFAULT_SHUTDOWN_TIMEOUT,
+};
 pub use metrics::{InboxCounts, InboxMetrics};
 pub use record::{
     check_consumer, failed_messages, field, status, FailedMessage, DEFAULT_COLLECTION, TTL_INDEX,
