@@ -785,6 +785,8 @@ pub struct MongoProcess {
     pub extra: Vec<String>,
     /// Connection-string options a client needs (`&tls=true&...`).
     pub options: String,
+    /// The server's binary: the Python build (or `SECANTUSD`) unless set.
+    server: Option<PathBuf>,
 }
 
 impl MongoProcess {
@@ -812,7 +814,34 @@ impl MongoProcess {
             dir,
             extra,
             options: String::new(),
+            server: None,
         }
+    }
+
+    /// A private server of SecantusDB's Rust build, which ends a dead
+    /// client's open transaction at its lifetime (60 s) as MongoDB does,
+    /// where the Python build keeps it while a write waits on it
+    /// (docs/developing.md). Found by `SECANTUSD_RS` (scripts/test.sh sets
+    /// it), else on the PATH; missing, the test fails saying how to get it.
+    pub async fn start_rust_build(extra: &[&str]) -> Self {
+        let server = std::env::var_os("SECANTUSD_RS")
+            .filter(|path| !path.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| on_path("secantusd-rs"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "this test needs SecantusDB's Rust build (secantusd-rs), which is not \
+                     installed: scripts/services.sh installs it (or cargo install secantus-mdb \
+                     --version 0.5.3-beta.193 --ignore-rust-version --locked, with Debian's \
+                     cmake); or point SECANTUSD_RS at it"
+                )
+            });
+        let mut flags = vec!["--cache-size".to_owned(), "256M".to_owned()];
+        flags.extend(extra.iter().map(|s| (*s).to_owned()));
+        let mut mongo = Self::unstarted(flags);
+        mongo.server = Some(server);
+        mongo.restart().await;
+        mongo
     }
 
     /// The server's folder.
@@ -828,9 +857,11 @@ impl MongoProcess {
     }
 
     pub async fn restart(&mut self) {
-        let server = std::env::var_os("SECANTUSD")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| manifest_dir().join(".services/venv/bin/secantusd-py"));
+        let server = self.server.clone().unwrap_or_else(|| {
+            std::env::var_os("SECANTUSD")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| manifest_dir().join(".services/venv/bin/secantusd-py"))
+        });
         let child = Command::new(&server)
             .args([
                 "--host",
@@ -902,6 +933,14 @@ impl Drop for MongoProcess {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Where `program` is on the PATH, if it is.
+pub fn on_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
 }
 
 pub fn manifest_dir() -> PathBuf {

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::{wait_until, TestEnv, WAIT};
 
+mod crash;
 mod stops;
 
 /// Publishes `body` to the test's stream as the relay would: with the

@@ -22,7 +22,7 @@ fn effect_per_message(effects: &Collection<Document>) -> impl Handler {
 }
 
 /// Each effect document's count, by message id.
-async fn effects_by_id(effects: &Collection<Document>) -> HashMap<String, i64> {
+pub(super) async fn effects_by_id(effects: &Collection<Document>) -> HashMap<String, i64> {
     let mut found = HashMap::new();
     let mut cursor = effects.find(doc! {}).await.unwrap();
     while let Some(effect) = cursor.next().await {
