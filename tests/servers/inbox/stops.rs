@@ -52,8 +52,19 @@ async fn a_message_whose_record_another_transaction_holds_waits_alone() {
     // in their transactions: the next deliveries count a run first.
     deliver_unacknowledged(&env).await;
     deliver_unacknowledged(&env).await;
-    // That process's transactions, holding the two records (as the server
-    // keeps a dead client's open transaction until its lifetime ends).
+    // Their records, as a first run counted them; then that process's
+    // transaction, holding them (as the server keeps a dead client's open
+    // transaction until its lifetime ends). A write outside a transaction
+    // would wait on them.
+    for id in [&keyed, &unkeyed] {
+        inbox
+            .collection()
+            .insert_one(doc! {
+                "consumer": "billing", "messageId": id, "status": "failing", "attempts": 1,
+            })
+            .await
+            .unwrap();
+    }
     let mut dead = env.client.start_session().await.unwrap();
     dead.start_transaction().await.unwrap();
     for id in [&keyed, &unkeyed] {
@@ -63,18 +74,24 @@ async fn a_message_whose_record_another_transaction_holds_waits_alone() {
                 doc! { "consumer": "billing", "messageId": id },
                 doc! { "$inc": { "attempts": 1 }, "$set": { "status": "handled" } },
             )
-            .upsert(true)
             .session(&mut dead)
             .await
             .unwrap();
     }
+    let effects = env.db.collection::<Document>("effects");
+    let running = Running::start(consumer, effect_per_message(&effects));
+    // Both redelivered to the consumer (JetStream's fourth delivery), once
+    // their ack waits ran out: they now wait on their records.
+    wait_until("the two to be redelivered to the consumer", || async {
+        let mut durable = durable(&env).await;
+        durable.info().await.unwrap().delivered.consumer_sequence >= 4
+    })
+    .await;
     let others: Vec<String> = (0..4).map(|_| ObjectId::new().to_hex()).collect();
     for (n, id) in others.iter().enumerate() {
         let key = ["a2", "b"][n % 2];
         assert!(publish_stored(&env, "order.placed", id, Some(key)).await);
     }
-    let effects = env.db.collection::<Document>("effects");
-    let running = Running::start(consumer, effect_per_message(&effects));
     wait_metric(&metrics, |c| c.handled, others.len() as u64).await;
     let applied = effects_by_id(&effects).await;
     for id in &others {
@@ -90,9 +107,9 @@ async fn a_message_whose_record_another_transaction_holds_waits_alone() {
     for id in [&keyed, &unkeyed] {
         let record = record(&inbox, id).await.expect("its record");
         assert_eq!(record.get_str("status").unwrap(), "handled");
-        // The dead process's first run is not in the record (its
-        // transaction counted it); the run that handled it is.
-        assert_eq!(attempts(&record), Some(1), "waiting counted nothing");
+        // The first run, and the one that handled it: the tries that
+        // found the record held counted nothing.
+        assert_eq!(attempts(&record), Some(2), "waiting counted nothing");
     }
     running.stop().await;
     env.drop().await;
