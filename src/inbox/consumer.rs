@@ -48,7 +48,7 @@
 //!   back in it): a consumer started sooner may handle a key's later
 //!   message first.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -56,14 +56,13 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, AckKind};
-use async_nats::Subject;
 use bson::DateTime;
-use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::keep_alive::{keep_alive, KeptAlive, KeptEntry};
 use super::record::{record_failed, record_failing, record_run, Counted, Entry};
 use super::stopping::{self, LAST_WORDS_WAIT};
 use super::transaction::{Outcome, Transaction};
@@ -670,25 +669,13 @@ pub(super) struct Shared {
     /// handled; a key has a line while a task works through it.
     lanes: Mutex<HashMap<String, VecDeque<Held>>>,
     /// The reply subjects of held messages, kept from redelivery.
-    kept: Mutex<KeptAlive>,
+    pub(super) kept: Mutex<KeptAlive>,
     /// Told when an acknowledgement is due before the keeper's next round.
-    keep_now: tokio::sync::Notify,
+    pub(super) keep_now: tokio::sync::Notify,
     /// Held messages left as the consumer stops, handed back to JetStream
     /// once nothing more can arrive (see [`Shared::hand_back`]).
     handed_back: Mutex<Vec<Held>>,
     shutdown: CancellationToken,
-}
-
-#[derive(Default)]
-struct KeptAlive {
-    next: u64,
-    /// By the order the messages came in, which is each key's stream
-    /// order: JetStream redelivers a dead consumer's messages in the order
-    /// their ack waits run out, so they are refreshed in this order.
-    subjects: BTreeMap<u64, Subject>,
-    /// In-progress acknowledgements to send, in the order due: the keeper
-    /// alone sends them, so they reach JetStream in this order.
-    due: VecDeque<Subject>,
 }
 
 /// A message read and not yet settled.
@@ -711,19 +698,6 @@ impl Held {
     fn run_ended(&mut self) {
         self.ran = true;
         self.counted = None;
-    }
-}
-
-/// A held message's entry among those kept alive.
-struct KeptEntry {
-    shared: Arc<Shared>,
-    number: u64,
-}
-
-impl Drop for KeptEntry {
-    fn drop(&mut self) {
-        let mut kept = self.shared.kept.lock().unwrap_or_else(|e| e.into_inner());
-        kept.subjects.remove(&self.number);
     }
 }
 
@@ -850,28 +824,6 @@ impl Shared {
         left.sort_by_key(|held| held.delivery.stream_sequence);
         for held in left {
             acknowledge(&held.message, AckKind::Nak(None)).await;
-        }
-    }
-
-    /// Registers a held message to be kept from redelivery. A keyed one is
-    /// acknowledged in progress at once, after those already due: its ack
-    /// wait runs from its delivery, which JetStream may have made before
-    /// it received the keeper's last round for the key's earlier messages,
-    /// and after a crash it would then come back ahead of them.
-    fn keep(self: &Arc<Self>, message: &jetstream::Message, keyed: bool) -> KeptEntry {
-        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        kept.next += 1;
-        let number = kept.next;
-        if let Some(reply) = &message.reply {
-            kept.subjects.insert(number, reply.clone());
-            if keyed {
-                kept.due.push_back(reply.clone());
-                self.keep_now.notify_one();
-            }
-        }
-        KeptEntry {
-            shared: self.clone(),
-            number,
         }
     }
 
@@ -1251,37 +1203,6 @@ impl Shared {
 async fn acknowledge(message: &jetstream::Message, kind: AckKind) {
     if let Err(error) = message.ack_with(kind).await {
         tracing::warn!(error = %error, "acknowledging a message failed; JetStream will redeliver it");
-    }
-}
-
-/// Keeps every held message from redelivery until `stop`: an in-progress
-/// acknowledgement for each, a third of the ack wait apart, in the order
-/// they came. After a crash JetStream redelivers them as their ack waits
-/// run out, each from its last acknowledgement: refreshed in any other
-/// order (a map's), a key's later message could come back first.
-async fn keep_alive(shared: Arc<Shared>, ack_wait: Duration, stop: CancellationToken) {
-    let every = (ack_wait / 3).max(Duration::from_millis(100));
-    let mut round = tokio::time::interval(every);
-    round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The first tick is at once: nothing is held yet.
-    round.tick().await;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = round.tick() => {
-                let mut kept = shared.kept.lock().unwrap_or_else(|e| e.into_inner());
-                let every_held: Vec<Subject> = kept.subjects.values().cloned().collect();
-                kept.due.extend(every_held);
-            }
-            () = shared.keep_now.notified() => {}
-        }
-        let due = std::mem::take(&mut shared.kept.lock().unwrap_or_else(|e| e.into_inner()).due);
-        for subject in due {
-            let progress = Bytes::from(AckKind::Progress);
-            if let Err(error) = shared.nats.publish(subject, progress).await {
-                tracing::debug!(error = %error, "an in-progress acknowledgement failed");
-            }
-        }
     }
 }
 

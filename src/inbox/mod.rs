@@ -49,6 +49,8 @@
 //! - `consumer`: the JetStream pull consumer, concurrency with each key's
 //!   messages one at a time in stream order, retries and dead letters,
 //!   graceful shutdown;
+//! - `keep_alive`: held messages kept from redelivery, in the order they
+//!   came;
 //! - `stopping`: the consumer's stop, bounded whatever the servers do;
 //! - `metrics`: what the consumer counts, in the Prometheus text format.
 //!
@@ -59,6 +61,7 @@
 //! is to apply the history again is given a new consumer name.
 
 mod consumer;
+mod keep_alive;
 mod metrics;
 mod record;
 mod stopping;
