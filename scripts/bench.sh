@@ -11,21 +11,17 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-SECANTUS_RS_VERSION="0.5.3-beta.193"
+ROOT="$(pwd)"
+LOG_NAME=bench
+# shellcheck source=scripts/common.sh
+. scripts/common.sh
 RS_PORT="${RS_PORT:-27018}"
-STATE=".services"
-scripts/services.sh start   # nats-server (and the Python SecantusDB, unused here)
+scripts/services.sh start   # nats-server and the Rust build (the Python SecantusDB, unused here)
 export NATS_URL="${NATS_URL:-nats://127.0.0.1:${NATS_PORT:-4222}}"
 
 server_label="${BENCH_SERVER:-}"
 if [ -z "${BENCH_MONGODB_URI:-}" ]; then
-  if ! command -v secantusd-rs >/dev/null; then
-    echo "bench: installing SecantusDB's Rust build (secantus-mdb $SECANTUS_RS_VERSION)" >&2
-    command -v cmake >/dev/null || {
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake >/dev/null
-    }
-    cargo install secantus-mdb --version "$SECANTUS_RS_VERSION" --ignore-rust-version --locked
-  fi
+  install_secantus_rs
   mkdir -p "$STATE/mongo-rs-data"
   secantusd-rs --host 127.0.0.1 --port "$RS_PORT" --storage-path "$STATE/mongo-rs-data" \
     --cache-size 256M --oplog-max-entries 3000000 >"$STATE/mongo-rs.log" 2>&1 &

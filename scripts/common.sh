@@ -31,3 +31,20 @@ pip_install_into() {
   fi
   "$venv/bin/pip" install -q --disable-pip-version-check "$@"
 }
+
+# SecantusDB's Rust build (crate secantus-mdb, binary secantusd-rs): the
+# benchmark's server, and the one the inbox's crash test starts, since it
+# ends a dead client's open transaction after 60 s as MongoDB does (the
+# Python build never does while a write waits on it). Installed with cargo
+# when missing or of another version: needs Debian's cmake, and takes
+# about four minutes on two cores.
+SECANTUS_RS_VERSION="0.5.3-beta.193"
+install_secantus_rs() {
+  if command -v secantusd-rs >/dev/null \
+    && secantusd-rs --version 2>/dev/null | grep -qF "$SECANTUS_RS_VERSION"; then
+    return
+  fi
+  log "installing SecantusDB's Rust build (secantus-mdb $SECANTUS_RS_VERSION)"
+  command -v cmake >/dev/null || apt_install cmake
+  cargo install secantus-mdb --version "$SECANTUS_RS_VERSION" --ignore-rust-version --locked
+}

@@ -9,6 +9,9 @@ scripts/writers.sh
 scripts/validate-deploy.sh
 export MONGODB_URI="${MONGODB_URI:-mongodb://127.0.0.1:${MONGO_PORT:-27017}}"
 export NATS_URL="${NATS_URL:-nats://127.0.0.1:${NATS_PORT:-4222}}"
+# The Rust build of SecantusDB, which services.sh installed: tests that
+# need a dead client's transaction to end start a private one.
+export SECANTUSD_RS="${SECANTUSD_RS:-$(command -v secantusd-rs)}"
 
 rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy

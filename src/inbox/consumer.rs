@@ -31,14 +31,22 @@
 //!   (down, electing, refusing this user) or starts no transaction charges
 //!   none: the message waits,
 //!   kept alive, until it answers, and an outage burns no attempts.
-//! - **Graceful shutdown.** On `shutdown` the consumer reads nothing more,
-//!   finishes the transactions in flight and acknowledges them, and, once
-//!   its last pull has ended, hands every other message it holds back to
-//!   JetStream (a negative acknowledgement without delay, in stream order),
-//!   so the consumer started next receives them before their keys' later
-//!   messages. After a crash,
-//!   the messages held wait out their ack wait instead: a consumer started
-//!   sooner may handle a key's later message first.
+//! - **A held record holds up its message alone.** A record another
+//!   transaction holds (a process killed mid-run leaves one until the server
+//!   ends its transaction) answers the count before a run with a write
+//!   conflict at once; the message waits without a transaction's place and
+//!   is tried again, and nothing is counted.
+//! - **Graceful shutdown, bounded.** On `shutdown` the consumer reads
+//!   nothing more, finishes the transactions in flight and acknowledges
+//!   them, and, once its last pull has ended, hands every other message it
+//!   holds back to JetStream (a negative acknowledgement without delay, in
+//!   stream order), so the consumer started next receives them before their
+//!   keys' later messages. Past the shutdown timeout the transactions still
+//!   running are abandoned (`stopping`), so `run` returns within
+//!   [`Consumer::stop_bound`]. After a crash, the messages held wait out
+//!   their ack wait instead (refreshed in the order they came, so they come
+//!   back in it): a consumer started sooner may handle a key's later
+//!   message first.
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
@@ -48,20 +56,21 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, AckKind};
-use async_nats::Subject;
 use bson::DateTime;
-use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::record::{record_failed, record_failing, record_run, Entry};
+use super::keep_alive::{keep_alive, KeptAlive, KeptEntry};
+use super::record::{record_failed, record_failing, record_run, Counted, Entry};
+use super::stopping::{self, LAST_WORDS_WAIT};
 use super::transaction::{Outcome, Transaction};
 use super::{BoxedHandler, Delivery, Handler, HandlerError, Inbox};
 use crate::contract::header;
 use crate::error::{brief, is_unreachable, Error, Result};
 use crate::retry::{self, reconnect_backoff, Outage};
+use crate::stop::Stop;
 
 /// Settings of a [`Consumer`]; [`ConsumerBuilder::bind`] creates or binds
 /// the durable JetStream consumer.
@@ -82,6 +91,7 @@ struct Settings {
     retry_initial_delay: Duration,
     retry_max_delay: Duration,
     after_commit: Option<AfterCommitHook>,
+    shutdown_timeout: Duration,
 }
 
 /// What the consumer does once a message's transaction has committed.
@@ -166,6 +176,7 @@ impl ConsumerBuilder {
                 retry_initial_delay: Duration::from_secs(1),
                 retry_max_delay: Duration::from_secs(60),
                 after_commit: None,
+                shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             },
             ack_wait: Duration::from_secs(30),
         }
@@ -209,6 +220,14 @@ impl ConsumerBuilder {
     /// [`AfterCommit`]); for fault-injection tests.
     pub fn after_commit(mut self, hook: AfterCommitHook) -> Self {
         self.settings.after_commit = Some(hook);
+        self
+    }
+
+    /// How long the transactions in flight may take to finish once
+    /// `shutdown` fires (default 10 s); past it they are abandoned, and
+    /// [`Consumer::run`] returns within [`Consumer::stop_bound`].
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.shutdown_timeout = timeout;
         self
     }
 
@@ -396,10 +415,27 @@ impl Consumer {
         }
     }
 
-    /// Handles messages until `shutdown` fires, then finishes what is in
-    /// flight. Returns an error if JetStream ends the consumer (deleted).
+    /// The longest [`Consumer::run`] takes to return once `shutdown` fires:
+    /// the shutdown timeout, then at most [`LAST_WORDS_WAIT`] to hand
+    /// messages back and send the last acknowledgements.
+    pub fn stop_bound(&self) -> Duration {
+        self.settings.shutdown_timeout + LAST_WORDS_WAIT
+    }
+
+    /// Handles messages until `shutdown` fires, then stops within
+    /// [`Consumer::stop_bound`] (the shutdown timeout, 10 s by default,
+    /// plus 5 s), whatever MongoDB or NATS do meanwhile: it reads nothing
+    /// more, finishes the transactions in flight and acknowledges them,
+    /// and hands every other message it holds back to JetStream. Past the
+    /// shutdown timeout the transactions still running are abandoned (a
+    /// MongoDB that stopped answering, say), nothing is handed back, and
+    /// every message held comes back after its ack wait, as after a crash:
+    /// it returns [`Error::ShutdownTimeout`] then. Returns an error as well
+    /// if JetStream ends the consumer (deleted).
     pub async fn run<H: Handler>(self, handler: H, shutdown: CancellationToken) -> Result<()> {
         let held_limit = self.settings.held_limit();
+        let shutdown_timeout = self.settings.shutdown_timeout;
+        let stop = Stop::after_grace(shutdown.clone(), shutdown_timeout);
         let shared = Arc::new(Shared {
             client: self.inbox.collection().client().clone(),
             inbox: self.inbox,
@@ -409,6 +445,7 @@ impl Consumer {
             settings: self.settings,
             lanes: Mutex::default(),
             kept: Mutex::default(),
+            keep_now: tokio::sync::Notify::new(),
             handed_back: Mutex::default(),
             // Also fired when the consumer ends, so its tasks stop too.
             shutdown: shutdown.child_token(),
@@ -425,6 +462,7 @@ impl Consumer {
         let _release = Release {
             shared: shared.clone(),
             keeper_stop: keeper_stop.clone(),
+            abandon: stop.abandon.clone(),
         };
         let mut tasks = JoinSet::new();
         let pulling = Pulling {
@@ -432,30 +470,39 @@ impl Consumer {
             limit: self.pull_limit,
             holding: &holding,
         };
-        let outcome = pulling.until(&shared, &mut tasks, &shutdown).await;
+        let outcome = tokio::select! {
+            outcome = pulling.until(&shared, &mut tasks, &shutdown) => outcome,
+            // A pull NATS never ends.
+            _ = stop.abandon.cancelled() => Ok(()),
+        };
         shared.shutdown.cancel();
-        while tasks.join_next().await.is_some() {}
-        shared.hand_back().await;
-        // Acknowledgements are buffered publishes: sent before returning,
-        // so a process that exits next does not lose them.
-        // Bounded: a client reconnecting to a NATS that is down answers
-        // no flush.
-        match tokio::time::timeout(FLUSH_WAIT, shared.nats.flush()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) | Err(_) => tracing::warn!(
-                "sending the last acknowledgements failed; JetStream will redeliver those \
-                 messages after their ack wait"
-            ),
-        }
+        let finished = stopping::finish(&mut tasks, &stop.abandon).await;
+        stopping::last_words(&shared, finished).await;
         keeper_stop.cancel();
+        // A keeper stuck in a publish to a NATS that does not take it.
+        keeper.abort();
         let _ = keeper.await;
-        outcome
+        match (outcome, finished) {
+            (Err(error), _) => Err(error),
+            (Ok(()), stopping::Finished::All) => Ok(()),
+            (Ok(()), stopping::Finished::Abandoned) => {
+                Err(Error::ShutdownTimeout(shutdown_timeout))
+            }
+        }
     }
 }
 
-/// How long a stopping consumer waits for its last acknowledgements to be
-/// sent.
-const FLUSH_WAIT: Duration = Duration::from_secs(5);
+/// The pause before a message whose record another transaction held is
+/// tried again: a dead process's transaction holds it until the server
+/// ends it (60 s on MongoDB), a live copy's for a moment.
+const RECORD_HELD_PAUSE: Duration = Duration::from_secs(1);
+
+/// How long one try of a record write outside a transaction may take.
+const RECORD_WRITE_WAIT: Duration = Duration::from_secs(5);
+
+/// How long the consumer waits for the transactions in flight once
+/// `shutdown` fires, unless told otherwise: the relay's default too.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Ends the keeping alive of a consumer's messages when it is dropped, and
 /// lets go of what it still held (breaking the held messages' references
@@ -463,11 +510,14 @@ const FLUSH_WAIT: Duration = Duration::from_secs(5);
 struct Release {
     shared: Arc<Shared>,
     keeper_stop: CancellationToken,
+    /// Fired here too, so the timer waiting to fire it ends with the run.
+    abandon: CancellationToken,
 }
 
 impl Drop for Release {
     fn drop(&mut self) {
         self.keeper_stop.cancel();
+        self.abandon.cancel();
         self.shared.shutdown.cancel();
         drop(std::mem::take(
             &mut *self
@@ -607,10 +657,10 @@ async fn check_exists(pull: &PullConsumer) -> Result<()> {
 }
 
 /// What the consumer's tasks share.
-struct Shared {
+pub(super) struct Shared {
     inbox: Inbox,
     client: mongodb::Client,
-    nats: async_nats::Client,
+    pub(super) nats: async_nats::Client,
     handler: Box<dyn BoxedHandler>,
     settings: Settings,
     /// One permit per transaction running.
@@ -619,17 +669,13 @@ struct Shared {
     /// handled; a key has a line while a task works through it.
     lanes: Mutex<HashMap<String, VecDeque<Held>>>,
     /// The reply subjects of held messages, kept from redelivery.
-    kept: Mutex<KeptAlive>,
+    pub(super) kept: Mutex<KeptAlive>,
+    /// Told when an acknowledgement is due before the keeper's next round.
+    pub(super) keep_now: tokio::sync::Notify,
     /// Held messages left as the consumer stops, handed back to JetStream
     /// once nothing more can arrive (see [`Shared::hand_back`]).
     handed_back: Mutex<Vec<Held>>,
     shutdown: CancellationToken,
-}
-
-#[derive(Default)]
-struct KeptAlive {
-    next: u64,
-    subjects: HashMap<u64, Subject>,
 }
 
 /// A message read and not yet settled.
@@ -652,19 +698,6 @@ impl Held {
     fn run_ended(&mut self) {
         self.ran = true;
         self.counted = None;
-    }
-}
-
-/// A held message's entry among those kept alive.
-struct KeptEntry {
-    shared: Arc<Shared>,
-    number: u64,
-}
-
-impl Drop for KeptEntry {
-    fn drop(&mut self) {
-        let mut kept = self.shared.kept.lock().unwrap_or_else(|e| e.into_inner());
-        kept.subjects.remove(&self.number);
     }
 }
 
@@ -737,7 +770,13 @@ impl Shared {
     /// A message just read, held: kept alive, in its place among the held.
     fn hold(self: &Arc<Self>, message: jetstream::Message, slot: OwnedSemaphorePermit) -> Held {
         let delivery = read_delivery(&message);
-        let kept = self.keep(&message);
+        tracing::trace!(
+            stream_sequence = delivery.stream_sequence,
+            delivered = delivery.attempt,
+            key = delivery.key.as_deref().unwrap_or(""),
+            "received"
+        );
+        let kept = self.keep(&message, delivery.key.is_some());
         Held {
             message,
             delivered: delivery.attempt,
@@ -779,26 +818,12 @@ impl Shared {
     /// come back in its order, ahead of its later messages. Run once no
     /// pull is open: a pull still open would take a message handed back
     /// ahead of those handed back after it.
-    async fn hand_back(&self) {
+    pub(super) async fn hand_back(&self) {
         let mut left =
             std::mem::take(&mut *self.handed_back.lock().unwrap_or_else(|e| e.into_inner()));
         left.sort_by_key(|held| held.delivery.stream_sequence);
         for held in left {
             acknowledge(&held.message, AckKind::Nak(None)).await;
-        }
-    }
-
-    /// Registers a held message to be kept from redelivery.
-    fn keep(self: &Arc<Self>, message: &jetstream::Message) -> KeptEntry {
-        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        kept.next += 1;
-        let number = kept.next;
-        if let Some(reply) = &message.reply {
-            kept.subjects.insert(number, reply.clone());
-        }
-        KeptEntry {
-            shared: self.clone(),
-            number,
         }
     }
 
@@ -872,6 +897,14 @@ impl Shared {
                     outage.recovered();
                     held.run_ended();
                     if let Some(settled) = self.after_failure(held, error, in_place).await {
+                        return settled;
+                    }
+                }
+                // Nothing ran and nothing was counted: the message waits
+                // without a transaction's place, so that the others go on.
+                Outcome::Busy => {
+                    outage.recovered();
+                    if let Some(settled) = self.wait_for_record(held, in_place).await {
                         return settled;
                     }
                 }
@@ -958,9 +991,16 @@ impl Shared {
             };
         };
         if held.counted.is_none() && (held.delivered > 1 || held.ran) {
-            let runs = record_run(self.inbox.collection(), &entry, DateTime::now()).await;
-            held.counted = match runs {
-                Ok(runs) => Some(runs.unwrap_or(0)),
+            let counted = record_run(self.inbox.collection(), &entry, DateTime::now()).await;
+            held.counted = match counted {
+                // Handled meanwhile: the transaction finds it a repeat.
+                Ok(Counted::Handled) => Some(0),
+                Ok(Counted::Held) => return Err(Outcome::Busy),
+                Ok(Counted::Before(before)) if !before.allows_a_run(limit) => {
+                    held.delivery.attempt = before.runs;
+                    return Err(Outcome::never_ended(before.runs));
+                }
+                Ok(Counted::Before(before)) => Some(before.runs.saturating_add(1)),
                 Err(error) if is_unreachable(&error) => return Err(Outcome::Mongo(error)),
                 Err(error) => {
                     return Err(Outcome::Spent(format!(
@@ -971,17 +1011,11 @@ impl Shared {
             };
         }
         match held.counted {
-            // Handled meanwhile: the transaction finds it a repeat.
-            Some(0) => Ok(None),
+            Some(0) | None => Ok(None),
             Some(runs) => {
                 held.delivery.attempt = runs;
-                match runs > limit {
-                    // Counting the run it refuses: the ones before it began.
-                    true => Err(Outcome::never_ended(runs - 1)),
-                    false => Ok(Some(runs)),
-                }
+                Ok(Some(runs))
             }
-            None => Ok(None),
         }
     }
 
@@ -1013,6 +1047,27 @@ impl Shared {
         }
         self.inbox.metrics().failed(consumer);
         Some(Settled::Acknowledged)
+    }
+
+    /// A message whose record another transaction holds (see
+    /// [`Outcome::Busy`]) is tried again after a pause: here when
+    /// `in_place`, its key's later messages waiting behind it, else by
+    /// JetStream's redelivery after that delay (None: the caller loops).
+    async fn wait_for_record(&self, held: &Held, in_place: bool) -> Option<Settled> {
+        tracing::info!(
+            consumer = self.inbox.name(),
+            subject = %held.delivery.subject,
+            stream_sequence = held.delivery.stream_sequence,
+            "the message's inbox record is held by another transaction; trying again later"
+        );
+        if !in_place {
+            acknowledge(&held.message, AckKind::Nak(Some(RECORD_HELD_PAUSE))).await;
+            return Some(Settled::Acknowledged);
+        }
+        if !self.pause(RECORD_HELD_PAUSE).await {
+            return Some(Settled::Left);
+        }
+        None
     }
 
     /// Tries a failed message again after a growing delay: here, or by
@@ -1094,7 +1149,12 @@ impl Shared {
     }
 
     /// Writes a record outside any transaction, waiting out an outage of
-    /// MongoDB (which charges no message), until the consumer stops.
+    /// MongoDB (which charges no message), until the consumer stops. Each
+    /// try is bounded: a record another transaction holds holds such a
+    /// write until that one ends (for ever on some servers), and the try is
+    /// made again after a pause. Such a write is not taken back by the
+    /// server, and may land later; these writes can (a count only rises,
+    /// and a status written twice is the same status).
     async fn write_record<F, Fut>(&self, write: F) -> Written
     where
         F: Fn() -> Fut,
@@ -1103,15 +1163,18 @@ impl Shared {
         let mut backoff = reconnect_backoff();
         let mut outage = Outage::new("MongoDB inbox");
         loop {
-            match write().await {
-                Ok(()) => return Written::Done,
-                Err(error) if is_unreachable(&error) => {
-                    outage.failed(&brief(&error));
-                    if !retry::pause(&mut backoff, &self.shutdown).await {
-                        return Written::Stopped;
-                    }
-                }
-                Err(error) => return Written::Refused(brief(&error)),
+            let problem = match tokio::time::timeout(RECORD_WRITE_WAIT, write()).await {
+                Ok(Ok(())) => return Written::Done,
+                Ok(Err(error)) if is_unreachable(&error) => brief(&error),
+                Ok(Err(error)) => return Written::Refused(brief(&error)),
+                Err(_) => format!(
+                    "a record write took longer than {RECORD_WRITE_WAIT:?} (its record held by \
+                     another transaction?)"
+                ),
+            };
+            outage.failed(&problem);
+            if !retry::pause(&mut backoff, &self.shutdown).await {
+                return Written::Stopped;
             }
         }
     }
@@ -1140,28 +1203,6 @@ impl Shared {
 async fn acknowledge(message: &jetstream::Message, kind: AckKind) {
     if let Err(error) = message.ack_with(kind).await {
         tracing::warn!(error = %error, "acknowledging a message failed; JetStream will redeliver it");
-    }
-}
-
-/// Keeps every held message from redelivery until `stop`: an in-progress
-/// acknowledgement for each, a third of the ack wait apart.
-async fn keep_alive(shared: Arc<Shared>, ack_wait: Duration, stop: CancellationToken) {
-    let every = (ack_wait / 3).max(Duration::from_millis(100));
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
-        }
-        let subjects: Vec<Subject> = {
-            let kept = shared.kept.lock().unwrap_or_else(|e| e.into_inner());
-            kept.subjects.values().cloned().collect()
-        };
-        for subject in subjects {
-            let progress = Bytes::from(AckKind::Progress);
-            if let Err(error) = shared.nats.publish(subject, progress).await {
-                tracing::debug!(error = %error, "an in-progress acknowledgement failed");
-            }
-        }
     }
 }
 

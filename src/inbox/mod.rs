@@ -49,6 +49,9 @@
 //! - `consumer`: the JetStream pull consumer, concurrency with each key's
 //!   messages one at a time in stream order, retries and dead letters,
 //!   graceful shutdown;
+//! - `keep_alive`: held messages kept from redelivery, in the order they
+//!   came;
+//! - `stopping`: the consumer's stop, bounded whatever the servers do;
 //! - `metrics`: what the consumer counts, in the Prometheus text format.
 //!
 //! A message without `Nats-Msg-Id` (not from the relay) is handled without
@@ -58,8 +61,10 @@
 //! is to apply the history again is given a new consumer name.
 
 mod consumer;
+mod keep_alive;
 mod metrics;
 mod record;
+mod stopping;
 mod transaction;
 
 use std::fmt;
@@ -71,12 +76,15 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use mongodb::{ClientSession, Collection, Database};
 
-pub use consumer::{AfterCommit, AfterCommitHook, Backlog, Consumer, ConsumerBuilder};
+pub use consumer::{
+    AfterCommit, AfterCommitHook, Backlog, Consumer, ConsumerBuilder, DEFAULT_SHUTDOWN_TIMEOUT,
+};
 pub use metrics::{InboxCounts, InboxMetrics};
 pub use record::{
     check_consumer, failed_messages, field, status, FailedMessage, DEFAULT_COLLECTION, TTL_INDEX,
     UNIQUE_INDEX,
 };
+pub use stopping::LAST_WORDS_WAIT;
 
 use crate::error::{Error, Result};
 

@@ -19,7 +19,10 @@
 //! (written outside the transaction, which aborted) with the count and the
 //! error. A delivery that runs no handler (a hand-back at shutdown, an ack
 //! wait run out) costs nothing, across restarts too. A `failed` record's
-//! message that comes again (replayed) gets one more run. A `failing`
+//! message that comes again (replayed) gets one more run, whichever write
+//! counts it (`Before::allows_a_run`); a count before a run takes the
+//! record back to `failing`, so that run is one, not one per redelivery.
+//! A `failing`
 //! record has no `expireAt`: its count must outlast any retry delay.
 //!
 //! The unique index `inbox_message` on `{consumer, messageId}` is what makes
@@ -44,12 +47,13 @@ use std::time::Duration;
 
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
-use mongodb::options::{IndexOptions, ReturnDocument};
+use mongodb::error::TRANSIENT_TRANSACTION_ERROR;
+use mongodb::options::{Acknowledgment, IndexOptions, ReturnDocument, WriteConcern};
 use mongodb::{ClientSession, Collection, IndexModel};
 use serde::Serialize;
 
 use super::Delivery;
-use crate::error::{is_duplicate_key, Error, Result};
+use crate::error::{is_duplicate_key, is_unreachable, Error, Result};
 use crate::time::later;
 
 /// The inbox collection, unless the consumer names another.
@@ -134,11 +138,48 @@ fn count(n: u64) -> i64 {
 /// What recording a message handled found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Recorded {
-    /// Not handled before: the handler runs, after `runs_before` counted.
-    /// `given_up`: its record was `failed`, and the message came again.
-    New { runs_before: u64, given_up: bool },
+    /// Not handled before: the handler runs, if the record allows it.
+    New(Before),
     /// Handled before: the transaction is to be aborted.
     HandledBefore,
+}
+
+/// A message's record as a count of its runs found it, before counting
+/// the run about to begin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Before {
+    /// The runs counted so far.
+    pub runs: u64,
+    /// The record was `failed`: the message was given up on, and has come
+    /// again (replayed, say).
+    pub given_up: bool,
+}
+
+impl Before {
+    /// No record yet.
+    const NONE: Before = Before {
+        runs: 0,
+        given_up: false,
+    };
+
+    fn of(record: &Document) -> Before {
+        Before {
+            runs: attempts_of(record),
+            given_up: record.get_str(field::STATUS) == Ok(status::FAILED),
+        }
+    }
+
+    /// Whether the run about to begin may: the one rule that bounds a
+    /// message's runs, whichever write counts them. Past `max_runs`, the
+    /// runs begun include some that never ended (a handler that ends its
+    /// process, say), and none begins again; but a message given up on
+    /// that comes again gets a run, however many it had before. The count
+    /// made before a run takes the record back from `failed` (see
+    /// [`record_run`]), so that exception serves one run, not every
+    /// redelivery of a handler that never ends.
+    pub fn allows_a_run(&self, max_runs: u64) -> bool {
+        self.given_up || self.runs < max_runs
+    }
 }
 
 /// Ensures the unique index that recognises repeats and the TTL index that
@@ -202,50 +243,103 @@ pub(crate) async fn record_handled(
         .await?;
     Ok(match before {
         Some(record) if is_handled(&record) => Recorded::HandledBefore,
-        Some(record) => Recorded::New {
-            runs_before: attempts_of(&record),
-            given_up: record.get_str(field::STATUS) == Ok(status::FAILED),
-        },
-        None => Recorded::New {
-            runs_before: 0,
-            given_up: false,
-        },
+        Some(record) => Recorded::New(Before::of(&record)),
+        None => Recorded::New(Before::NONE),
     })
 }
 
-/// Counts a run about to begin, outside any transaction, so that a run
-/// that never ends still counts: the runs begun so far, this one included;
-/// none if the message was handled meanwhile.
+/// What a count made before a run found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counted {
+    /// Counted: the record as it was before.
+    Before(Before),
+    /// Handled meanwhile: nothing counted.
+    Handled,
+    /// Another transaction holds the record (a copy being handled, or one
+    /// of a process that died mid-run, which the server ends only at its
+    /// lifetime, 60 s on MongoDB): nothing counted, and nothing waits on it.
+    Held,
+}
+
+/// Counts a run about to begin, apart from the run's own transaction, so
+/// that a run that never ends still counts. A `failed` record is taken
+/// back to `failing`: the message is being tried again, and the next count
+/// finds it so (see [`Before::allows_a_run`]).
+///
+/// The count is a transaction of its own: a write outside any transaction
+/// would wait for a record another transaction holds until that one ends,
+/// for a dead process's a minute on MongoDB and for ever on some servers,
+/// while a write in a transaction meets a write conflict at once, and one
+/// that is given up on client-side is still applied when the lock goes, a
+/// count of a run that never began. So a held record answers
+/// [`Counted::Held`] at once, and costs nothing.
 pub(crate) async fn record_run(
     inbox: &Collection<Document>,
     entry: &Entry<'_>,
     now: DateTime,
-) -> mongodb::error::Result<Option<u64>> {
+) -> mongodb::error::Result<Counted> {
     let mut filter = entry.key();
     filter.insert(field::STATUS, doc! { "$ne": status::HANDLED });
+    let mut inserted = entry.described(status::FAILING, now, None);
+    inserted.remove(field::STATUS);
     let update = doc! {
         "$inc": { field::ATTEMPTS: 1 },
-        "$setOnInsert": entry.described(status::FAILING, now, None),
-        "$unset": { field::EXPIRE_AT: "" },
+        "$set": { field::STATUS: status::FAILING },
+        "$setOnInsert": inserted,
+        "$unset": { field::EXPIRE_AT: "", field::FAILED_AT: "" },
     };
+    let mut session = inbox.client().start_session().await?;
+    let majority = WriteConcern::builder().w(Acknowledgment::Majority).build();
     // A duplicate key: a handled record, which the filter missed, or
     // another copy's insert of the first record, racing this one; asked
     // again, the second finds that record.
     for _ in 0..2 {
-        let after = inbox
+        session
+            .start_transaction()
+            .write_concern(majority.clone())
+            .await?;
+        let before = inbox
             .find_one_and_update(filter.clone(), update.clone())
             .upsert(true)
-            .return_document(ReturnDocument::After)
-            .projection(doc! { field::ATTEMPTS: 1 })
+            .return_document(ReturnDocument::Before)
+            .projection(doc! { field::STATUS: 1, field::ATTEMPTS: 1 })
+            .session(&mut session)
             .await;
-        match after {
-            // This run at least, whatever a hand-edited count said before.
-            Ok(record) => return Ok(record.map(|record| attempts_of(&record).max(1))),
-            Err(error) if is_duplicate_key(&error) => continue,
-            Err(error) => return Err(error),
+        let before = match before {
+            Ok(before) => before,
+            Err(error) => {
+                let _ = session.abort_transaction().await;
+                match held_or_again(error)? {
+                    Some(counted) => return Ok(counted),
+                    None => continue,
+                }
+            }
+        };
+        if let Err(error) = session.commit_transaction().await {
+            if let Some(counted) = held_or_again(error)? {
+                return Ok(counted);
+            }
+            continue;
         }
+        return Ok(Counted::Before(
+            before.as_ref().map_or(Before::NONE, Before::of),
+        ));
     }
-    Ok(None)
+    Ok(Counted::Handled)
+}
+
+/// A failed count's error read: a write conflict is a record held by
+/// another transaction; a duplicate key is to be asked again (None); any
+/// other error is returned, an unreachable server among them (which a
+/// transaction also labels transient).
+fn held_or_again(error: mongodb::error::Error) -> mongodb::error::Result<Option<Counted>> {
+    if is_duplicate_key(&error) {
+        return Ok(None);
+    }
+    if !is_unreachable(&error) && error.contains_label(TRANSIENT_TRANSACTION_ERROR) {
+        return Ok(Some(Counted::Held));
+    }
+    Err(error)
 }
 
 /// Where a double's steps become larger than 1: 2^53.

@@ -25,7 +25,7 @@ use mongodb::{Client, ClientSession, Collection};
 
 use super::record::{record_handled, Entry, Recorded};
 use super::{BoxedHandler, Delivery, HandlerError};
-use crate::error::{is_duplicate_key, is_max_time_expired};
+use crate::error::{is_duplicate_key, is_max_time_expired, is_unreachable};
 
 /// How long a transaction is run again, or a commit tried again, after
 /// transient errors: the limit of the drivers' convenient transaction API.
@@ -52,6 +52,12 @@ pub(crate) enum Outcome {
     /// takes none): nothing was run, and nothing about the message is to
     /// blame.
     Unavailable(mongodb::error::Error),
+    /// Nothing was run and nothing counted: another transaction holds the
+    /// message's record (a copy being handled, or a process that died
+    /// mid-run, whose transaction the server ends only at its lifetime,
+    /// 60 s on MongoDB). The message is tried again later, and waits
+    /// without holding a transaction's place meanwhile.
+    Busy,
     /// Nothing was run, and the message is to be given up on for this
     /// reason: its runs are past the limit (begun and never ended: its
     /// handler ends the process, say), or the inbox refuses to count them.
@@ -111,7 +117,10 @@ impl Transaction<'_> {
                 .await;
             match attempt {
                 Attempt::Done(outcome) => return outcome,
-                Attempt::Again(error) => match backoff.next_backoff() {
+                // Held past a moment: a dead process's transaction, most
+                // likely, which would hold this place for up to a minute.
+                Attempt::Held(_) if started.elapsed() >= RECORD_HELD_WAIT => return Outcome::Busy,
+                Attempt::Again(error) | Attempt::Held(error) => match backoff.next_backoff() {
                     Some(pause) if started.elapsed() < RETRY_LIMIT => {
                         tracing::debug!(error = %error, "transient transaction error; running it again");
                         tokio::time::sleep(pause).await;
@@ -143,19 +152,17 @@ impl Transaction<'_> {
                 // Not counted before it began, as JetStream called it a
                 // first delivery; but JetStream's count can fall short (a
                 // delivery that reached no client is taken back from it),
-                // so the record bounds the runs here too. A `failing`
-                // record at the limit holds runs begun that never ended; a
-                // `failed` one's message that comes again gets a run.
-                Ok(Recorded::New {
-                    runs_before,
-                    given_up,
-                }) if counted.is_none() && !given_up && runs_before >= self.max_runs => {
+                // so the record bounds the runs here too, by the rule the
+                // count before a run keeps.
+                Ok(Recorded::New(before))
+                    if counted.is_none() && !before.allows_a_run(self.max_runs) =>
+                {
                     abort(session).await;
-                    delivery.attempt = runs_before;
-                    return Attempt::Done(Outcome::never_ended(runs_before));
+                    delivery.attempt = before.runs;
+                    return Attempt::Done(Outcome::never_ended(before.runs));
                 }
-                Ok(Recorded::New { runs_before, .. }) => {
-                    delivery.attempt = counted.unwrap_or(runs_before.saturating_add(1));
+                Ok(Recorded::New(before)) => {
+                    delivery.attempt = counted.unwrap_or(before.runs.saturating_add(1));
                 }
                 Ok(Recorded::HandledBefore) => {
                     abort(session).await;
@@ -169,7 +176,11 @@ impl Transaction<'_> {
                 }
                 Err(error) => {
                     abort(session).await;
-                    return Attempt::from_error(error);
+                    return match Attempt::from_error(error) {
+                        // Before the handler: the record's own conflict.
+                        Attempt::Again(error) if !is_unreachable(&error) => Attempt::Held(error),
+                        other => other,
+                    };
                 }
             }
         }
@@ -206,7 +217,14 @@ fn conflict_backoff() -> backoff::ExponentialBackoff {
 enum Attempt {
     Done(Outcome),
     Again(mongodb::error::Error),
+    /// The record's write conflicted: another transaction holds it.
+    Held(mongodb::error::Error),
 }
+
+/// How long a message's transaction tries again to write a record another
+/// transaction holds before it gives the message's place up (see
+/// [`Outcome::Busy`]).
+const RECORD_HELD_WAIT: Duration = Duration::from_secs(1);
 
 impl Attempt {
     fn from_error(error: mongodb::error::Error) -> Self {

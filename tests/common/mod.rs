@@ -806,9 +806,20 @@ pub struct MongoProcess {
     pub extra: Vec<String>,
     /// Connection-string options a client needs (`&tls=true&...`).
     pub options: String,
-    /// How far ahead of this host's clock the server's `hello.localTime`
-    /// runs, for tests of what is judged on the server's clock.
-    ahead: Option<Duration>,
+    /// Which server runs.
+    build: Build,
+}
+
+/// Which SecantusDB a [`MongoProcess`] runs.
+#[derive(Clone)]
+enum Build {
+    /// The Python build (or `SECANTUSD`).
+    Python,
+    /// The Python build with its `hello.localTime` this far ahead of the
+    /// host's clock, for tests of what is judged on the server's clock.
+    Ahead(Duration),
+    /// The Rust build, at this path.
+    Rust(PathBuf),
 }
 
 /// Starts SecantusDB (the Python build) with its `hello.localTime` moved
@@ -858,8 +869,34 @@ impl MongoProcess {
             dir,
             extra,
             options: String::new(),
-            ahead: None,
+            build: Build::Python,
         }
+    }
+
+    /// A private server of SecantusDB's Rust build, which ends a dead
+    /// client's open transaction at its lifetime (60 s) as MongoDB does,
+    /// where the Python build keeps it while a write waits on it
+    /// (docs/developing.md). Found by `SECANTUSD_RS` (scripts/test.sh sets
+    /// it), else on the PATH; missing, the test fails saying how to get it.
+    pub async fn start_rust_build(extra: &[&str]) -> Self {
+        let server = std::env::var_os("SECANTUSD_RS")
+            .filter(|path| !path.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| on_path("secantusd-rs"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "this test needs SecantusDB's Rust build (secantusd-rs), which is not \
+                     installed: scripts/services.sh installs it (or cargo install secantus-mdb \
+                     --version 0.5.3-beta.193 --ignore-rust-version --locked, with Debian's \
+                     cmake); or point SECANTUSD_RS at it"
+                )
+            });
+        let mut flags = vec!["--cache-size".to_owned(), "256M".to_owned()];
+        flags.extend(extra.iter().map(|s| (*s).to_owned()));
+        let mut mongo = Self::unstarted(flags);
+        mongo.build = Build::Rust(server);
+        mongo.restart().await;
+        mongo
     }
 
     /// The server's folder.
@@ -877,20 +914,20 @@ impl MongoProcess {
     /// A server whose clock (`hello.localTime`) runs `ahead` of this host's.
     pub async fn start_ahead(ahead: Duration) -> Self {
         let mut mongo = Self::unstarted(Vec::new());
-        mongo.ahead = Some(ahead);
+        mongo.build = Build::Ahead(ahead);
         mongo.restart().await;
         mongo
     }
 
     pub async fn restart(&mut self) {
-        let (server, mut command) = match self.ahead {
-            None => {
+        let (server, mut command) = match self.build.clone() {
+            Build::Python => {
                 let server = std::env::var_os("SECANTUSD")
                     .map(PathBuf::from)
                     .unwrap_or_else(|| manifest_dir().join(".services/venv/bin/secantusd-py"));
                 (server.clone(), Command::new(server))
             }
-            Some(ahead) => {
+            Build::Ahead(ahead) => {
                 let script = self.dir.join("skewed.py");
                 std::fs::write(&script, SKEWED_SERVER).expect("the skewed server's script");
                 let python = manifest_dir().join(".services/venv/bin/python");
@@ -898,6 +935,7 @@ impl MongoProcess {
                 command.arg(script).arg(ahead.as_secs_f64().to_string());
                 (python, command)
             }
+            Build::Rust(server) => (server.clone(), Command::new(server)),
         };
         let child = command
             .args([
@@ -970,6 +1008,14 @@ impl Drop for MongoProcess {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Where `program` is on the PATH, if it is.
+pub fn on_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
 }
 
 pub fn manifest_dir() -> PathBuf {

@@ -22,6 +22,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::{wait_until, TestEnv, WAIT};
 
+mod crash;
+mod stops;
+
 /// Publishes `body` to the test's stream as the relay would: with the
 /// message id and, if given, the key.
 async fn publish(
@@ -968,6 +971,46 @@ async fn a_message_given_up_on_that_comes_again_keeps_counting_its_runs() {
     let record = record(&inbox, &id).await.expect("its record");
     assert_eq!(record.get_str("status").unwrap(), "failed");
     assert_eq!(attempts(&record), Some(3));
+    running.stop().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_message_given_up_at_the_limit_that_comes_again_gets_a_run_after_a_hand_back() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let consumer = quick(&inbox, &env).max_deliveries(2).bind().await.unwrap();
+    let id = ObjectId::new().to_hex();
+    // Given up on at the limit, then replayed; its first delivery is
+    // handed back unrun, so the next is counted before it runs.
+    inbox
+        .collection()
+        .insert_one(doc! {
+            "consumer": "billing", "messageId": &id, "status": "failed", "attempts": 2,
+        })
+        .await
+        .unwrap();
+    assert!(publish_stored(&env, "order.placed", &id, None).await);
+    deliver_unacknowledged(&env).await;
+    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let handler = Failing {
+        times: 0,
+        seen: seen.clone(),
+    };
+    let running = Running::start(consumer, handler);
+    wait_until("the message to be handled or given up on", || async {
+        let counts = metrics.counts("billing");
+        counts.handled + counts.failed >= 1
+    })
+    .await;
+    let record = record(&inbox, &id).await.expect("its record");
+    assert_eq!(
+        record.get_str("status").unwrap(),
+        "handled",
+        "given a run, as the first delivery would have been: {record}"
+    );
+    assert_eq!(*seen.lock().unwrap(), [3], "one run, the third counted");
     running.stop().await;
     env.drop().await;
 }

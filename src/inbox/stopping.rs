@@ -1,0 +1,77 @@
+//! The consumer's stop, bounded whatever MongoDB or NATS do: the
+//! transactions in flight are waited for until the shutdown timeout, then
+//! abandoned; handing messages back and sending the last acknowledgements
+//! take at most [`LAST_WORDS_WAIT`] more. So `Consumer::run` returns within
+//! the two once `shutdown` fires, as the relay's stop is bounded by
+//! `--shutdown-timeout` and its release's wait.
+
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::consumer::Shared;
+
+/// How long a stopping consumer may take, after its transactions, to hand
+/// messages back and send its last acknowledgements (a NATS that does not
+/// take them holds up neither past it).
+pub const LAST_WORDS_WAIT: Duration = Duration::from_secs(5);
+
+/// How the transactions in flight ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Finished {
+    /// Each finished, and settled its message.
+    All,
+    /// The shutdown timeout ran out first: those still running were
+    /// dropped, their messages left to come back after their ack wait.
+    Abandoned,
+}
+
+/// Waits for the consumer's tasks to end, until `abandon` fires; then
+/// drops those still running. A dropped transaction is aborted by the
+/// server (its session ends), or, if its commit had been sent, may have
+/// committed: the message's redelivery finds its record either way.
+pub(super) async fn finish(tasks: &mut JoinSet<()>, abandon: &CancellationToken) -> Finished {
+    let all_ended = async { while tasks.join_next().await.is_some() {} };
+    let finished = tokio::select! {
+        () = all_ended => Finished::All,
+        () = abandon.cancelled() => Finished::Abandoned,
+    };
+    if finished == Finished::Abandoned {
+        let running = tasks.len();
+        tracing::warn!(
+            running,
+            "the consumer's shutdown timeout ran out with transactions in flight; they are \
+             abandoned, and their messages, with every other message held, come back after \
+             their ack wait"
+        );
+        // An aborted task ends at its next await: this takes no time.
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+    finished
+}
+
+/// Hands back what the consumer holds, unless it abandoned transactions,
+/// then sends the acknowledgements still buffered, so a process that exits
+/// next does not lose them; within [`LAST_WORDS_WAIT`] in all.
+///
+/// After an abandon nothing is handed back: an abandoned message of a key
+/// comes back only after its ack wait, and a later message of that key
+/// handed back now would come before it.
+pub(super) async fn last_words(shared: &Shared, finished: Finished) {
+    let said = async {
+        if finished == Finished::All {
+            shared.hand_back().await;
+        }
+        // Acknowledgements are buffered publishes.
+        shared.nats.flush().await
+    };
+    match tokio::time::timeout(LAST_WORDS_WAIT, said).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) | Err(_) => tracing::warn!(
+            "sending the last acknowledgements failed; JetStream will redeliver those \
+             messages after their ack wait"
+        ),
+    }
+}
