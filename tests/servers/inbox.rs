@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::common::{wait_until, TestEnv, WAIT};
 
 mod crash;
+mod failpoints;
 mod stops;
 
 /// Publishes `body` to the test's stream as the relay would: with the
