@@ -238,7 +238,15 @@ impl Lease {
         let dated = self
             .documents
             .update_one(
-                doc! { "_id": &self.id, "expiresAt": { "$exists": true, "$not": { "$type": "date" } } },
+                // An array of dates matches `$type: "date"` by its elements.
+                doc! {
+                    "_id": &self.id,
+                    "expiresAt": { "$exists": true },
+                    "$or": [
+                        { "expiresAt": { "$not": { "$type": "date" } } },
+                        { "expiresAt": { "$type": "array" } },
+                    ],
+                },
                 doc! { "$set": { "expiresAt": later(now, self.timing.duration) } },
             )
             .await
@@ -424,11 +432,16 @@ fn lapsed(now: DateTime) -> Document {
 /// The terms the common take counts on: none yet, or an integer the
 /// server can add one to. `$inc` fails on a string (every take would), on
 /// the largest integer, and leaves a double past 2^53 as it was (`1e20 +
-/// 1` is `1e20`: two relays would hold one term).
+/// 1` is `1e20`: two relays would hold one term). `$type` and `$lt` match
+/// an array's elements, and `$inc` fails on an array: arrays are left out.
 fn countable() -> Vec<Document> {
     vec![
         doc! { "term": { "$exists": false } },
-        doc! { "term": { "$type": ["int", "long"], "$lt": i64::MAX } },
+        doc! { "term": {
+            "$type": ["int", "long"],
+            "$lt": i64::MAX,
+            "$not": { "$type": "array" },
+        } },
     ]
 }
 
