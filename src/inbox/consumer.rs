@@ -419,7 +419,9 @@ impl Consumer {
     /// the shutdown timeout, then at most [`LAST_WORDS_WAIT`] to hand
     /// messages back and send the last acknowledgements.
     pub fn stop_bound(&self) -> Duration {
-        self.settings.shutdown_timeout + LAST_WORDS_WAIT
+        self.settings
+            .shutdown_timeout
+            .saturating_add(LAST_WORDS_WAIT)
     }
 
     /// Handles messages until `shutdown` fires, then stops within

@@ -33,9 +33,12 @@ pub(super) enum Finished {
 /// committed: the message's redelivery finds its record either way.
 pub(super) async fn finish(tasks: &mut JoinSet<()>, abandon: &CancellationToken) -> Finished {
     let all_ended = async { while tasks.join_next().await.is_some() {} };
+    // The abandon first: once it fired (a pull that never ended fires it
+    // too), nothing may be handed back, even if no task is left.
     let finished = tokio::select! {
-        () = all_ended => Finished::All,
+        biased;
         () = abandon.cancelled() => Finished::Abandoned,
+        () = all_ended => Finished::All,
     };
     if finished == Finished::Abandoned {
         let running = tasks.len();
@@ -45,9 +48,12 @@ pub(super) async fn finish(tasks: &mut JoinSet<()>, abandon: &CancellationToken)
              abandoned, and their messages, with every other message held, come back after \
              their ack wait"
         );
-        // An aborted task ends at its next await: this takes no time.
+        // An aborted task ends at its next await, with its message neither
+        // acknowledged nor handed back. It is not waited for: a handler
+        // that blocks its thread never reaches an await, and would hold
+        // the stop past its bound.
         tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
+        tasks.detach_all();
     }
     finished
 }

@@ -20,6 +20,8 @@ const MESSAGES: usize = 2_000;
 /// Half the messages are keyed, over this many keys.
 const KEYS: usize = 40;
 const KILLS: usize = 3;
+/// How long the server keeps a dead client's open transaction.
+const TRANSACTION_LIFETIME: Duration = Duration::from_secs(60);
 /// The consumer process's ack wait.
 const ACK_WAIT: Duration = Duration::from_secs(5);
 /// How long the last process may take to catch up: the dead processes'
@@ -124,10 +126,17 @@ async fn killed_three_times_mid_handling_each_effect_is_applied_once_in_each_key
     let mut kills = Vec::new();
     for (round, runs) in files.iter().enumerate().take(KILLS) {
         let mut consumer = start_consumer(&env, runs, round);
-        wait_until("the consumer process to begin handling", || async {
-            std::fs::metadata(runs).is_ok_and(|m| m.len() > 0)
-        })
-        .await;
+        // The first messages it is given may be those whose records a
+        // killed process's transactions hold until they expire (60 s).
+        let began = tokio::time::timeout(TRANSACTION_LIFETIME + WAIT, async {
+            while !std::fs::metadata(runs).is_ok_and(|m| m.len() > 0) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        assert!(
+            began.await.is_ok(),
+            "timed out waiting for the consumer process to begin handling"
+        );
         let after = Duration::from_millis(random_ms(200..2_500));
         tokio::time::sleep(after).await;
         consumer.kill().expect("SIGKILL the consumer");
