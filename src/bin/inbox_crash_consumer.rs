@@ -90,6 +90,15 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
+    // Heard from the first moment: a SIGTERM that came while connecting
+    // would otherwise end the process by the signal's default action.
+    let shutdown = CancellationToken::new();
+    let mut terminate = signal(SignalKind::terminate())?;
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        terminate.recv().await;
+        stop.cancel();
+    });
     let client = outbox_relay::connect::connect_mongodb(&setting("MONGODB_URI")?).await?;
     let db = client.database(&setting("INBOX_DATABASE")?);
     let nats = async_nats::connect(setting("NATS_URL")?).await?;
@@ -110,13 +119,6 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         runs: Mutex::new(runs),
         round: std::env::var("INBOX_ROUND").unwrap_or_default(),
     };
-    let shutdown = CancellationToken::new();
-    let mut terminate = signal(SignalKind::terminate())?;
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        terminate.recv().await;
-        stop.cancel();
-    });
     tracing::info!(stop_bound = ?consumer.stop_bound(), "consuming");
     consumer.run(handler, shutdown).await?;
     tracing::info!("stopped");
