@@ -1000,7 +1000,7 @@ impl Shared {
                 Ok(Counted::Held) => return Err(Outcome::Busy),
                 Ok(Counted::Before(before)) if !before.allows_a_run(limit) => {
                     held.delivery.attempt = before.runs;
-                    return Err(Outcome::never_ended(before.runs));
+                    return Err(Outcome::refused(&before));
                 }
                 Ok(Counted::Before(before)) => Some(before.runs.saturating_add(1)),
                 Err(error) if is_unreachable(&error) => return Err(Outcome::Mongo(error)),

@@ -150,22 +150,48 @@ pub(crate) enum Recorded {
 pub(crate) struct Before {
     /// The runs counted so far.
     pub runs: u64,
-    /// The record was `failed`: the message was given up on, and has come
-    /// again (replayed, say).
-    pub given_up: bool,
+    /// Where the message stood.
+    pub standing: Standing,
+}
+
+/// Where a message stood when a run of it was about to be counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// Not given up on: its runs are bounded by the limit.
+    Open,
+    /// Given up on (`failed`), and this is a redelivery of the very
+    /// message given up on: its termination was lost to a crash or a
+    /// dropped connection. It gets no run.
+    GivenUp,
+    /// Given up on, and come again from another stream position (replayed,
+    /// or published again): it gets a run, however many it had before.
+    CameAgain,
 }
 
 impl Before {
     /// No record yet.
     const NONE: Before = Before {
         runs: 0,
-        given_up: false,
+        standing: Standing::Open,
     };
 
-    fn of(record: &Document) -> Before {
+    /// What `record` says of the message delivered at `stream_sequence`.
+    fn of(record: &Document, stream_sequence: u64) -> Before {
+        let recorded = match record.get(field::STREAM_SEQUENCE) {
+            Some(Bson::Int64(n)) => Some(*n),
+            Some(Bson::Int32(n)) => Some(i64::from(*n)),
+            _ => None,
+        };
+        let standing = if record.get_str(field::STATUS) != Ok(status::FAILED) {
+            Standing::Open
+        } else if recorded == Some(count(stream_sequence)) {
+            Standing::GivenUp
+        } else {
+            Standing::CameAgain
+        };
         Before {
             runs: attempts_of(record),
-            given_up: record.get_str(field::STATUS) == Ok(status::FAILED),
+            standing,
         }
     }
 
@@ -178,7 +204,7 @@ impl Before {
     /// [`record_run`]), so that exception serves one run, not every
     /// redelivery of a handler that never ends.
     pub fn allows_a_run(&self, max_runs: u64) -> bool {
-        self.given_up || self.runs < max_runs
+        self.standing == Standing::CameAgain || self.runs < max_runs
     }
 }
 
@@ -238,12 +264,12 @@ pub(crate) async fn record_handled(
         .find_one_and_update(entry.key(), update)
         .upsert(true)
         .return_document(ReturnDocument::Before)
-        .projection(doc! { field::STATUS: 1, field::ATTEMPTS: 1 })
+        .projection(doc! { field::STATUS: 1, field::ATTEMPTS: 1, field::STREAM_SEQUENCE: 1 })
         .session(session)
         .await?;
     Ok(match before {
         Some(record) if is_handled(&record) => Recorded::HandledBefore,
-        Some(record) => Recorded::New(Before::of(&record)),
+        Some(record) => Recorded::New(Before::of(&record, entry.stream_sequence)),
         None => Recorded::New(Before::NONE),
     })
 }
@@ -302,7 +328,7 @@ pub(crate) async fn record_run(
             .find_one_and_update(filter.clone(), update.clone())
             .upsert(true)
             .return_document(ReturnDocument::Before)
-            .projection(doc! { field::STATUS: 1, field::ATTEMPTS: 1 })
+            .projection(doc! { field::STATUS: 1, field::ATTEMPTS: 1, field::STREAM_SEQUENCE: 1 })
             .session(&mut session)
             .await;
         let before = match before {
@@ -322,7 +348,9 @@ pub(crate) async fn record_run(
             continue;
         }
         return Ok(Counted::Before(
-            before.as_ref().map_or(Before::NONE, Before::of),
+            before.as_ref().map_or(Before::NONE, |record| {
+                Before::of(record, entry.stream_sequence)
+            }),
         ));
     }
     Ok(Counted::Handled)

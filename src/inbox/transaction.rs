@@ -23,7 +23,7 @@ use mongodb::error::{TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RES
 use mongodb::options::{Acknowledgment, WriteConcern};
 use mongodb::{Client, ClientSession, Collection};
 
-use super::record::{record_handled, Entry, Recorded};
+use super::record::{record_handled, Before, Entry, Recorded, Standing};
 use super::{BoxedHandler, Delivery, HandlerError};
 use crate::error::{is_duplicate_key, is_max_time_expired, is_unreachable};
 
@@ -65,13 +65,20 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    /// Given up on without another run: `runs` began, the last of which
-    /// never ended with a result.
-    pub(crate) fn never_ended(runs: u64) -> Outcome {
-        Outcome::Spent(format!(
-            "the handler began {runs} runs of it, and the last never ended with a result (the \
-             process stopped during it?)"
-        ))
+    /// Given up on without another run, as `before` (which
+    /// [`Before::allows_a_run`] refused) says why.
+    pub(crate) fn refused(before: &Before) -> Outcome {
+        let runs = before.runs;
+        Outcome::Spent(match before.standing {
+            Standing::GivenUp => format!(
+                "it was given up on after {runs} runs, and came again only as a redelivery of \
+                 that same message (its termination was lost): no further run"
+            ),
+            Standing::Open | Standing::CameAgain => format!(
+                "the handler began {runs} runs of it, and the last never ended with a result \
+                 (the process stopped during it?)"
+            ),
+        })
     }
 }
 
@@ -159,7 +166,7 @@ impl Transaction<'_> {
                 {
                     abort(session).await;
                     delivery.attempt = before.runs;
-                    return Attempt::Done(Outcome::never_ended(before.runs));
+                    return Attempt::Done(Outcome::refused(&before));
                 }
                 Ok(Recorded::New(before)) => {
                     delivery.attempt = counted.unwrap_or(before.runs.saturating_add(1));

@@ -1015,3 +1015,41 @@ async fn a_message_given_up_at_the_limit_that_comes_again_gets_a_run_after_a_han
     running.stop().await;
     env.drop().await;
 }
+
+#[tokio::test]
+async fn a_redelivery_of_the_message_given_up_on_gets_no_run() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    let consumer = quick(&inbox, &env).max_deliveries(2).bind().await.unwrap();
+    let id = ObjectId::new().to_hex();
+    let stored = publish(&env, "order.placed", &id, None)
+        .await
+        .await
+        .expect("stored");
+    // Given up on at the limit, from this very stream position, and its
+    // termination lost: JetStream delivers the same message again.
+    inbox
+        .collection()
+        .insert_one(doc! {
+            "consumer": "billing", "messageId": &id, "status": "failed", "attempts": 2,
+            "streamSequence": stored.sequence as i64, "lastError": "the handler's own",
+        })
+        .await
+        .unwrap();
+    deliver_unacknowledged(&env).await;
+    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let handler = Failing {
+        times: 0,
+        seen: seen.clone(),
+    };
+    let running = Running::start(consumer, handler);
+    wait_metric(&metrics, |c| c.failed, 1).await;
+    assert!(seen.lock().unwrap().is_empty(), "no run began");
+    let record = record(&inbox, &id).await.expect("its record");
+    assert_eq!(record.get_str("status").unwrap(), "failed");
+    let error = record.get_str("lastError").unwrap();
+    assert!(error.contains("redelivery"), "{error}");
+    running.stop().await;
+    env.drop().await;
+}
