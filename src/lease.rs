@@ -212,16 +212,6 @@ impl Lease {
         let Some(stored) = stored else {
             return Ok(Err(Duration::ZERO));
         };
-        // This relay's own take landed, but its answer was lost, and the
-        // driver's retry of it met the lease taken (by that very take).
-        // Owners are unique to a process: the lease is this relay's.
-        if stored.get_str("owner").ok() == Some(self.owner.as_str()) {
-            if let Standing::Held(_) = Standing::of(&stored, now) {
-                if let Ok(held) = self.took(&stored, sent) {
-                    return Ok(Ok(held));
-                }
-            }
-        }
         match Standing::of(&stored, now) {
             Standing::Held(left) => Ok(Err(left)),
             Standing::Changed => Ok(Err(Duration::ZERO)),
