@@ -296,18 +296,13 @@ impl ChangeStreamSource {
                     // Caught up with the present: the window is over.
                     window = Window::Live;
                     if !held.is_empty() {
-                        match self
-                            .pass_on_held(
-                                &mut held,
-                                Check::Delivered,
-                                &mut caught_up,
-                                output,
-                                shutdown,
-                            )
+                        let check = Check::Delivered;
+                        let passed = (&mut caught_up, &mut last);
+                        if !self
+                            .pass_on_held(&mut held, check, passed, output, shutdown)
                             .await
                         {
-                            Some(token) => last = Some(token),
-                            None => return Tail::Stopped,
+                            return Tail::Stopped;
                         }
                         last_sent = Instant::now();
                     }
@@ -340,20 +335,12 @@ impl ChangeStreamSource {
             }
             if window.ends_before(insert.cluster_time) {
                 window = Window::Live;
-                if !held.is_empty() {
-                    match self
-                        .pass_on_held(
-                            &mut held,
-                            Check::Delivered,
-                            &mut caught_up,
-                            output,
-                            shutdown,
-                        )
-                        .await
-                    {
-                        Some(token) => last = Some(token),
-                        None => return Tail::Stopped,
-                    }
+                let passed = (&mut caught_up, &mut last);
+                if !self
+                    .pass_on_held(&mut held, Check::Delivered, passed, output, shutdown)
+                    .await
+                {
+                    return Tail::Stopped;
                 }
             }
             if window == Window::Live {
@@ -366,18 +353,12 @@ impl ChangeStreamSource {
                 }
                 last = Some(token);
             } else if !held.take(insert) {
-                match self
-                    .pass_on_held(
-                        &mut held,
-                        Check::Delivered,
-                        &mut caught_up,
-                        output,
-                        shutdown,
-                    )
+                let passed = (&mut caught_up, &mut last);
+                if !self
+                    .pass_on_held(&mut held, Check::Delivered, passed, output, shutdown)
                     .await
                 {
-                    Some(token) => last = Some(token),
-                    None => return Tail::Stopped,
+                    return Tail::Stopped;
                 }
             } else {
                 continue;
@@ -400,18 +381,16 @@ impl ChangeStreamSource {
         output: &Feed,
         shutdown: &CancellationToken,
     ) -> Tail {
-        if !held.is_empty() {
-            let check = match how {
-                Tail::Broken(..) => Check::Delivered,
-                Tail::Ended | Tail::Stopped => Check::None,
-            };
-            match self
-                .pass_on_held(&mut held, check, &mut caught_up, output, shutdown)
-                .await
-            {
-                Some(token) => last = Some(token),
-                None => return Tail::Stopped,
-            }
+        let check = match how {
+            Tail::Broken(..) => Check::Delivered,
+            Tail::Ended | Tail::Stopped => Check::None,
+        };
+        let passed = (&mut caught_up, &mut last);
+        if !self
+            .pass_on_held(&mut held, check, passed, output, shutdown)
+            .await
+        {
+            return Tail::Stopped;
         }
         match how {
             Tail::Broken(..) => Tail::Broken(last, caught_up),
@@ -419,24 +398,27 @@ impl ChangeStreamSource {
         }
     }
 
-    /// Passes on what a replay's window held back, in order: as messages
-    /// those still pending (or all of them, where `check` says so), the
-    /// rest as bare positions. Returns the last position passed on;
-    /// `None` if the pipeline closed or the relay stopped.
+    /// Passes on what a replay's window held back, if anything, in order:
+    /// as messages those still pending (or all of them, where `check` says
+    /// so), the rest as bare positions; `last` becomes the last position
+    /// passed on. False if the pipeline closed or the relay stopped.
     async fn pass_on_held(
         &self,
         held: &mut Held,
         check: Check,
-        caught_up: &mut CaughtUp,
+        (caught_up, last): (&mut CaughtUp, &mut Option<ResumeToken>),
         output: &Feed,
         shutdown: &CancellationToken,
-    ) -> Option<ResumeToken> {
+    ) -> bool {
+        if held.is_empty() {
+            return true;
+        }
         let delivered = match check {
             Check::Delivered => {
                 let ids = held.inserts.iter().filter_map(Insert::id).collect();
                 let delivered = replayed::delivered(&self.outbox, ids, shutdown).await;
                 if shutdown.is_cancelled() {
-                    return None;
+                    return false;
                 }
                 delivered.unwrap_or_default()
             }
@@ -448,7 +430,6 @@ impl ChangeStreamSource {
                 "the replayed stream skips messages delivered already"
             );
         }
-        let mut last = None;
         for insert in std::mem::take(held).inserts {
             let token = insert.token.clone();
             let work = match insert.id() {
@@ -456,12 +437,17 @@ impl ChangeStreamSource {
                     self.progress.read(insert.at);
                     Work::marker(insert.token, insert.at)
                 }
-                _ => self.work(insert, caught_up, shutdown).await?,
+                _ => match self.work(insert, caught_up, shutdown).await {
+                    Some(work) => work,
+                    None => return false,
+                },
             };
-            output.send(work).await.ok()?;
-            last = Some(token);
+            if output.send(work).await.is_err() {
+                return false;
+            }
+            *last = Some(token);
         }
-        last
+        true
     }
 
     /// What an insert event becomes, once it is passed on: the message,
