@@ -22,7 +22,11 @@
 //!   is kept from redelivery with in-progress acknowledgements, a third of
 //!   the consumer's ack wait apart, however long it waits for its key or
 //!   for a retry. How many are held is bounded (16 per concurrent
-//!   transaction); past that the consumer reads no further.
+//!   transaction); past that the consumer reads no further. A key whose
+//!   first message waits (for its record, or a retry) holds one place: the
+//!   messages behind it hold none, so the other keys go on, up to
+//!   JetStream's `max_ack_pending` (8 places' worth for a consumer created
+//!   here).
 //! - **A failure is the message's own unless MongoDB is unreachable.** A
 //!   transaction the server refused (a validator, a handler that ended the
 //!   transaction or swallowed an error that aborted it, transient errors
@@ -264,7 +268,8 @@ impl ConsumerBuilder {
             // The inbox counts attempts and records the last one failed;
             // JetStream's own limit would end a message silently.
             max_deliver: -1,
-            max_ack_pending: i64::try_from(self.held_limit() * 2).unwrap_or(i64::MAX),
+            max_ack_pending: i64::try_from(self.held_limit().saturating_mul(PENDING_PER_PLACE))
+                .unwrap_or(i64::MAX),
             filter_subject: self.filter_subject.clone().unwrap_or_default(),
             ..Default::default()
         };
@@ -405,6 +410,11 @@ fn pull_limit(held_limit: usize, config: &jetstream::consumer::Config) -> usize 
 /// Messages held per concurrent transaction: the look-ahead that lets other
 /// keys go on while one key's line is long.
 const HELD_PER_TRANSACTION: usize = 16;
+
+/// JetStream's bound on the messages a consumer created here has
+/// unacknowledged (`max_ack_pending`), per place among the held: room for
+/// the messages behind keys that wait, which hold no place (see [`Line`]).
+const PENDING_PER_PLACE: usize = 8;
 
 impl Consumer {
     /// How much this consumer has left: take it before [`Consumer::run`],
@@ -667,9 +677,8 @@ pub(super) struct Shared {
     settings: Settings,
     /// One permit per transaction running.
     running: Semaphore,
-    /// The messages waiting in each key's line, behind the one being
-    /// handled; a key has a line while a task works through it.
-    lanes: Mutex<HashMap<String, VecDeque<Held>>>,
+    /// Each key's line, while a task works through it.
+    lanes: Mutex<HashMap<String, Line>>,
     /// The reply subjects of held messages, kept from redelivery.
     pub(super) kept: Mutex<KeptAlive>,
     /// Told when an acknowledgement is due before the keeper's next round.
@@ -690,8 +699,9 @@ struct Held {
     ran: bool,
     /// The count of the run about to begin, once the record took it.
     counted: Option<u64>,
-    /// Its place among the held, given back when it is dropped.
-    _slot: OwnedSemaphorePermit,
+    /// Its place among the held, given back when it is dropped, or as it
+    /// waits behind a key that waits (see [`Line`]).
+    place: Option<OwnedSemaphorePermit>,
     _kept: KeptEntry,
 }
 
@@ -700,6 +710,51 @@ impl Held {
     fn run_ended(&mut self) {
         self.ran = true;
         self.counted = None;
+    }
+}
+
+/// The messages of a key waiting behind the one its task handles.
+///
+/// While that first message waits (its record held by another
+/// transaction, or a retry's delay), the messages behind it give up their
+/// places among the held, and so does each that joins them: a key that
+/// waits, however many messages it receives meanwhile, keeps the consumer
+/// from reading on with one place alone, and the other keys go on. They are
+/// still kept alive in the order they came, so after a crash they come
+/// back in it. What bounds them then is JetStream's: it delivers no more
+/// than the consumer's `max_ack_pending` unacknowledged messages.
+#[derive(Default)]
+struct Line {
+    waiting: VecDeque<Held>,
+    first: First,
+}
+
+/// What the first message of a key's line is doing.
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+enum First {
+    /// Being handled: the messages behind keep their places.
+    #[default]
+    Handled,
+    /// Waiting for its record or for a retry: those behind give theirs up.
+    Waits,
+}
+
+impl Line {
+    /// Puts a message at the back of the line.
+    fn join(&mut self, mut held: Held) {
+        if self.first == First::Waits {
+            held.place = None;
+        }
+        self.waiting.push_back(held);
+    }
+
+    fn first_now(&mut self, first: First) {
+        self.first = first;
+        if first == First::Waits {
+            for held in &mut self.waiting {
+                held.place = None;
+            }
+        }
     }
 }
 
@@ -718,7 +773,9 @@ impl Lane {
     /// so a message dispatched after it starts a new one.
     fn next(&mut self) -> Option<Held> {
         let mut lanes = self.shared.lock_lanes();
-        let next = lanes.get_mut(&self.key).and_then(VecDeque::pop_front);
+        let next = lanes
+            .get_mut(&self.key)
+            .and_then(|line| line.waiting.pop_front());
         if next.is_none() {
             lanes.remove(&self.key);
             self.closed = true;
@@ -735,6 +792,7 @@ impl Lane {
         self.shared
             .lock_lanes()
             .remove(&self.key)
+            .map(|line| line.waiting)
             .unwrap_or_default()
     }
 }
@@ -764,7 +822,7 @@ enum Written {
 }
 
 impl Shared {
-    fn lock_lanes(&self) -> std::sync::MutexGuard<'_, HashMap<String, VecDeque<Held>>> {
+    fn lock_lanes(&self) -> std::sync::MutexGuard<'_, HashMap<String, Line>> {
         // The lines hold messages only; a panic elsewhere leaves them whole.
         self.lanes.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -785,7 +843,7 @@ impl Shared {
             ran: false,
             counted: None,
             delivery,
-            _slot: slot,
+            place: Some(slot),
             _kept: kept,
         }
     }
@@ -801,9 +859,9 @@ impl Shared {
         };
         let mut lanes = self.lock_lanes();
         match lanes.get_mut(&key) {
-            Some(line) => line.push_back(held),
+            Some(line) => line.join(held),
             None => {
-                lanes.insert(key.clone(), VecDeque::new());
+                lanes.insert(key.clone(), Line::default());
                 tasks.spawn(self.clone().work_through(key, held));
             }
         }
@@ -1066,7 +1124,7 @@ impl Shared {
             acknowledge(&held.message, AckKind::Nak(Some(RECORD_HELD_PAUSE))).await;
             return Some(Settled::Acknowledged);
         }
-        if !self.pause(RECORD_HELD_PAUSE).await {
+        if !self.wait_in_line(held, RECORD_HELD_PAUSE).await {
             return Some(Settled::Left);
         }
         None
@@ -1096,7 +1154,7 @@ impl Shared {
             acknowledge(&held.message, AckKind::Nak(Some(delay))).await;
             return Some(Settled::Acknowledged);
         }
-        if !self.pause(delay).await {
+        if !self.wait_in_line(held, delay).await {
             return Some(Settled::Left);
         }
         held.delivery.attempt += 1;
@@ -1192,6 +1250,24 @@ impl Shared {
             .retry_initial_delay
             .saturating_mul(1u32 << doublings);
         delay.min(self.settings.retry_max_delay)
+    }
+
+    /// Waits `delay` before a keyed message is tried again in its line; the
+    /// messages behind it give up their places meanwhile (see [`Line`]).
+    /// False if the consumer stops first.
+    async fn wait_in_line(&self, held: &Held, delay: Duration) -> bool {
+        self.first_of_line(held, First::Waits);
+        let waited = self.pause(delay).await;
+        self.first_of_line(held, First::Handled);
+        waited
+    }
+
+    fn first_of_line(&self, held: &Held, first: First) {
+        if let Some(key) = &held.delivery.key {
+            if let Some(line) = self.lock_lanes().get_mut(key) {
+                line.first_now(first);
+            }
+        }
     }
 
     /// Waits `delay`; false if the consumer stops first.

@@ -116,6 +116,36 @@ fn counting(effects: &Collection<Document>, name: &'static str) -> impl Handler 
     })
 }
 
+/// A handler that records each message once per run in its effect, and
+/// appends it to its key's list, inside the message's transaction.
+fn recording(effects: &Collection<Document>) -> impl Handler {
+    let effects = effects.clone();
+    handler(move |session, message| {
+        let effects = effects.clone();
+        let id = message.message_id.clone().unwrap_or_default();
+        let key = message.key.clone();
+        async move {
+            effects
+                .update_one(doc! { "_id": &id }, doc! { "$inc": { "n": 1 } })
+                .upsert(true)
+                .session(&mut *session)
+                .await?;
+            if let Some(key) = key {
+                effects
+                    .update_one(
+                        doc! { "_id": format!("key-{key}") },
+                        doc! { "$push": { "ids": &id } },
+                    )
+                    .upsert(true)
+                    .session(&mut *session)
+                    .await?;
+            }
+            Ok(())
+        }
+        .boxed()
+    })
+}
+
 async fn counted(effects: &Collection<Document>, name: &str) -> i64 {
     let found = effects.find_one(doc! { "_id": name }).await.unwrap();
     found.map_or(0, |d| {

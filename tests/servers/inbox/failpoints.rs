@@ -16,36 +16,6 @@ const CONSUMER: &str = "inbox-under-test";
 const BATCH: usize = 12;
 const KEYS: usize = 2;
 
-/// A handler that records each message once per run in its effect, and
-/// appends it to its key's list, inside the message's transaction.
-fn recording(effects: &Collection<Document>) -> impl Handler {
-    let effects = effects.clone();
-    handler(move |session, message| {
-        let effects = effects.clone();
-        let id = message.message_id.clone().unwrap_or_default();
-        let key = message.key.clone();
-        async move {
-            effects
-                .update_one(doc! { "_id": &id }, doc! { "$inc": { "n": 1 } })
-                .upsert(true)
-                .session(&mut *session)
-                .await?;
-            if let Some(key) = key {
-                effects
-                    .update_one(
-                        doc! { "_id": format!("key-{key}") },
-                        doc! { "$push": { "ids": &id } },
-                    )
-                    .upsert(true)
-                    .session(&mut *session)
-                    .await?;
-            }
-            Ok(())
-        }
-        .boxed()
-    })
-}
-
 #[tokio::test]
 async fn transaction_errors_apply_each_effect_once_in_each_keys_order() {
     let mongo = MongoProcess::start_with(&["--enable-test-commands"]).await;

@@ -24,7 +24,11 @@ fn effect_per_message(effects: &Collection<Document>) -> impl Handler {
 /// Each effect document's count, by message id.
 pub(super) async fn effects_by_id(effects: &Collection<Document>) -> HashMap<String, i64> {
     let mut found = HashMap::new();
-    let mut cursor = effects.find(doc! {}).await.unwrap();
+    // Counts only: not the keys' lines `recording` keeps beside them.
+    let mut cursor = effects
+        .find(doc! { "n": { "$exists": true } })
+        .await
+        .unwrap();
     while let Some(effect) = cursor.next().await {
         let effect = effect.unwrap();
         let n = effect
@@ -35,6 +39,37 @@ pub(super) async fn effects_by_id(effects: &Collection<Document>) -> HashMap<Str
         found.insert(effect.get_str("_id").unwrap().to_owned(), n);
     }
     found
+}
+
+/// The records of messages a process killed in their transactions left:
+/// counted once, as their first run counted them, then held by that
+/// process's transaction (returned open), as the server keeps a dead
+/// client's until its lifetime ends. A write outside a transaction would
+/// wait on them.
+async fn hold_records(env: &TestEnv, inbox: &Inbox, ids: &[&str]) -> ClientSession {
+    for id in ids {
+        inbox
+            .collection()
+            .insert_one(doc! {
+                "consumer": "billing", "messageId": id, "status": "failing", "attempts": 1,
+            })
+            .await
+            .unwrap();
+    }
+    let mut dead = env.client.start_session().await.unwrap();
+    dead.start_transaction().await.unwrap();
+    for id in ids {
+        inbox
+            .collection()
+            .update_one(
+                doc! { "consumer": "billing", "messageId": id },
+                doc! { "$inc": { "attempts": 1 }, "$set": { "status": "handled" } },
+            )
+            .session(&mut dead)
+            .await
+            .unwrap();
+    }
+    dead
 }
 
 #[tokio::test]
@@ -52,32 +87,7 @@ async fn a_message_whose_record_another_transaction_holds_waits_alone() {
     // in their transactions: the next deliveries count a run first.
     deliver_unacknowledged(&env).await;
     deliver_unacknowledged(&env).await;
-    // Their records, as a first run counted them; then that process's
-    // transaction, holding them (as the server keeps a dead client's open
-    // transaction until its lifetime ends). A write outside a transaction
-    // would wait on them.
-    for id in [&keyed, &unkeyed] {
-        inbox
-            .collection()
-            .insert_one(doc! {
-                "consumer": "billing", "messageId": id, "status": "failing", "attempts": 1,
-            })
-            .await
-            .unwrap();
-    }
-    let mut dead = env.client.start_session().await.unwrap();
-    dead.start_transaction().await.unwrap();
-    for id in [&keyed, &unkeyed] {
-        inbox
-            .collection()
-            .update_one(
-                doc! { "consumer": "billing", "messageId": id },
-                doc! { "$inc": { "attempts": 1 }, "$set": { "status": "handled" } },
-            )
-            .session(&mut dead)
-            .await
-            .unwrap();
-    }
+    let mut dead = hold_records(&env, &inbox, &[&keyed, &unkeyed]).await;
     let effects = env.db.collection::<Document>("effects");
     let running = Running::start(consumer, effect_per_message(&effects));
     // Both redelivered to the consumer (JetStream's fourth delivery), once
@@ -111,6 +121,75 @@ async fn a_message_whose_record_another_transaction_holds_waits_alone() {
         // found the record held counted nothing.
         assert_eq!(attempts(&record), Some(2), "waiting counted nothing");
     }
+    running.stop().await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_key_that_waits_on_its_record_holds_up_no_other_key_however_many_it_receives() {
+    let env = TestEnv::new().await;
+    let metrics = InboxMetrics::new();
+    let inbox = inbox(&env, &metrics).await;
+    // Sixteen places among the held, one transaction at a time.
+    let consumer = quick(&inbox, &env).concurrency(1).bind().await.unwrap();
+    let first = ObjectId::new().to_hex();
+    assert!(publish_stored(&env, "order.placed", &first, Some("a")).await);
+    // Delivered twice and never acknowledged, as to a process killed in
+    // its transaction: the next delivery counts a run first, and meets the
+    // record that process's transaction still holds.
+    deliver_unacknowledged(&env).await;
+    deliver_unacknowledged(&env).await;
+    let mut dead = hold_records(&env, &inbox, &[&first]).await;
+    let effects = env.db.collection::<Document>("effects");
+    let running = Running::start(consumer, recording(&effects));
+    wait_until("the first to be redelivered to the consumer", || async {
+        let mut durable = durable(&env).await;
+        durable.info().await.unwrap().delivered.consumer_sequence >= 3
+    })
+    .await;
+    // Three times the places among the held behind it, then the others.
+    let mut behind = vec![first.clone()];
+    for _ in 0..48 {
+        let id = ObjectId::new().to_hex();
+        assert!(publish_stored(&env, "order.placed", &id, Some("a")).await);
+        behind.push(id);
+    }
+    let others: Vec<String> = (0..20).map(|_| ObjectId::new().to_hex()).collect();
+    for (n, id) in others.iter().enumerate() {
+        assert!(publish_stored(&env, "order.placed", id, ["b", "c"].get(n % 4).copied()).await);
+    }
+    wait_metric(&metrics, |c| c.handled, others.len() as u64).await;
+    let applied = effects_by_id(&effects).await;
+    for id in &others {
+        assert_eq!(applied.get(id), Some(&1), "handled while key a waited");
+    }
+    assert!(
+        behind.iter().all(|id| !applied.contains_key(id)),
+        "nothing of key a goes before its first"
+    );
+    dead.abort_transaction().await.unwrap();
+    wait_metric(
+        &metrics,
+        |c| c.handled,
+        (others.len() + behind.len()) as u64,
+    )
+    .await;
+    let applied = effects_by_id(&effects).await;
+    for id in &behind {
+        assert_eq!(applied.get(id), Some(&1), "each of key a once");
+    }
+    let line = effects
+        .find_one(doc! { "_id": "key-a" })
+        .await
+        .unwrap()
+        .expect("key a's line");
+    let order: Vec<&str> = line
+        .get_array("ids")
+        .unwrap()
+        .iter()
+        .filter_map(|id| id.as_str())
+        .collect();
+    assert_eq!(order, behind, "key a in stream order");
     running.stop().await;
     env.drop().await;
 }
