@@ -447,7 +447,10 @@ impl Consumer {
     pub async fn run<H: Handler>(self, handler: H, shutdown: CancellationToken) -> Result<()> {
         let held_limit = self.settings.held_limit();
         let shutdown_timeout = self.settings.shutdown_timeout;
-        let stop = Stop::after_grace(shutdown.clone(), shutdown_timeout);
+        // Fired by `shutdown`, and also when the consumer ends on its own
+        // (deleted), so its tasks stop then too, within the same bound.
+        let ending = shutdown.child_token();
+        let stop = Stop::after_grace(ending.clone(), shutdown_timeout);
         let shared = Arc::new(Shared {
             client: self.inbox.collection().client().clone(),
             inbox: self.inbox,
@@ -459,8 +462,7 @@ impl Consumer {
             kept: Mutex::default(),
             keep_now: tokio::sync::Notify::new(),
             handed_back: Mutex::default(),
-            // Also fired when the consumer ends, so its tasks stop too.
-            shutdown: shutdown.child_token(),
+            shutdown: ending,
         });
         let holding = Arc::new(Semaphore::new(held_limit));
         let keeper_stop = CancellationToken::new();
@@ -1051,7 +1053,14 @@ impl Shared {
             };
         };
         if held.counted.is_none() && (held.delivered > 1 || held.ran) {
-            let counted = record_run(self.inbox.collection(), &entry, DateTime::now()).await;
+            // Bounded as the other record writes are: a server that holds
+            // the count holds this message alone, without its place.
+            let counted = tokio::time::timeout(
+                RECORD_WRITE_WAIT,
+                record_run(self.inbox.collection(), &entry, DateTime::now()),
+            )
+            .await
+            .map_err(|_| Outcome::Busy)?;
             held.counted = match counted {
                 // Handled meanwhile: the transaction finds it a repeat.
                 Ok(Counted::Handled) => Some(0),
@@ -1118,7 +1127,8 @@ impl Shared {
             consumer = self.inbox.name(),
             subject = %held.delivery.subject,
             stream_sequence = held.delivery.stream_sequence,
-            "the message's inbox record is held by another transaction; trying again later"
+            "the message's inbox record is held by another transaction (or MongoDB did not \
+             answer the count before its run in time); trying again later"
         );
         if !in_place {
             acknowledge(&held.message, AckKind::Nak(Some(RECORD_HELD_PAUSE))).await;

@@ -60,6 +60,7 @@
 //! (`Outbox-Replay-Of`): a consumer that handled it skips it, and one that
 //! is to apply the history again is given a new consumer name.
 
+mod commit;
 mod consumer;
 mod keep_alive;
 mod metrics;

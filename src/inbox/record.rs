@@ -43,7 +43,7 @@
 //! `expireAt` (with the TTL index `inbox_ttl`) is set where a retention is
 //! given: a repeat older than the retention is no longer recognised.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
@@ -52,6 +52,7 @@ use mongodb::options::{Acknowledgment, IndexOptions, ReturnDocument, WriteConcer
 use mongodb::{ClientSession, Collection, IndexModel};
 use serde::Serialize;
 
+use super::commit::commit;
 use super::Delivery;
 use crate::error::{is_duplicate_key, is_unreachable, Error, Result};
 use crate::time::later;
@@ -315,6 +316,7 @@ pub(crate) async fn record_run(
         "$unset": { field::EXPIRE_AT: "", field::FAILED_AT: "" },
     };
     let mut session = inbox.client().start_session().await?;
+    let started = Instant::now();
     let majority = WriteConcern::builder().w(Acknowledgment::Majority).build();
     // A duplicate key: a handled record, which the filter missed, or
     // another copy's insert of the first record, racing this one; asked
@@ -341,7 +343,7 @@ pub(crate) async fn record_run(
                 }
             }
         };
-        if let Err(error) = session.commit_transaction().await {
+        if let Err(error) = commit(&mut session, started).await {
             if let Some(counted) = held_or_again(error)? {
                 return Ok(counted);
             }

@@ -19,17 +19,14 @@ use backoff::backoff::Backoff;
 use futures::FutureExt;
 
 use bson::{DateTime, Document};
-use mongodb::error::{TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT};
+use mongodb::error::TRANSIENT_TRANSACTION_ERROR;
 use mongodb::options::{Acknowledgment, WriteConcern};
 use mongodb::{Client, ClientSession, Collection};
 
+use super::commit::{commit, RETRY_LIMIT};
 use super::record::{record_handled, Before, Entry, Recorded, Standing};
 use super::{BoxedHandler, Delivery, HandlerError};
-use crate::error::{is_duplicate_key, is_max_time_expired, is_unreachable};
-
-/// How long a transaction is run again, or a commit tried again, after
-/// transient errors: the limit of the drivers' convenient transaction API.
-pub(crate) const RETRY_LIMIT: Duration = Duration::from_secs(120);
+use crate::error::{is_duplicate_key, is_unreachable};
 
 /// How a message's transaction ended.
 #[derive(Debug)]
@@ -263,25 +260,6 @@ async fn run_handler(
             .unwrap_or_default();
         Err(HandlerError::new(format!("the handler panicked: {text}")))
     })
-}
-
-/// Commits, again while the result is unknown, until [`RETRY_LIMIT`] after
-/// the transaction's first start (`started`), as the drivers do.
-async fn commit(session: &mut ClientSession, started: Instant) -> mongodb::error::Result<()> {
-    loop {
-        match session.commit_transaction().await {
-            Ok(()) => return Ok(()),
-            Err(error)
-                if error.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT)
-                    // A commit that timed out is not tried again.
-                    && !is_max_time_expired(&error)
-                    && started.elapsed() < RETRY_LIMIT =>
-            {
-                tracing::debug!(error = %error, "commit result unknown; committing again");
-            }
-            Err(error) => return Err(error),
-        }
-    }
 }
 
 /// Aborts the session's transaction. An error is no matter: the server
