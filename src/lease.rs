@@ -154,7 +154,11 @@ impl Lease {
             .find_one_and_update(
                 doc! { "_id": &self.id, "$and": [lapsed(now), doc! { "$or": countable() }] },
                 doc! {
-                    "$set": { "owner": &self.owner, "expiresAt": later(now, self.timing.duration) },
+                    "$set": {
+                        "owner": &self.owner,
+                        "expiresAt": later(now, self.timing.duration),
+                        "leaseMillis": self.lease_millis(),
+                    },
                     "$inc": { "term": 1_i64 },
                 },
             )
@@ -215,25 +219,32 @@ impl Lease {
         match Standing::of(&stored, now) {
             Standing::Held(left) => Ok(Err(left)),
             Standing::Changed => Ok(Err(Duration::ZERO)),
-            Standing::Timeless(found) => self.give_expiry(&found, now).await,
+            Standing::Timeless(found) => {
+                let lasts = stated_lease(&stored).unwrap_or(self.timing.duration);
+                self.give_expiry(&found, now, lasts).await
+            }
             Standing::Lapsed { next, found } => self.take_over(next, found, now, sent).await,
         }
     }
 
-    /// Gives a lease whose expiry is not a date one: a lease from now, as
-    /// if its holder had just renewed it.
+    /// Gives a lease whose expiry says nothing dependable (not a date, or
+    /// a date further ahead than any relay writes) an expiry a lease from
+    /// now, as if its holder had just renewed it: the lease the holder
+    /// stated (`leaseMillis`), or, where it stated none, this relay's own.
     ///
     /// Not taken at once: the expiry is what says when a holder must stop,
     /// and one may still be delivering. It cannot renew an expiry that is
     /// not a date (a renewal matches dates), so its deadline falls within
     /// a lease of the moment the expiry was overwritten, before the expiry
-    /// given here. A holder that renews the new expiry first goes on
+    /// given here; a far date no renewal wrote, and a holder renewing meets
+    /// the new expiry. A holder that renews the new expiry first goes on
     /// leading (its owner and term still stand); otherwise the lease
     /// lapses and is taken as any other.
     async fn give_expiry(
         &self,
         found: &str,
         now: DateTime,
+        lasts: Duration,
     ) -> Result<std::result::Result<Held, Duration>> {
         let dated = self
             .documents
@@ -245,21 +256,22 @@ impl Lease {
                     "$or": [
                         { "expiresAt": { "$not": { "$type": "date" } } },
                         { "expiresAt": { "$type": "array" } },
+                        { "expiresAt": { "$gt": later(now, FAR_AHEAD) } },
                     ],
                 },
-                doc! { "$set": { "expiresAt": later(now, self.timing.duration) } },
+                doc! { "$set": { "expiresAt": later(now, lasts) } },
             )
             .await
             .map_err(|e| Error::mongo("writing the lease's expiry failed", e))?;
         if dated.modified_count > 0 {
             tracing::warn!(
-                lease = ?self.timing.duration,
-                "the lease's expiresAt is {found}, not a date, so no relay could tell when it \
-                 ends, and none could take it: it now ends one lease from now, when a standby \
-                 takes it over unless its holder renews it first"
+                lease = ?lasts,
+                "the lease's expiresAt is {found}, so no relay could tell when it ends, and none \
+                 could take it: it now ends one lease from now, when a standby takes it over \
+                 unless its holder renews it first"
             );
         }
-        Ok(Err(self.timing.duration))
+        Ok(Err(lasts))
     }
 
     /// Takes a lapsed lease whose term the common take does not count on,
@@ -281,6 +293,7 @@ impl Lease {
                 doc! { "$set": {
                     "owner": &self.owner,
                     "expiresAt": later(now, self.timing.duration),
+                    "leaseMillis": self.lease_millis(),
                     "term": next.0,
                 } },
             )
@@ -315,7 +328,10 @@ impl Lease {
                     "_id": &self.id, "owner": &self.owner, "term": held.term.0,
                     "expiresAt": { "$gt": DateTime::from_millis(0) },
                 },
-                doc! { "$set": { "expiresAt": later(now, self.timing.duration) } },
+                doc! { "$set": {
+                    "expiresAt": later(now, self.timing.duration),
+                    "leaseMillis": self.lease_millis(),
+                } },
             )
             .await
             .map_err(|e| Error::mongo("renewing the lease failed", e))?;
@@ -414,10 +430,37 @@ impl Lease {
         true
     }
 
+    /// This relay's lease, as it states it in the lease (`leaseMillis`).
+    fn lease_millis(&self) -> i64 {
+        i64::try_from(self.timing.duration.as_millis()).unwrap_or(i64::MAX)
+    }
+
     /// The database server's clock.
     async fn server_time(&self) -> Result<DateTime> {
         server_time(self.database.client()).await
     }
+}
+
+/// The longest lease a relay takes (`--lease-duration` takes 1 s to 1 h).
+pub(crate) const LONGEST_LEASE: Duration = Duration::from_secs(3600);
+
+/// How far ahead of the server's clock an expiry a relay wrote can be: its
+/// lease, counted from the server's clock when it wrote it, and a minute
+/// for that clock to have been set back since.
+const FAR_AHEAD: Duration = Duration::from_secs(3660);
+
+/// The lease its holder states (`leaseMillis`), if it is one a relay
+/// could have taken.
+fn stated_lease(stored: &RawDocument) -> Option<Duration> {
+    let millis = match field(stored, "leaseMillis") {
+        Ok(Some(RawBsonRef::Int64(millis))) => u64::try_from(millis).ok()?,
+        Ok(Some(RawBsonRef::Int32(millis))) => u64::try_from(millis).ok()?,
+        _ => return None,
+    };
+    let lease = Duration::from_millis(millis);
+    (Duration::from_secs(1)..=LONGEST_LEASE)
+        .contains(&lease)
+        .then_some(lease)
 }
 
 /// A lease whose expiry has passed, or that has none. A query compares a
@@ -450,8 +493,8 @@ fn countable() -> Vec<Document> {
 enum Standing {
     /// Another relay holds it, for this long yet.
     Held(Duration),
-    /// Its expiry is not a date (what it is, said): no one can tell when
-    /// it ends.
+    /// Its expiry is not a date, or is further ahead than any relay
+    /// writes (what it is, said): no one can tell when it ends.
     Timeless(String),
     /// Lapsed, with a term the common take does not count on: taken at
     /// `next`. `found` says what was wrong with the term, if anything was
@@ -470,8 +513,16 @@ impl Standing {
                 let left = expires
                     .timestamp_millis()
                     .saturating_sub(now.timestamp_millis());
-                if let Ok(left @ 1..) = u64::try_from(left) {
-                    return Standing::Held(Duration::from_millis(left));
+                match u64::try_from(left).map(Duration::from_millis) {
+                    Ok(left) if left > FAR_AHEAD => {
+                        return Standing::Timeless(format!(
+                            "{}, further ahead than any relay's lease lasts ({} at most)",
+                            expires.try_to_rfc3339_string().unwrap_or_default(),
+                            humantime::format_duration(LONGEST_LEASE),
+                        ))
+                    }
+                    Ok(left) if !left.is_zero() => return Standing::Held(left),
+                    _ => {}
                 }
             }
             Ok(Some(other)) => return Standing::Timeless(describe(other)),
@@ -657,6 +708,38 @@ mod tests {
             Standing::Held(Duration::from_millis(1500)),
             "a term that cannot be counted waits for the expiry"
         );
+    }
+
+    #[test]
+    fn an_expiry_further_ahead_than_any_lease_is_not_waited_for() {
+        let ahead = |by: Duration| {
+            standing(doc! { "expiresAt": later(DateTime::from_millis(NOW), by), "term": 3_i64 })
+        };
+        assert_eq!(ahead(LONGEST_LEASE), Standing::Held(LONGEST_LEASE));
+        let far = ahead(LONGEST_LEASE * 2);
+        assert!(
+            matches!(&far, Standing::Timeless(said) if said.contains("further ahead than any")),
+            "{far:?}"
+        );
+    }
+
+    #[test]
+    fn a_stated_lease_is_read_where_a_relay_could_have_taken_it() {
+        let stated = |value: Bson| {
+            let raw = RawDocumentBuf::from_document(&doc! { "leaseMillis": value }).unwrap();
+            stated_lease(&raw)
+        };
+        assert_eq!(stated(Bson::Int64(2_000)), Some(Duration::from_secs(2)));
+        assert_eq!(stated(Bson::Int32(3_000)), Some(Duration::from_secs(3)));
+        for nonsense in [
+            Bson::Int64(0),
+            Bson::Int64(-5),
+            Bson::Int64(i64::MAX),
+            Bson::Double(2_000.0),
+            Bson::String("2s".into()),
+        ] {
+            assert_eq!(stated(nonsense.clone()), None, "{nonsense:?}");
+        }
     }
 
     #[test]

@@ -181,7 +181,7 @@ settings! {
         /// Longest delay between refused attempts.
         retry_max_delay: Duration = 5 * MINUTE, within(MS..=30 * DAY);
         /// How long the leader's lease lasts without renewal.
-        lease_duration: Duration = 10 * SECOND, within(SECOND..=HOUR);
+        lease_duration: Duration = 10 * SECOND, within(SECOND..=crate::lease::LONGEST_LEASE);
         /// How often the leader renews its lease.
         lease_renew_interval: Duration = 3 * SECOND, within(10 * MS..=30 * MINUTE);
         /// How often a standby checks whether the lease is free.

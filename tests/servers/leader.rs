@@ -206,6 +206,13 @@ taken_over! {
     // A query's `$type` and `$lt` match an array's elements.
     a_lease_with_a_term_in_an_array_is_taken_over:
         doc! { "owner": "gone", "term": [5_i64], "expiresAt": lapsed() };
+    // No relay writes an expiry more than its lease (an hour at most) ahead.
+    a_lease_expiring_far_ahead_is_taken_over:
+        doc! { "owner": "gone", "term": 3_i64, "expiresAt": DateTime::from_millis(253_402_300_000_000) };
+    a_lease_expiring_far_ahead_with_a_stated_lease_is_taken_over: doc! {
+        "owner": "gone", "term": 3_i64, "leaseMillis": 2_000_i64,
+        "expiresAt": DateTime::from_millis(253_402_300_000_000),
+    };
     a_lease_expiring_at_an_array_of_a_far_date_is_taken_over:
         doc! { "owner": "gone", "term": 3_i64, "expiresAt": [DateTime::from_millis(253_402_300_000_000)] };
 }
