@@ -20,7 +20,8 @@
 //!   comes first.
 //! - A graceful stop releases the lease, so a standby takes over at once.
 //! - No stored field keeps every relay from leading: an expiry that is not
-//!   a date is given one a lease from now (a holder may renew it), and a
+//!   a date, or one further ahead than any relay writes, is given one a
+//!   lease from now (a holder may renew it), and a
 //!   lapsed lease whose term cannot be counted is taken at a term above any
 //!   a relay could have counted to (`fresh_term`), each with a warning.
 
@@ -158,6 +159,7 @@ impl Lease {
                         "owner": &self.owner,
                         "expiresAt": later(now, self.timing.duration),
                         "leaseMillis": self.lease_millis(),
+                        "leaseOwner": &self.owner,
                     },
                     "$inc": { "term": 1_i64 },
                 },
@@ -221,16 +223,21 @@ impl Lease {
             Standing::Changed => Ok(Err(Duration::ZERO)),
             Standing::Timeless(found) => {
                 let lasts = stated_lease(&stored).unwrap_or(self.timing.duration);
-                self.give_expiry(&found, now, lasts).await
+                self.give_expiry(&found, lasts).await
+            }
+            // A clock set back makes a live holder's expiry look far: with
+            // no lease stated, it is given the longest a relay takes.
+            Standing::FarAhead(found) => {
+                let lasts = stated_lease(&stored).unwrap_or(LONGEST_LEASE);
+                self.give_expiry(&found, lasts).await
             }
             Standing::Lapsed { next, found } => self.take_over(next, found, now, sent).await,
         }
     }
 
     /// Gives a lease whose expiry says nothing dependable (not a date, or
-    /// a date further ahead than any relay writes) an expiry a lease from
-    /// now, as if its holder had just renewed it: the lease the holder
-    /// stated (`leaseMillis`), or, where it stated none, this relay's own.
+    /// a date further ahead than any relay writes) an expiry `lasts` from
+    /// now, as if its holder had just renewed it.
     ///
     /// Not taken at once: the expiry is what says when a holder must stop,
     /// and one may still be delivering. It cannot renew an expiry that is
@@ -243,9 +250,12 @@ impl Lease {
     async fn give_expiry(
         &self,
         found: &str,
-        now: DateTime,
         lasts: Duration,
     ) -> Result<std::result::Result<Held, Duration>> {
+        // The clock read anew: with the time the take was judged by, a
+        // relay that stalled since would take a live holder's renewed
+        // expiry for a far one.
+        let now = self.server_time().await?;
         let dated = self
             .documents
             .update_one(
@@ -294,6 +304,7 @@ impl Lease {
                     "owner": &self.owner,
                     "expiresAt": later(now, self.timing.duration),
                     "leaseMillis": self.lease_millis(),
+                    "leaseOwner": &self.owner,
                     "term": next.0,
                 } },
             )
@@ -331,6 +342,7 @@ impl Lease {
                 doc! { "$set": {
                     "expiresAt": later(now, self.timing.duration),
                     "leaseMillis": self.lease_millis(),
+                    "leaseOwner": &self.owner,
                 } },
             )
             .await
@@ -449,9 +461,15 @@ pub(crate) const LONGEST_LEASE: Duration = Duration::from_secs(3600);
 /// for that clock to have been set back since.
 const FAR_AHEAD: Duration = Duration::from_secs(3660);
 
-/// The lease its holder states (`leaseMillis`), if it is one a relay
-/// could have taken.
+/// The lease its holder states (`leaseMillis`), if the holder stated it
+/// (`leaseOwner` names the owner: a relay that does not state its lease
+/// leaves an earlier holder's) and it is one a relay could have taken.
 fn stated_lease(stored: &RawDocument) -> Option<Duration> {
+    match (field(stored, "owner"), field(stored, "leaseOwner")) {
+        (Ok(Some(RawBsonRef::String(owner))), Ok(Some(RawBsonRef::String(stated_by))))
+            if owner == stated_by => {}
+        _ => return None,
+    }
     let millis = match field(stored, "leaseMillis") {
         Ok(Some(RawBsonRef::Int64(millis))) => u64::try_from(millis).ok()?,
         Ok(Some(RawBsonRef::Int32(millis))) => u64::try_from(millis).ok()?,
@@ -493,9 +511,12 @@ fn countable() -> Vec<Document> {
 enum Standing {
     /// Another relay holds it, for this long yet.
     Held(Duration),
-    /// Its expiry is not a date, or is further ahead than any relay
-    /// writes (what it is, said): no one can tell when it ends.
+    /// Its expiry is not a date (what it is, said): no one can tell when
+    /// it ends.
     Timeless(String),
+    /// Its expiry is further ahead of the server's clock than any relay
+    /// writes (said): an edit, or a clock set back since.
+    FarAhead(String),
     /// Lapsed, with a term the common take does not count on: taken at
     /// `next`. `found` says what was wrong with the term, if anything was
     /// (an integer stored as a double, a shell's edit, is read as itself).
@@ -515,7 +536,7 @@ impl Standing {
                     .saturating_sub(now.timestamp_millis());
                 match u64::try_from(left).map(Duration::from_millis) {
                     Ok(left) if left > FAR_AHEAD => {
-                        return Standing::Timeless(format!(
+                        return Standing::FarAhead(format!(
                             "{}, further ahead than any relay's lease lasts ({} at most)",
                             expires.try_to_rfc3339_string().unwrap_or_default(),
                             humantime::format_duration(LONGEST_LEASE),
@@ -718,7 +739,7 @@ mod tests {
         assert_eq!(ahead(LONGEST_LEASE), Standing::Held(LONGEST_LEASE));
         let far = ahead(LONGEST_LEASE * 2);
         assert!(
-            matches!(&far, Standing::Timeless(said) if said.contains("further ahead than any")),
+            matches!(&far, Standing::FarAhead(said) if said.contains("further ahead than any")),
             "{far:?}"
         );
     }
@@ -726,7 +747,10 @@ mod tests {
     #[test]
     fn a_stated_lease_is_read_where_a_relay_could_have_taken_it() {
         let stated = |value: Bson| {
-            let raw = RawDocumentBuf::from_document(&doc! { "leaseMillis": value }).unwrap();
+            let raw = RawDocumentBuf::from_document(&doc! {
+                "owner": "a", "leaseOwner": "a", "leaseMillis": value,
+            })
+            .unwrap();
             stated_lease(&raw)
         };
         assert_eq!(stated(Bson::Int64(2_000)), Some(Duration::from_secs(2)));
@@ -739,6 +763,14 @@ mod tests {
             Bson::String("2s".into()),
         ] {
             assert_eq!(stated(nonsense.clone()), None, "{nonsense:?}");
+        }
+        for (owner, stated_by) in [("a", Some("b")), ("a", None)] {
+            let mut stored = doc! { "owner": owner, "leaseMillis": 2_000_i64 };
+            if let Some(stated_by) = stated_by {
+                stored.insert("leaseOwner", stated_by);
+            }
+            let raw = RawDocumentBuf::from_document(&stored).unwrap();
+            assert_eq!(stated_lease(&raw), None, "not the holder's: {stored}");
         }
     }
 

@@ -68,7 +68,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::keep_alive::{keep_alive, KeptAlive, KeptEntry};
 use super::record::{record_failed, record_failing, record_run, Counted, Entry};
-use super::stopping::{self, LAST_WORDS_WAIT};
+use super::stopping::{self, LastWords, LAST_WORDS_WAIT};
 use super::transaction::{Outcome, Transaction};
 use super::{BoxedHandler, Delivery, Handler, HandlerError, Inbox};
 use crate::contract::header;
@@ -442,8 +442,10 @@ impl Consumer {
     /// shutdown timeout the transactions still running are abandoned (a
     /// MongoDB that stopped answering, say), nothing is handed back, and
     /// every message held comes back after its ack wait, as after a crash:
-    /// it returns [`Error::ShutdownTimeout`] then. Returns an error as well
-    /// if JetStream ends the consumer (deleted).
+    /// it returns [`Error::ShutdownTimeout`] then, and also when NATS did
+    /// not take the hand-back and last acknowledgements in 5 s (those
+    /// messages come back the same way). Returns an error as well if
+    /// JetStream ends the consumer (deleted).
     pub async fn run<H: Handler>(self, handler: H, shutdown: CancellationToken) -> Result<()> {
         let held_limit = self.settings.held_limit();
         let shutdown_timeout = self.settings.shutdown_timeout;
@@ -491,15 +493,15 @@ impl Consumer {
         };
         shared.shutdown.cancel();
         let finished = stopping::finish(&mut tasks, &stop.abandon).await;
-        stopping::last_words(&shared, finished).await;
+        let said = stopping::last_words(&shared, finished).await;
         keeper_stop.cancel();
         // A keeper stuck in a publish to a NATS that does not take it.
         keeper.abort();
         let _ = keeper.await;
-        match (outcome, finished) {
-            (Err(error), _) => Err(error),
-            (Ok(()), stopping::Finished::All) => Ok(()),
-            (Ok(()), stopping::Finished::Abandoned) => {
+        match (outcome, finished, said) {
+            (Err(error), _, _) => Err(error),
+            (Ok(()), stopping::Finished::All, LastWords::Said) => Ok(()),
+            (Ok(()), stopping::Finished::Abandoned, _) | (Ok(()), _, LastWords::CutShort) => {
                 Err(Error::ShutdownTimeout(shutdown_timeout))
             }
         }
@@ -1053,14 +1055,11 @@ impl Shared {
             };
         };
         if held.counted.is_none() && (held.delivered > 1 || held.ran) {
-            // Bounded as the other record writes are: a server that holds
-            // the count holds this message alone, without its place.
-            let counted = tokio::time::timeout(
-                RECORD_WRITE_WAIT,
-                record_run(self.inbox.collection(), &entry, DateTime::now()),
-            )
-            .await
-            .map_err(|_| Outcome::Busy)?;
+            // Not cut short client-side: a count given up on may still
+            // commit, and the next would count the same run again. Its
+            // commit is sent again while its result is unknown instead,
+            // which the server answers once.
+            let counted = record_run(self.inbox.collection(), &entry, DateTime::now()).await;
             held.counted = match counted {
                 // Handled meanwhile: the transaction finds it a repeat.
                 Ok(Counted::Handled) => Some(0),
@@ -1127,8 +1126,7 @@ impl Shared {
             consumer = self.inbox.name(),
             subject = %held.delivery.subject,
             stream_sequence = held.delivery.stream_sequence,
-            "the message's inbox record is held by another transaction (or MongoDB did not \
-             answer the count before its run in time); trying again later"
+            "the message's inbox record is held by another transaction; trying again later"
         );
         if !in_place {
             acknowledge(&held.message, AckKind::Nak(Some(RECORD_HELD_PAUSE))).await;

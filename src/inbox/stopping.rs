@@ -58,6 +58,16 @@ pub(super) async fn finish(tasks: &mut JoinSet<()>, abandon: &CancellationToken)
     finished
 }
 
+/// Whether the last words were all said in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LastWords {
+    Said,
+    /// NATS did not take them within [`LAST_WORDS_WAIT`]: what was not
+    /// handed back or acknowledged comes back after its ack wait, as
+    /// after a crash.
+    CutShort,
+}
+
 /// Hands back what the consumer holds, unless it abandoned transactions,
 /// then sends the acknowledgements still buffered, so a process that exits
 /// next does not lose them; within [`LAST_WORDS_WAIT`] in all.
@@ -65,7 +75,7 @@ pub(super) async fn finish(tasks: &mut JoinSet<()>, abandon: &CancellationToken)
 /// After an abandon nothing is handed back: an abandoned message of a key
 /// comes back only after its ack wait, and a later message of that key
 /// handed back now would come before it.
-pub(super) async fn last_words(shared: &Shared, finished: Finished) {
+pub(super) async fn last_words(shared: &Shared, finished: Finished) -> LastWords {
     let said = async {
         if finished == Finished::All {
             shared.hand_back().await;
@@ -74,10 +84,13 @@ pub(super) async fn last_words(shared: &Shared, finished: Finished) {
         shared.nats.flush().await
     };
     match tokio::time::timeout(LAST_WORDS_WAIT, said).await {
-        Ok(Ok(())) => {}
-        Ok(Err(_)) | Err(_) => tracing::warn!(
-            "sending the last acknowledgements failed; JetStream will redeliver those \
-             messages after their ack wait"
-        ),
+        Ok(Ok(())) => LastWords::Said,
+        Ok(Err(_)) | Err(_) => {
+            tracing::warn!(
+                "sending the last acknowledgements failed; JetStream will redeliver those \
+                 messages after their ack wait"
+            );
+            LastWords::CutShort
+        }
     }
 }

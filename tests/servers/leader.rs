@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::common::{
-    count_by_id, msg_id, write_orders, RunningRelay, TestEnv, LEADING, STANDING_BY,
+    count_by_id, msg_id, wait_until, write_orders, RunningRelay, TestEnv, LEADING, STANDING_BY,
 };
 use bson::{doc, Bson, DateTime, Document};
 use outbox_relay::checkpoint::CheckpointStore;
@@ -207,14 +207,48 @@ taken_over! {
     a_lease_with_a_term_in_an_array_is_taken_over:
         doc! { "owner": "gone", "term": [5_i64], "expiresAt": lapsed() };
     // No relay writes an expiry more than its lease (an hour at most) ahead.
-    a_lease_expiring_far_ahead_is_taken_over:
-        doc! { "owner": "gone", "term": 3_i64, "expiresAt": DateTime::from_millis(253_402_300_000_000) };
     a_lease_expiring_far_ahead_with_a_stated_lease_is_taken_over: doc! {
-        "owner": "gone", "term": 3_i64, "leaseMillis": 2_000_i64,
+        "owner": "gone", "term": 3_i64, "leaseMillis": 2_000_i64, "leaseOwner": "gone",
         "expiresAt": DateTime::from_millis(253_402_300_000_000),
     };
     a_lease_expiring_at_an_array_of_a_far_date_is_taken_over:
         doc! { "owner": "gone", "term": 3_i64, "expiresAt": [DateTime::from_millis(253_402_300_000_000)] };
+}
+
+/// An expiry far ahead with no lease stated (an edit, or a clock set back
+/// under a holder that states none) is brought back to the longest lease
+/// a relay takes: a live holder could have taken that long.
+#[tokio::test]
+async fn a_lease_expiring_far_ahead_with_no_lease_stated_ends_within_the_longest_lease() {
+    let env = TestEnv::new().await;
+    let far = DateTime::from_millis(253_402_300_000_000);
+    write_lease(
+        &env,
+        doc! { "owner": "gone", "term": 3_i64, "expiresAt": far },
+    )
+    .await;
+    let relay = RunningRelay::start(env.replica_config()).await;
+    relay.wait_for_role(STANDING_BY).await;
+    let expiry = || async {
+        read_lease(&env)
+            .await
+            .get_datetime("expiresAt")
+            .ok()
+            .copied()
+    };
+    wait_until("the far expiry to be rewritten", || async {
+        expiry().await != Some(far)
+    })
+    .await;
+    let rewritten = expiry().await.expect("a date");
+    let ahead = rewritten.timestamp_millis() - DateTime::now().timestamp_millis();
+    assert!(
+        (3_000_000..=3_600_000).contains(&ahead),
+        "an hour at most from now: {ahead} ms"
+    );
+    assert!(relay.is(STANDING_BY), "not taken before it ends");
+    relay.stop().await.unwrap();
+    env.drop().await;
 }
 
 /// Terms taken over a term that cannot be counted go on growing by one,
