@@ -21,12 +21,12 @@
 //! - **Held messages stay ours.** Every message read and not yet settled
 //!   is kept from redelivery with in-progress acknowledgements, a third of
 //!   the consumer's ack wait apart, however long it waits for its key or
-//!   for a retry. How many are held is bounded (16 per concurrent
-//!   transaction); past that the consumer reads no further. A key whose
-//!   first message waits (for its record, or a retry) holds one place: the
-//!   messages behind it hold none, so the other keys go on, up to
-//!   JetStream's `max_ack_pending` (8 places' worth for a consumer created
-//!   here).
+//!   for a retry. How many are held is bounded: 16 places per concurrent
+//!   transaction, past which the consumer reads no further. While a key's
+//!   first message waits (for its record, or a retry) the messages behind
+//!   it give their places up, so the other keys go on; all the messages
+//!   held, with a place or without, are bounded at 8 places' worth, as is
+//!   JetStream's `max_ack_pending` for a consumer created here.
 //! - **A failure is the message's own unless MongoDB is unreachable.** A
 //!   transaction the server refused (a validator, a handler that ended the
 //!   transaction or swallowed an error that aborted it, transient errors
@@ -286,6 +286,7 @@ impl ConsumerBuilder {
                 )
             })?;
         self.check_existing(&durable, &pull.cached_info().config)?;
+        self.warn_of_fewer_pending(&durable, pull.cached_info().config.max_ack_pending);
         let ack_wait = pull.cached_info().config.ack_wait;
         self.check_retention(ack_wait)?;
         let pull_limit = pull_limit(self.held_limit(), &pull.cached_info().config);
@@ -389,6 +390,24 @@ impl ConsumerBuilder {
     fn held_limit(&self) -> usize {
         self.settings.held_limit()
     }
+
+    /// An existing consumer that lets JetStream deliver fewer messages
+    /// unacknowledged than this one may hold stops delivering sooner while
+    /// a key waits, and every key waits with it.
+    fn warn_of_fewer_pending(&self, durable: &str, max_ack_pending: i64) {
+        let room = self.held_limit().saturating_mul(PENDING_PER_PLACE);
+        if usize::try_from(max_ack_pending).is_ok_and(|pending| pending > 0 && pending < room) {
+            tracing::warn!(
+                durable,
+                max_ack_pending,
+                room,
+                "the existing JetStream consumer delivers at most max_ack_pending messages \
+                 unacknowledged: a key that waits on its record or a retry holds every other \
+                 key up once its messages fill that; raise it (nats consumer edit) to the room \
+                 this consumer has"
+            );
+        }
+    }
 }
 
 impl Settings {
@@ -467,6 +486,7 @@ impl Consumer {
             shutdown: ending,
         });
         let holding = Arc::new(Semaphore::new(held_limit));
+        let room = Arc::new(Semaphore::new(held_limit.saturating_mul(PENDING_PER_PLACE)));
         let keeper_stop = CancellationToken::new();
         let keeper = tokio::spawn(keep_alive(
             shared.clone(),
@@ -485,6 +505,7 @@ impl Consumer {
             pull: &self.pull,
             limit: self.pull_limit,
             holding: &holding,
+            room: &room,
         };
         let outcome = tokio::select! {
             outcome = pulling.until(&shared, &mut tasks, &shutdown) => outcome,
@@ -547,11 +568,16 @@ impl Drop for Release {
 }
 
 /// Reads messages from the durable consumer: pulls no larger than its
-/// limit, each with a free place among the held for every message.
+/// limit, each with a free place among the held for every message, and
+/// room among all those kept.
 struct Pulling<'a> {
     pull: &'a PullConsumer,
     limit: usize,
     holding: &'a Arc<Semaphore>,
+    /// Every message held, with a place or waiting behind a key that waits
+    /// without one: as many as a consumer created here lets JetStream
+    /// deliver unacknowledged, whatever an existing one lets it.
+    room: &'a Arc<Semaphore>,
 }
 
 impl Pulling<'_> {
@@ -568,13 +594,13 @@ impl Pulling<'_> {
     ) -> Result<()> {
         let mut outage = Outage::new("NATS consumer");
         loop {
-            let Some(mut slots) = self.free_places(shutdown).await else {
+            let Some(mut shares) = self.free_places(shutdown).await else {
                 return Ok(());
             };
             let batch = self
                 .pull
                 .batch()
-                .max_messages(slots.len())
+                .max_messages(shares.len())
                 .expires(PULL_EXPIRES)
                 .messages()
                 .await;
@@ -582,7 +608,7 @@ impl Pulling<'_> {
                 Ok(batch) => batch,
                 Err(error) => {
                     outage.failed(&error);
-                    drop(slots);
+                    drop(shares);
                     if !pause_unless(shutdown, Duration::from_millis(100)).await {
                         return Ok(());
                     }
@@ -595,11 +621,11 @@ impl Pulling<'_> {
                 match next {
                     Ok(message) => {
                         outage.recovered();
-                        let Some(slot) = slots.pop() else {
+                        let Some(share) = shares.pop() else {
                             // More than was asked for: JetStream redelivers it.
                             continue;
                         };
-                        let held = shared.hold(message, slot);
+                        let held = shared.hold(message, share);
                         if shutdown.is_cancelled() {
                             shared.keep_for_handing_back([held]);
                         } else {
@@ -621,22 +647,47 @@ impl Pulling<'_> {
         }
     }
 
-    /// The free places among the held, at least one (waited for), at most one
-    /// pull's worth. None once the consumer stops.
-    async fn free_places(&self, shutdown: &CancellationToken) -> Option<Vec<OwnedSemaphorePermit>> {
+    /// The free places among the held, each with its room, at least one
+    /// (waited for), at most one pull's worth. None once the consumer stops.
+    async fn free_places(&self, shutdown: &CancellationToken) -> Option<Vec<Share>> {
         let first = tokio::select! {
             biased;
             _ = shutdown.cancelled() => return None,
-            slot = self.holding.clone().acquire_owned() => slot.ok()?,
+            share = async {
+                let place = self.holding.clone().acquire_owned().await.ok()?;
+                let room = self.room.clone().acquire_owned().await.ok()?;
+                Some(Share { place: Some(place), _room: room })
+            } => share?,
         };
-        let mut slots = vec![first];
-        while slots.len() < self.limit {
-            let Ok(slot) = self.holding.clone().try_acquire_owned() else {
+        let mut shares = vec![first];
+        while shares.len() < self.limit {
+            let (Ok(place), Ok(room)) = (
+                self.holding.clone().try_acquire_owned(),
+                self.room.clone().try_acquire_owned(),
+            ) else {
                 break;
             };
-            slots.push(slot);
+            shares.push(Share {
+                place: Some(place),
+                _room: room,
+            });
         }
-        Some(slots)
+        Some(shares)
+    }
+}
+
+/// A held message's share of the consumer's bounds, given back as it is
+/// dropped: its place among the held, given up early while it waits
+/// behind a key that waits (see [`Line`]), and its room among all the
+/// messages kept.
+struct Share {
+    place: Option<OwnedSemaphorePermit>,
+    _room: OwnedSemaphorePermit,
+}
+
+impl Share {
+    fn give_up_place(&mut self) {
+        self.place = None;
     }
 }
 
@@ -703,9 +754,7 @@ struct Held {
     ran: bool,
     /// The count of the run about to begin, once the record took it.
     counted: Option<u64>,
-    /// Its place among the held, given back when it is dropped, or as it
-    /// waits behind a key that waits (see [`Line`]).
-    place: Option<OwnedSemaphorePermit>,
+    share: Share,
     _kept: KeptEntry,
 }
 
@@ -722,11 +771,11 @@ impl Held {
 /// While that first message waits (its record held by another
 /// transaction, or a retry's delay), the messages behind it give up their
 /// places among the held, and so does each that joins them: a key that
-/// waits, however many messages it receives meanwhile, keeps the consumer
-/// from reading on with one place alone, and the other keys go on. They are
-/// still kept alive in the order they came, so after a crash they come
-/// back in it. What bounds them then is JetStream's: it delivers no more
-/// than the consumer's `max_ack_pending` unacknowledged messages.
+/// waits takes at most one place (its first message's, if that one had
+/// kept its own), and the other keys go on. They are still kept alive in
+/// the order they came, so after a crash they come back in it. What bounds
+/// them then is their room among all the messages held (8 places' worth),
+/// and JetStream's `max_ack_pending`.
 #[derive(Default)]
 struct Line {
     waiting: VecDeque<Held>,
@@ -747,7 +796,7 @@ impl Line {
     /// Puts a message at the back of the line.
     fn join(&mut self, mut held: Held) {
         if self.first == First::Waits {
-            held.place = None;
+            held.share.give_up_place();
         }
         self.waiting.push_back(held);
     }
@@ -756,7 +805,7 @@ impl Line {
         self.first = first;
         if first == First::Waits {
             for held in &mut self.waiting {
-                held.place = None;
+                held.share.give_up_place();
             }
         }
     }
@@ -832,7 +881,7 @@ impl Shared {
     }
 
     /// A message just read, held: kept alive, in its place among the held.
-    fn hold(self: &Arc<Self>, message: jetstream::Message, slot: OwnedSemaphorePermit) -> Held {
+    fn hold(self: &Arc<Self>, message: jetstream::Message, share: Share) -> Held {
         let delivery = read_delivery(&message);
         tracing::trace!(
             stream_sequence = delivery.stream_sequence,
@@ -847,7 +896,7 @@ impl Shared {
             ran: false,
             counted: None,
             delivery,
-            place: Some(slot),
+            share,
             _kept: kept,
         }
     }
