@@ -15,7 +15,7 @@ use bson::{doc, oid::ObjectId, spec::BinarySubtype, Binary, Bson, DateTime, Docu
 use mongodb::{error::ErrorKind, ClientSession, Collection, Database};
 use serde::Serialize;
 
-use crate::contract::{field, status, DecodeRules};
+use crate::contract::{field, status, stored_key_hash, DecodeRules};
 use crate::error::{Error, Result};
 
 /// The default name of the outbox collection.
@@ -100,7 +100,8 @@ impl NewMessage {
         self
     }
 
-    /// Sets the ordering or partition key, sent as the `Outbox-Key` header.
+    /// Sets the ordering or partition key, sent as the `Outbox-Key` header;
+    /// its hash is stored as `keyHash`.
     pub fn key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
         self
@@ -126,6 +127,7 @@ impl NewMessage {
             field::PAYLOAD: Bson::from(self.payload),
             field::STATUS: status::PENDING,
             field::CREATED_AT: now,
+            field::KEY_HASH: stored_key_hash(self.key.as_deref()),
         };
         let optional = [
             (field::CORRELATION_ID, self.correlation_id),

@@ -9,6 +9,7 @@
 //! and `--install-validator`'s schema ([`contract_schema`]) says the same in
 //! the database.
 
+mod key_hash;
 mod schema;
 mod subject;
 
@@ -17,6 +18,7 @@ use std::fmt;
 use bson::{oid::ObjectId, spec::BinarySubtype, Bson, Document, RawDocument};
 use bytes::Bytes;
 
+pub use key_hash::{key_hash, stored_key_hash};
 pub use schema::contract_schema;
 pub use subject::{pattern_matches, validate_subject, SubjectRules, MAX_SUBJECT_CHARS};
 pub(crate) use subject::{pattern_regex, validate_pattern};
@@ -31,6 +33,9 @@ pub mod field {
     pub const CREATED_AT: &str = "createdAt";
     pub const CORRELATION_ID: &str = "correlationId";
     pub const KEY: &str = "key";
+    /// The key's hash ([`key_hash`](super::key_hash)), or a random one
+    /// for a keyless message; the relay does not read it.
+    pub const KEY_HASH: &str = "keyHash";
     pub const HEADERS: &str = "headers";
     pub const SUBJECT: &str = "subject";
     pub const STATUS: &str = "status";
@@ -662,6 +667,22 @@ mod tests {
         );
         let content_type = message.headers.iter().find(|(n, _)| n == "Content-Type");
         assert_eq!(content_type.map(|(_, v)| v.as_str()), Some("text/csv"));
+    }
+
+    #[test]
+    fn a_key_hash_of_any_value_or_none_changes_nothing_on_the_wire() {
+        let without = doc! { "_id": ObjectId::new(), "type": "t", "payload": "x", "key": "k" };
+        let expected = decode(without.clone()).unwrap();
+        for key_hash in [
+            Bson::Int64(i64::from(key_hash("k"))),
+            Bson::Int64(-1),
+            Bson::String("k".into()),
+            Bson::Double(0.5),
+        ] {
+            let mut with = without.clone();
+            with.insert(field::KEY_HASH, key_hash.clone());
+            assert_eq!(decode(with).unwrap(), expected, "{key_hash}");
+        }
     }
 
     #[test]

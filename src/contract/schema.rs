@@ -4,7 +4,10 @@
 //! writer in any language has a malformed insert refused in its own
 //! transaction instead of dead-lettered later. It is built from the same
 //! rules and limits as the decoder ([`SubjectRules`], the header rules), and
-//! a test holds the two to the same verdicts on a table of documents.
+//! a test holds the two to the same verdicts on a table of documents. One
+//! field is stricter here than in the relay: `keyHash`, which decides no
+//! delivery, so the relay delivers a document whatever it holds there,
+//! while the validator refuses a value no writer stores.
 
 use bson::{doc, Bson, Document};
 
@@ -60,6 +63,14 @@ pub fn contract_schema(subjects: &SubjectRules) -> Document {
             field::CREATED_AT: date.clone(),
             field::CORRELATION_ID: one_line.clone(),
             field::KEY: one_line.clone(),
+            // What the writers store, a long; an int is the same number
+            // as mongosh stores a small one by hand. A double is not: no
+            // writer stores one, and it could hold a fraction.
+            field::KEY_HASH: {
+                "bsonType": ["int", "long"],
+                "minimum": 0,
+                "maximum": i64::from(u32::MAX),
+            },
             field::HEADERS: {
                 "bsonType": "object",
                 "patternProperties": {

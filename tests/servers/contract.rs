@@ -3,8 +3,9 @@
 //! or a message one accepts is a dead letter for another.
 
 use crate::common::TestEnv;
-use bson::{doc, oid::ObjectId, DateTime};
-use outbox_relay::contract::{DecodeRules, SubjectRules};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use mongodb::Collection;
+use outbox_relay::contract::{field, key_hash, DecodeRules, SubjectRules};
 use outbox_relay::{Error, NewMessage, Outbox, Payload};
 
 fn message(message_type: &str) -> NewMessage {
@@ -161,6 +162,23 @@ fn table(prefix: &str) -> Vec<(String, NewMessage, bool)> {
         .collect()
 }
 
+/// Whether the validator of `validated` takes `document`; any other
+/// failure of the insert fails the test.
+async fn validator_takes(
+    validated: &Collection<Document>,
+    document: &Document,
+    what: &str,
+) -> bool {
+    match validated.insert_one(document).await {
+        Ok(_) => true,
+        Err(error) => {
+            let refused = error.to_string().contains("Document failed validation");
+            assert!(refused, "{what}: {error}");
+            false
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_writer_the_decoder_and_the_validator_agree() {
     let env = TestEnv::new().await;
@@ -180,14 +198,7 @@ async fn the_writer_the_decoder_and_the_validator_agree() {
             .clone()
             .into_document(ObjectId::new(), DateTime::now());
         let decoder = rules.decode(&document).message.is_ok();
-        let schema = match validated.insert_one(document.clone()).await {
-            Ok(_) => true,
-            Err(error) => {
-                let refused = error.to_string().contains("Document failed validation");
-                assert!(refused, "{what}: {error}");
-                false
-            }
-        };
+        let schema = validator_takes(&validated, &document, &what).await;
         let mut session = env.client.start_session().await.expect("session");
         session.start_transaction().await.expect("transaction");
         let written = match writer.add(&mut session, message).await {
@@ -201,6 +212,52 @@ async fn the_writer_the_decoder_and_the_validator_agree() {
             (good, good, good),
             "{what}: decoder, validator and writer (expected {good}) on {document}"
         );
+    }
+    env.drop().await;
+}
+
+/// `keyHash` decides no delivery, so the relay delivers a document
+/// whatever the field holds; the validator takes only what a writer
+/// stores, or the same number as an int, as mongosh stores a small one.
+#[tokio::test]
+async fn the_validator_takes_a_key_hash_as_stored_and_the_relay_delivers_any() {
+    let env = TestEnv::new().await;
+    let subjects = SubjectRules::under(&env.prefix).expect("valid rules");
+    let rules = DecodeRules::new(subjects.clone(), usize::MAX);
+    outbox_relay::setup::install_validator(&env.db, "validated", &subjects)
+        .await
+        .expect("install the validator");
+    let validated = env.db.collection::<Document>("validated");
+    let rows = [
+        ("none", None, true),
+        (
+            "the key's hash",
+            Some(Bson::Int64(key_hash("k").into())),
+            true,
+        ),
+        ("zero", Some(Bson::Int64(0)), true),
+        ("the largest", Some(Bson::Int64(u32::MAX.into())), true),
+        ("an int", Some(Bson::Int32(7)), true),
+        ("a negative long", Some(Bson::Int64(-1)), false),
+        ("a negative int", Some(Bson::Int32(-1)), false),
+        ("a long past 32 bits", Some(Bson::Int64(1 << 32)), false),
+        ("a string", Some(Bson::String("7".into())), false),
+        ("a whole double", Some(Bson::Double(7.0)), false),
+        ("a fraction", Some(Bson::Double(0.5)), false),
+        ("null", Some(Bson::Null), false),
+    ];
+    for (what, stored, valid) in rows {
+        let mut document = message("t")
+            .key("k")
+            .into_document(ObjectId::new(), DateTime::now());
+        match stored {
+            Some(stored) => document.insert(field::KEY_HASH, stored),
+            None => document.remove(field::KEY_HASH),
+        };
+        let delivered = rules.decode(&document).message;
+        assert!(delivered.is_ok(), "{what}: the relay delivers it");
+        let taken = validator_takes(&validated, &document, what).await;
+        assert_eq!(taken, valid, "{what}: the validator on {document}");
     }
     env.drop().await;
 }

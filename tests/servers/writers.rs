@@ -1,24 +1,34 @@
 //! The writers in other languages (`examples/writers/`): one table of
 //! cases (`tests/writers/cases.json`) written by the Rust, Python and
 //! Node.js writers. Each valid case arrives from all three with the same
-//! subject, headers and body; each invalid one is refused by all three for
-//! the same rule; none of them writes outside a transaction.
+//! subject, headers and body, and is stored with the same `keyHash`; each
+//! invalid one is refused by all three for the same rule; none of them
+//! writes outside a transaction.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::Command;
 
 use base64::Engine;
 use bson::{doc, oid::ObjectId, Bson, Document};
-use outbox_relay::contract::DecodeRules;
+use outbox_relay::contract::{field, key_hash, DecodeRules};
 use outbox_relay::{Error, NewMessage, Outbox, Payload};
 use serde::Deserialize;
 
 use crate::common::*;
 
 #[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct Table {
     cases: Vec<Case>,
+    key_hashes: Vec<KeyHash>,
+}
+
+/// A key and its hash, which every writer's hash function is held to.
+#[derive(Debug, Deserialize)]
+struct KeyHash {
+    key: String,
+    hash: u32,
 }
 
 /// One case: a message's fields as a writer is handed them, any of them
@@ -59,13 +69,13 @@ struct Outcome {
     expected: Option<String>,
 }
 
-/// The table with the test's subject prefix put in, as text and as cases.
-fn table(prefix: &str) -> (String, Vec<Case>) {
+/// The table with the test's subject prefix put in, as text and read.
+fn table(prefix: &str) -> (String, Table) {
     let path = manifest_dir().join("tests/writers/cases.json");
     let text = std::fs::read_to_string(&path).expect("the case table");
     let text = text.replace("{prefix}", prefix);
     let table: Table = serde_json::from_str(&text).expect("a valid case table");
-    (text, table.cases)
+    (text, table)
 }
 
 fn string(value: &Option<Bson>) -> Option<Option<String>> {
@@ -250,15 +260,59 @@ async fn delivered_by_id(env: &TestEnv) -> HashMap<String, Delivered> {
     by_id
 }
 
+/// Checks the `keyHash` of every document a writer wrote: an int64, the
+/// table's hash of its key (`key_hash`'s for a key the table lacks), and
+/// for keyless documents a value within 32 bits, not one for all of them.
+async fn check_key_hashes(env: &TestEnv, writer: &str, outcomes: &[Outcome], table: &Table) {
+    let vectors: HashMap<&str, u32> = table
+        .key_hashes
+        .iter()
+        .map(|vector| (vector.key.as_str(), vector.hash))
+        .collect();
+    let mut keyless = HashSet::new();
+    for outcome in outcomes {
+        let Some(id) = &outcome.id else { continue };
+        let id = ObjectId::parse_str(id).expect("an ObjectId");
+        let document = env
+            .outbox()
+            .find_one(doc! { "_id": id })
+            .await
+            .expect("find");
+        let document = document.expect("the written document");
+        let what = format!("{writer}, {}", outcome.name);
+        let stored = match document.get(field::KEY_HASH) {
+            Some(Bson::Int64(hash)) => *hash,
+            other => panic!("{what}: keyHash {other:?} is not an int64"),
+        };
+        match document.get(field::KEY) {
+            Some(Bson::String(key)) => {
+                let hash = vectors.get(key.as_str()).copied();
+                let hash = hash.unwrap_or_else(|| key_hash(key));
+                assert_eq!(stored, i64::from(hash), "{what}: the hash of {key:?}");
+            }
+            None => {
+                assert!((0..1 << 32).contains(&stored), "{what}: {stored}");
+                keyless.insert(stored);
+            }
+            Some(other) => panic!("{what}: a key {other:?} written"),
+        }
+    }
+    assert!(
+        keyless.len() > 1,
+        "{writer}: keyless messages spread, not one keyHash for all: {keyless:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn python_and_node_writers_deliver_and_refuse_as_the_rust_writer_does() {
     let env = TestEnv::new().await;
-    let (text, cases) = table(&env.prefix);
+    let (text, table) = table(&env.prefix);
+    let cases = &table.cases;
     let valid = cases.iter().filter(|case| case.refused.is_none()).count();
     assert!(valid >= 5 && cases.len() > valid + 20, "a table that tests");
     let relay = RunningRelay::start(env.config()).await;
 
-    let rust = write_in_rust(&env, &cases).await;
+    let rust = write_in_rust(&env, cases).await;
     let python = write_with(python(), "conformance.py", &env, &text).await;
     let node = write_with("node".into(), "conformance.mjs", &env, &text).await;
 
@@ -317,6 +371,9 @@ async fn python_and_node_writers_deliver_and_refuse_as_the_rust_writer_does() {
         3 * valid as u64,
         "a refused message is never written"
     );
+    for (writer, outcomes) in [("Rust", &rust), ("Python", &python), ("Node.js", &node)] {
+        check_key_hashes(&env, writer, outcomes, &table).await;
+    }
     relay.stop().await.expect("relay stops");
     env.drop().await;
 }

@@ -2,10 +2,11 @@
 //
 //     node conformance.mjs MONGODB_URI DATABASE < cases.json
 //
-// Each valid case is added in a transaction of its own; a refused one is
-// reported with its rule. One JSON line a case: {name, id} or
-// {name, refused, message}; a last line reports a call outside any
-// transaction.
+// First the writer's key hash is checked against the table's keyHashes;
+// any difference fails the script. Then each valid case is added in a
+// transaction of its own; a refused one is reported with its rule. One
+// JSON line a case: {name, id} or {name, refused, message}; a last line
+// reports a call outside any transaction.
 
 import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
@@ -33,6 +34,18 @@ function nativeCases() {
   ];
 }
 
+function checkKeyHashes(vectors) {
+  const wrong = [];
+  for (const { key, hash } of vectors) {
+    const computed = outbox.keyHash(key);
+    if (computed !== hash) wrong.push(`${JSON.stringify(key)}: ${computed}, not ${hash}`);
+  }
+  if (wrong.length > 0) {
+    console.error(`the Node.js writer's key hash differs from the table: ${wrong.join('; ')}`);
+    process.exit(1);
+  }
+}
+
 function payloadOf(payload) {
   if (payload === undefined || payload === null) return undefined;
   const [[kind, value]] = Object.entries(payload);
@@ -49,7 +62,8 @@ function write(collection, session, c) {
 }
 
 const [uri, database] = process.argv.slice(2);
-const { cases } = JSON.parse(readFileSync(0, 'utf8'));
+const { cases, keyHashes } = JSON.parse(readFileSync(0, 'utf8'));
+checkKeyHashes(keyHashes);
 const client = new MongoClient(uri);
 try {
   const collection = client.db(database).collection(outbox.DEFAULT_COLLECTION);

@@ -2,10 +2,11 @@
 
     python conformance.py MONGODB_URI DATABASE < cases.json
 
-Each valid case is added in a transaction of its own; a refused one is
-reported with its rule. One JSON line a case: {"name", "id"} or
-{"name", "refused", "message"}; a last line reports a call outside any
-transaction.
+First the writer's key hash is checked against the table's keyHashes;
+any difference fails the script. Then each valid case is added in a
+transaction of its own; a refused one is reported with its rule. One JSON
+line a case: {"name", "id"} or {"name", "refused", "message"}; a last line
+reports a call outside any transaction.
 """
 
 import base64
@@ -40,6 +41,17 @@ def native_cases():
     ]
 
 
+def check_key_hashes(vectors):
+    wrong = []
+    for vector in vectors:
+        computed = outbox.key_hash(vector["key"])
+        if computed != vector["hash"]:
+            wrong.append(f"{vector['key']!r}: {computed}, not {vector['hash']}")
+    if wrong:
+        sys.exit("the Python writer's key hash differs from the table: "
+                 + "; ".join(wrong))
+
+
 def payload_of(case):
     payload = case.get("payload")
     if payload is None:
@@ -57,7 +69,9 @@ def write(collection, session, case):
 
 def main():
     uri, database = sys.argv[1], sys.argv[2]
-    cases = json.load(sys.stdin)["cases"]
+    table = json.load(sys.stdin)
+    check_key_hashes(table["keyHashes"])
+    cases = table["cases"]
     with MongoClient(uri) as client:
         collection = client[database][outbox.DEFAULT_COLLECTION]
         with client.start_session() as session:

@@ -8,12 +8,15 @@
 // fails here, in the application, and not later as a dead letter; the
 // reason's rule name is the one the Rust writer and the relay report.
 
+import { randomInt } from 'node:crypto';
 import { Long, ObjectId } from 'mongodb';
 
 export const DEFAULT_COLLECTION = 'outbox';
 export const DEFAULT_SUBJECT_PREFIX = 'outbox';
 export const MAX_SUBJECT_CHARS = 512;
 const RESERVED_HEADER_PREFIXES = ['nats-', 'outbox-'];
+const FNV_OFFSET_BASIS = 0x811c9dc5;
+const FNV_PRIME = 0x01000193;
 
 /** A message the relay would refuse; `rule` names the rule it breaks. */
 export class OutboxViolation extends Error {
@@ -80,12 +83,30 @@ export function newDocument(type, payload, options = {}) {
     payload: widened(payload),
     status: 'pending',
     createdAt: new Date(),
+    // A Long whatever the value, as every writer stores it: the driver
+    // would store a number past 2^31 - 1 as a double.
+    keyHash: Long.fromNumber(typeof key === 'string' ? keyHash(key) : randomInt(0, 2 ** 32)),
   };
   for (const [name, value] of [['correlationId', correlationId], ['key', key], ['subject', subject]]) {
     if (value !== undefined && value !== null) document[name] = value;
   }
   if (checkedHeaders && checkedHeaders.size > 0) document.headers = checkedHeaders;
   return document;
+}
+
+/**
+ * The 32-bit FNV-1a hash of `key`'s UTF-8 bytes, stored as keyHash. The
+ * same in every writer; a keyless message stores a random value instead,
+ * so that keyless messages spread over the partitions.
+ */
+export function keyHash(key) {
+  let hash = FNV_OFFSET_BASIS;
+  for (const byte of Buffer.from(key, 'utf8')) {
+    // Math.imul keeps the product's low 32 bits, where `*` would round
+    // it to a double's 53; `>>> 0` reads them as unsigned.
+    hash = Math.imul(hash ^ byte, FNV_PRIME) >>> 0;
+  }
+  return hash;
 }
 
 function checkType(type, prefix) {

@@ -8,16 +8,20 @@ fails here, in the application, and not later as a dead letter; the
 reason's rule name is the one the Rust writer and the relay report.
 """
 
+import random
 import unicodedata
 from collections.abc import Mapping
 from datetime import datetime, timezone
 
 from bson import Binary, Code, ObjectId
+from bson.int64 import Int64
 
 DEFAULT_COLLECTION = "outbox"
 DEFAULT_SUBJECT_PREFIX = "outbox"
 MAX_SUBJECT_CHARS = 512
 RESERVED_HEADER_PREFIXES = ("nats-", "outbox-")
+FNV_OFFSET_BASIS = 0x811C9DC5
+FNV_PRIME = 0x01000193
 
 
 class OutboxViolation(ValueError):
@@ -79,6 +83,10 @@ def new_document(message_type, payload, *, key=None, correlation_id=None,
         "payload": payload,
         "status": "pending",
         "createdAt": datetime.now(timezone.utc),
+        # An Int64 whatever the value, as every writer stores it: pymongo
+        # would store a small int as a 32-bit one.
+        "keyHash": Int64(key_hash(key) if key is not None
+                         else random.getrandbits(32)),
     }
     for name, value in (("correlationId", correlation_id), ("key", key),
                         ("subject", subject)):
@@ -87,6 +95,18 @@ def new_document(message_type, payload, *, key=None, correlation_id=None,
     if headers:
         document["headers"] = headers
     return document
+
+
+def key_hash(key):
+    """The 32-bit FNV-1a hash of `key`'s UTF-8 bytes, stored as keyHash.
+
+    The same in every writer; a keyless message stores a random value
+    instead, so that keyless messages spread over the partitions.
+    """
+    hash_ = FNV_OFFSET_BASIS
+    for byte in key.encode("utf-8"):
+        hash_ = ((hash_ ^ byte) * FNV_PRIME) & 0xFFFFFFFF
+    return hash_
 
 
 def _check_type(message_type, subject_prefix):
