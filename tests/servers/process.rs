@@ -1,9 +1,11 @@
 //! The `outbox-relay` process: signals and settings from the environment.
 
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{write_orders, TestEnv, WAIT};
+use crate::common::{wait_until, write_orders, TestEnv, WAIT};
 use bson::doc;
 
 #[tokio::test]
@@ -22,6 +24,24 @@ async fn sigterm_finishes_in_flight_work_and_exits_zero() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start outbox-relay");
+    // Its log, read as it comes: the orders are written once the stream
+    // tails, which ends the first start's catch-up pass. Stopped during
+    // that pass, a relay has no stream position to record yet.
+    let log = Arc::new(Mutex::new(String::new()));
+    let reader = {
+        let (stderr, log) = (child.stderr.take().expect("its stderr"), log.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        })
+    };
+    wait_until("the relay's catch-up pass to end", || async {
+        log.lock().unwrap().contains("catch-up pass queued")
+    })
+    .await;
 
     let ids = write_orders(&env, 5).await;
     receiver.until_id(ids[4]).await;
@@ -42,8 +62,8 @@ async fn sigterm_finishes_in_flight_work_and_exits_zero() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let mut log = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+    reader.join().expect("its log read whole");
+    let log = log.lock().unwrap().clone();
     assert!(exit.success(), "exit {exit:?}; log:\n{log}");
     assert_eq!(
         env.count(doc! { "status": "processed" }).await,

@@ -71,7 +71,7 @@ async fn publish_all(env: &TestEnv) -> Vec<String> {
 /// Starts the consumer process, logging to `target/relay-logs`, noting its
 /// runs in `runs`.
 fn start_consumer(env: &TestEnv, runs: &Path, round: usize) -> Child {
-    let log = logs_dir().join(format!("{}-inbox-consumer-{round}.log", env.name));
+    let log = consumer_log(env, round);
     Command::new(env!("CARGO_BIN_EXE_inbox-crash-consumer"))
         .env("MONGODB_URI", &env.mongodb_uri)
         .env("NATS_URL", &env.nats_url)
@@ -85,6 +85,11 @@ fn start_consumer(env: &TestEnv, runs: &Path, round: usize) -> Child {
         .stderr(std::fs::File::create(log).expect("a log file"))
         .spawn()
         .expect("start the consumer process")
+}
+
+/// Where the consumer process of `round` logs.
+fn consumer_log(env: &TestEnv, round: usize) -> std::path::PathBuf {
+    logs_dir().join(format!("{}-inbox-consumer-{round}.log", env.name))
 }
 
 /// Runs noted per message id, in all the files.
@@ -154,6 +159,14 @@ async fn killed_three_times_mid_handling_each_effect_is_applied_once_in_each_key
     eprintln!("killed after {kills:?} of handling");
 
     let mut last = start_consumer(&env, &files[KILLS], KILLS);
+    // Running before anything is asked of it: the killed ones may have
+    // handled every message, and a SIGTERM that came before the process
+    // heard signals would end it by the signal's default action.
+    let log = consumer_log(&env, KILLS);
+    wait_until("the last process to run", || async {
+        std::fs::read_to_string(&log).is_ok_and(|log| log.contains("consuming"))
+    })
+    .await;
     let caught_up = async {
         while remaining(&env).await > 0 {
             assert!(
