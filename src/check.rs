@@ -18,7 +18,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 
 use crate::config::{NatsMode, RelayConfig};
-use crate::connect::connect_mongodb;
+use crate::connect::connect_mongodb_observed;
 use crate::error::{CheckKind, Error, Result};
 use crate::publish::NatsConnection;
 use crate::redact;
@@ -94,12 +94,12 @@ impl Report {
 /// indexes are created where missing, as the relay would on start.
 pub async fn run(config: &RelayConfig) -> Report {
     let mut report = Report::default();
-    let mongodb = connect_mongodb(&config.mongodb_uri).await;
+    let mongodb = connect_mongodb_observed(&config.mongodb_uri, None).await;
     let shown = redact::uri(&config.mongodb_uri);
-    match report.record("mongodb", mongodb, |_| {
-        format!("{shown} is a replica set or sharded cluster")
+    match report.record("mongodb", mongodb, |(_, deployment)| {
+        format!("{shown} is {deployment}")
     }) {
-        Some(client) => {
+        Some((client, _)) => {
             let prepared = setup::prepare(&client.database(&config.database), config).await;
             report.record("outbox collection", prepared, |_| {
                 format!(

@@ -30,7 +30,8 @@
 //! - [`inbox`]: the consumer's half, applying each message's effects once;
 //! - [`config`]: the settings, each declared once with its default, range
 //!   and help, and the config file;
-//! - [`connect`]: connecting to MongoDB as every command does;
+//! - [`connect`]: connecting to MongoDB as every command does, and what
+//!   kind of deployment it reaches (a replica set, or mongos);
 //! - [`redact`]: the one rule that masks secrets in connection strings;
 //! - [`setup`]: indexes, retention and the validator of the outbox collection;
 //! - [`lease`]: which of several relays leads, fenced by a term;

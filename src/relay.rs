@@ -76,7 +76,7 @@ impl Relay {
     /// [`Relay::connect`], recording into `metrics` from the first connection on.
     pub async fn connect_observed(config: RelayConfig, metrics: Metrics) -> Result<Self> {
         config.validate()?;
-        let client = connect_mongodb_observed(&config.mongodb_uri, Some(&metrics)).await?;
+        let (client, _) = connect_mongodb_observed(&config.mongodb_uri, Some(&metrics)).await?;
         let database = client.database(&config.database);
         let coordination = connect_mongodb_for_coordination(&config.mongodb_uri)
             .await?

@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::checkpoint::{CheckpointStore, POSITION_AT};
 use crate::config::RelayConfig;
+use crate::connect::Deployment;
 use crate::contract::{field, status};
 use crate::error::{Error, Result};
 use crate::order::{count_of, held_keys, HeldKey};
@@ -136,8 +137,9 @@ pub struct Oplog {
 
 impl Oplog {
     /// Reads the first and last entries of `local.oplog.rs`. `Ok(None)` if
-    /// it is empty; an error where it cannot be read (a sharded cluster's
-    /// router, or a user without read access to `local`).
+    /// it is empty; an error where it cannot be read (a user without read
+    /// access to `local`; through mongos, which refuses `local`, it is not
+    /// asked: see [`Deployment::oplog_unreadable`]).
     pub async fn read(client: &Client) -> Result<Option<Self>> {
         let oplog = client.database("local").collection::<Document>("oplog.rs");
         let entry = |direction: i32| {
@@ -340,10 +342,16 @@ impl Status {
             .take(HELD_KEYS_SHOWN)
             .map(|held| HeldKeyStatus::new(held, now))
             .collect();
-        let (oplog, oplog_note) = match Oplog::read(database.client()).await {
-            Ok(Some(oplog)) => (Some(oplog), None),
-            Ok(None) => (None, Some("the oplog is empty".to_owned())),
-            Err(error) => (None, Some(format!("the oplog is not readable: {error}"))),
+        let deployment = Deployment::detect(database.client())
+            .await
+            .map_err(|e| Error::mongo("asking MongoDB what it is (hello) failed", e))?;
+        let (oplog, oplog_note) = match deployment.oplog_unreadable() {
+            Some(why) => (None, Some(why.to_owned())),
+            None => match Oplog::read(database.client()).await {
+                Ok(Some(oplog)) => (Some(oplog), None),
+                Ok(None) => (None, Some("the oplog is empty".to_owned())),
+                Err(error) => (None, Some(format!("the oplog is not readable: {error}"))),
+            },
         };
         Ok(Status {
             database: config.database.clone(),

@@ -24,6 +24,12 @@
 //! rarely (a long `--collect-interval`, where the server walks the
 //! collection to count) is given none in a short drain. The first round's
 //! other reads (the checkpoint, the oplog) are made at once.
+//!
+//! Through mongos there is no oplog to read: each shard keeps its own, and
+//! mongos refuses the `local` database. The collector asks once, before
+//! its first read of the oplog, what the connection reaches
+//! ([`Deployment`]), and where it reaches no oplog says so once and never
+//! reads it.
 
 use std::time::Duration;
 
@@ -35,6 +41,8 @@ use tokio_util::sync::CancellationToken;
 use super::Metrics;
 use crate::admin::status::{Checkpoint, Depths, Oplog};
 use crate::checkpoint::CheckpointStore;
+use crate::connect::Deployment;
+use crate::error::{brief, command_code, is_unauthorized};
 use crate::retry::Outage;
 
 /// Reads the outbox's depths and the oplog's headroom into metrics.
@@ -56,13 +64,36 @@ const SLOW_READ_MULTIPLE: u32 = 20;
 /// staler than this.
 const LONGEST_WAIT: Duration = Duration::from_secs(300);
 
-/// What the collector has said about the oplog, so it speaks only on change.
+/// What the collector knows of the oplog and has said of it, so that it
+/// speaks only on change:
+///
+/// | from | to | when | said |
+/// |---|---|---|---|
+/// | `Unasked` | `Unknown` | the connection reaches a replica set | nothing |
+/// | `Unasked` | `Unreported` | it reaches no oplog (mongos) | a warning; never read |
+/// | a read state | `Unreadable` | a read fails | the first time |
+/// | a read state | `Short` | the headroom is under the threshold | the first time |
+/// | `Short` | `Ample` | the headroom is over it again | the first time |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OplogState {
+    /// What the connection reaches is not known yet: asked before the
+    /// first read (again at the next round if the server did not answer).
+    Unasked,
+    /// The connection reaches no oplog to read (mongos): said once, and
+    /// the oplog is never read.
+    Unreported,
+    /// Readable, and nothing said yet.
     Unknown,
     Unreadable,
     Ample,
     Short,
+}
+
+impl OplogState {
+    /// Whether the oplog is read in this state.
+    fn is_read(self) -> bool {
+        !matches!(self, OplogState::Unasked | OplogState::Unreported)
+    }
 }
 
 /// Collects every interval until `shutdown`. A stop does not wait for a
@@ -99,7 +130,7 @@ impl RoundState {
         let now = Instant::now();
         RoundState {
             outage: Outage::new("MongoDB reading the outbox's depths and checkpoint"),
-            oplog: OplogState::Unknown,
+            oplog: OplogState::Unasked,
             depths_pace: Pace::due_at("the outbox's depths", now + interval),
             oplog_pace: Pace::due_at("the oplog's first and last entries", now),
         }
@@ -175,7 +206,10 @@ impl Collector {
             Ok(position) => {
                 state.outage.recovered();
                 if let Some(warning) = self.headroom_warning {
-                    if state.oplog_pace.is_due() {
+                    if state.oplog == OplogState::Unasked {
+                        state.oplog = self.ask_deployment().await;
+                    }
+                    if state.oplog.is_read() && state.oplog_pace.is_due() {
                         let began = Instant::now();
                         state.oplog = self.oplog(state.oplog, position, warning).await;
                         state.oplog_pace.read_ended(began, self.interval);
@@ -206,6 +240,37 @@ impl Collector {
         Ok(checkpoint.position_at)
     }
 
+    /// Whether the oplog is to be read: asks what the connection reaches,
+    /// and where it reaches no oplog (mongos) says once what goes
+    /// unreported. `Unasked` if the server did not answer, to be asked at
+    /// the next round (the depths' reads report an outage).
+    async fn ask_deployment(&self) -> OplogState {
+        match Deployment::detect(&self.client).await {
+            Ok(deployment) => match deployment.oplog_unreadable() {
+                None => OplogState::Unknown,
+                Some(why) => {
+                    tracing::warn!(
+                        %deployment,
+                        "{why}; so the relay does not report its headroom \
+                         (outbox_oplog_window_seconds and outbox_oplog_headroom_seconds stay at \
+                         0) and --oplog-headroom-warning warns of nothing: watch each shard's \
+                         oplog window instead, and set --oplog-headroom-warning off to leave the \
+                         oplog out"
+                    );
+                    OplogState::Unreported
+                }
+            },
+            Err(error) => {
+                tracing::debug!(
+                    error = %brief(&error),
+                    "could not ask MongoDB what it is before reading the oplog; asking again at \
+                     the next round"
+                );
+                OplogState::Unasked
+            }
+        }
+    }
+
     /// Reads the oplog's span and the headroom before `position`, and logs
     /// when the headroom state changes.
     async fn oplog(
@@ -221,8 +286,8 @@ impl Collector {
                 if said != OplogState::Unreadable {
                     tracing::info!(
                         %error,
-                        "the oplog cannot be read here (a sharded cluster's router, or no read \
-                         access to local.oplog.rs): oplog headroom is not reported"
+                        "the oplog cannot be read, so its headroom is not reported: {}",
+                        what_to_do_when_unreadable(&error)
                     );
                 }
                 return OplogState::Unreadable;
@@ -258,6 +323,27 @@ impl Collector {
             }
             (false, _) => OplogState::Ample,
         }
+    }
+}
+
+/// What an operator can do about an oplog read that failed: the user's
+/// permission, a server that refuses the `local` database as mongos does
+/// (one that does not say it is mongos: a proxy in front of one), or a
+/// passing failure.
+fn what_to_do_when_unreadable(error: &crate::Error) -> &'static str {
+    /// IllegalOperation: mongos's answer to any command on `local`.
+    const ILLEGAL_OPERATION: i32 = 20;
+    let crate::Error::Mongo { source, .. } = error else {
+        return "it is read again at each interval";
+    };
+    if is_unauthorized(source) {
+        "the relay's user may not read local.oplog.rs; grant it the clusterMonitor role, or set \
+         --oplog-headroom-warning off"
+    } else if command_code(source) == Some(ILLEGAL_OPERATION) {
+        "the server refuses the local database, as mongos does; watch each shard's oplog window \
+         instead, and set --oplog-headroom-warning off"
+    } else {
+        "it is read again at each interval"
     }
 }
 
@@ -352,6 +438,44 @@ mod tests {
         assert!(!state.depths_pace.is_due(), "not before the interval");
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(state.depths_pace.is_due());
+    }
+
+    /// An oplog read the server refused with `code`.
+    fn refused(code: i32, name: &str) -> crate::Error {
+        let command: mongodb::error::CommandError = bson::from_document(bson::doc! {
+            "code": code, "codeName": name, "errmsg": "refused",
+        })
+        .expect("a command error");
+        crate::Error::mongo(
+            "reading local.oplog.rs failed",
+            mongodb::error::ErrorKind::Command(command).into(),
+        )
+    }
+
+    #[test]
+    fn an_unreadable_oplog_is_said_with_what_to_do() {
+        let unauthorized = what_to_do_when_unreadable(&refused(13, "Unauthorized"));
+        assert!(unauthorized.contains("clusterMonitor"), "{unauthorized}");
+        // As mongos answers a command on `local`.
+        let refused_here = what_to_do_when_unreadable(&refused(20, "IllegalOperation"));
+        assert!(refused_here.contains("as mongos does"), "{refused_here}");
+        assert!(refused_here.contains("--oplog-headroom-warning off"));
+        let passing = what_to_do_when_unreadable(&refused(91, "ShutdownInProgress"));
+        assert!(passing.contains("read again"), "{passing}");
+    }
+
+    #[test]
+    fn the_oplog_is_read_only_once_known_to_be_there() {
+        assert!(!OplogState::Unasked.is_read(), "asked first");
+        assert!(!OplogState::Unreported.is_read(), "through mongos: never");
+        for read in [
+            OplogState::Unknown,
+            OplogState::Unreadable,
+            OplogState::Ample,
+            OplogState::Short,
+        ] {
+            assert!(read.is_read(), "{read:?}");
+        }
     }
 
     #[test]

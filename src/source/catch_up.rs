@@ -400,6 +400,36 @@ mod tests {
         assert_eq!(average_size(&[]), None);
     }
 
+    /// `$collStats` through mongos: a document for each shard holding the
+    /// collection, each with the shard's own figures (an empty shard says
+    /// no average), to be added up rather than any one taken for all.
+    #[test]
+    fn a_reply_through_mongos_is_added_up_over_its_shards() {
+        let shard = |name: &str, storage: Document| {
+            doc! {
+                "ns": "shop.outbox", "shard": name, "host": format!("{name}-1:27018"),
+                "localTime": DateTime::now(), "storageStats": storage,
+            }
+        };
+        let through_mongos = [
+            shard(
+                "shard-a",
+                doc! { "count": 1000_i64, "avgObjSize": 300_i32, "numOrphanDocs": 0_i64 },
+            ),
+            shard(
+                "shard-b",
+                doc! { "count": 1000_i64, "avgObjSize": 3000_i32, "numOrphanDocs": 0_i64 },
+            ),
+            shard("shard-c", doc! { "count": 0_i64, "numOrphanDocs": 0_i64 }),
+        ];
+        assert_eq!(average_size(&through_mongos), Some(1650.0));
+        assert_eq!(
+            average_size(&through_mongos[..1]),
+            Some(300.0),
+            "one shard, or a replica set, is its own average"
+        );
+    }
+
     #[test]
     fn a_size_is_read_in_any_number_type_the_server_writes() {
         assert_eq!(number(&Bson::Int32(300)), Some(300.0));

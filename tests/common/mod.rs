@@ -818,6 +818,9 @@ enum Build {
     /// The Python build with its `hello.localTime` this far ahead of the
     /// host's clock, for tests of what is judged on the server's clock.
     Ahead(Duration),
+    /// The Python build refusing the `local` database as mongos does, and
+    /// saying it is mongos where `says_mongos` (see [`REFUSING_LOCAL`]).
+    RefusingLocal { says_mongos: bool },
     /// The Rust build, at this path.
     Rust(PathBuf),
 }
@@ -838,6 +841,47 @@ for name in ("hello", "isMaster", "ismaster"):
         reply["localTime"] = reply["localTime"] + ahead
         return reply
     commands._HANDLERS[name] = skewed
+
+from secantus.cli import main
+
+sys.exit(main())
+"#;
+
+/// Starts SecantusDB (the Python build) refusing every command on the
+/// `local` database with mongos's error, and, given `mongos` first,
+/// answering `hello` as mongos does: no replica set named, and
+/// `msg: "isdbgrid"`. The rest it serves as the replica set it is, as
+/// mongos serves a sharded cluster's collections.
+const REFUSING_LOCAL: &str = r#"
+import sys
+
+from secantus import commands
+
+says_mongos = sys.argv.pop(1) == "mongos"
+
+# What a replica set member says of its set, and mongos does not.
+MEMBER_ONLY = ("setName", "setVersion", "hosts", "passives", "arbiters", "primary", "me",
+               "secondary", "arbiterOnly", "hidden", "tags", "electionId", "lastWrite")
+HANDSHAKES = ("hello", "isMaster", "ismaster")
+
+for name in HANDSHAKES if says_mongos else ():
+    def as_router(doc, ctx, original=commands._HANDLERS[name]):
+        reply = original(doc, ctx)
+        for field in MEMBER_ONLY:
+            reply.pop(field, None)
+        reply["msg"] = "isdbgrid"
+        return reply
+    commands._HANDLERS[name] = as_router
+
+for name, handler in list(commands._HANDLERS.items()):
+    if name in HANDSHAKES:
+        continue
+    def refusing_local(doc, ctx, original=handler):
+        if ctx.db_name == "local":
+            return {"ok": 0.0, "errmsg": "Can't use 'local' database through mongos",
+                    "code": 20, "codeName": "IllegalOperation"}
+        return original(doc, ctx)
+    commands._HANDLERS[name] = refusing_local
 
 from secantus.cli import main
 
@@ -911,6 +955,16 @@ impl MongoProcess {
         )
     }
 
+    /// A server that answers as a sharded cluster's router, mongos, does
+    /// (it says it is one, and refuses the `local` database), or, unless
+    /// `says_mongos`, a replica set that refuses `local` as mongos does.
+    pub async fn start_refusing_local(says_mongos: bool) -> Self {
+        let mut mongo = Self::unstarted(Vec::new());
+        mongo.build = Build::RefusingLocal { says_mongos };
+        mongo.restart().await;
+        mongo
+    }
+
     /// A server whose clock (`hello.localTime`) runs `ahead` of this host's.
     pub async fn start_ahead(ahead: Duration) -> Self {
         let mut mongo = Self::unstarted(Vec::new());
@@ -933,6 +987,16 @@ impl MongoProcess {
                 let python = manifest_dir().join(".services/venv/bin/python");
                 let mut command = Command::new(&python);
                 command.arg(script).arg(ahead.as_secs_f64().to_string());
+                (python, command)
+            }
+            Build::RefusingLocal { says_mongos } => {
+                let script = self.dir.join("refusing-local.py");
+                std::fs::write(&script, REFUSING_LOCAL).expect("the server's script");
+                let python = manifest_dir().join(".services/venv/bin/python");
+                let mut command = Command::new(&python);
+                command
+                    .arg(script)
+                    .arg(if says_mongos { "mongos" } else { "replica-set" });
                 (python, command)
             }
             Build::Rust(server) => (server.clone(), Command::new(server)),

@@ -17,5 +17,6 @@ mod process;
 mod relay;
 mod replay;
 mod secured;
+mod sharded;
 mod sweep;
 mod writers;

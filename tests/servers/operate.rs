@@ -45,7 +45,7 @@ fn parse_metrics(text: &str) -> HashMap<String, f64> {
     samples
 }
 
-async fn scrape(port: u16) -> HashMap<String, f64> {
+pub(crate) async fn scrape(port: u16) -> HashMap<String, f64> {
     let (status, body) = get(port, "/metrics").await.expect("/metrics answers");
     assert_eq!(status, 200);
     parse_metrics(&body)
