@@ -857,6 +857,18 @@ struct Failing {
     seen: Arc<Mutex<Vec<u64>>>,
 }
 
+impl Failing {
+    /// A handler failing its first `times` runs, and the attempts it saw.
+    fn runs(times: usize) -> (Self, Arc<Mutex<Vec<u64>>>) {
+        let seen = Arc::<Mutex<Vec<u64>>>::default();
+        let handler = Failing {
+            times,
+            seen: seen.clone(),
+        };
+        (handler, seen)
+    }
+}
+
 impl Handler for Failing {
     async fn handle(&self, _: &mut ClientSession, message: &Delivery) -> Result<(), HandlerError> {
         let runs = {
@@ -884,14 +896,8 @@ async fn deliveries_that_ran_no_handler_cost_no_attempt() {
     for _ in 0..3 {
         deliver_unacknowledged(&env).await;
     }
-    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let running = Running::start(
-        consumer,
-        Failing {
-            times: 1,
-            seen: seen.clone(),
-        },
-    );
+    let (handler, seen) = Failing::runs(1);
+    let running = Running::start(consumer, handler);
     wait_metric(&metrics, |c| c.handled, 1).await;
     assert_eq!(
         *seen.lock().unwrap(),
@@ -926,11 +932,7 @@ async fn given_up_without_a_third_run(
     consumer: Consumer,
     id: &str,
 ) {
-    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let handler = Failing {
-        times: 0,
-        seen: seen.clone(),
-    };
+    let (handler, seen) = Failing::runs(0);
     let running = Running::start(consumer, handler);
     wait_metric(metrics, |c| c.failed, 1).await;
     assert!(seen.lock().unwrap().is_empty(), "no third run began");
@@ -987,11 +989,7 @@ async fn a_message_given_up_on_that_comes_again_keeps_counting_its_runs() {
         .await
         .unwrap();
     assert!(publish_stored(&env, "order.placed", &id, Some("k")).await);
-    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let handler = Failing {
-        times: usize::MAX,
-        seen: seen.clone(),
-    };
+    let (handler, seen) = Failing::runs(usize::MAX);
     let running = Running::start(consumer, handler);
     wait_metric(&metrics, |c| c.failed, 1).await;
     assert_eq!(
@@ -1024,11 +1022,7 @@ async fn a_message_given_up_at_the_limit_that_comes_again_gets_a_run_after_a_han
         .unwrap();
     assert!(publish_stored(&env, "order.placed", &id, None).await);
     deliver_unacknowledged(&env).await;
-    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let handler = Failing {
-        times: 0,
-        seen: seen.clone(),
-    };
+    let (handler, seen) = Failing::runs(0);
     let running = Running::start(consumer, handler);
     wait_until("the message to be handled or given up on", || async {
         let counts = metrics.counts("billing");
@@ -1068,11 +1062,7 @@ async fn a_redelivery_of_the_message_given_up_on_gets_no_run() {
         .await
         .unwrap();
     deliver_unacknowledged(&env).await;
-    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let handler = Failing {
-        times: 0,
-        seen: seen.clone(),
-    };
+    let (handler, seen) = Failing::runs(0);
     let running = Running::start(consumer, handler);
     wait_metric(&metrics, |c| c.failed, 1).await;
     assert!(seen.lock().unwrap().is_empty(), "no run began");
