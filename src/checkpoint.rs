@@ -17,6 +17,7 @@ use mongodb::{Collection, Database};
 use crate::config::RelayConfig;
 use crate::error::{Error, Result};
 use crate::lease::Term;
+use crate::partition::Partition;
 
 /// The checkpoint field holding when the stored position was reached.
 pub const POSITION_AT: &str = "positionAt";
@@ -70,6 +71,13 @@ impl CheckpointStore {
             fence: None,
             place: None,
         }
+    }
+
+    /// The store of `partition` of this outbox (called on the outbox's
+    /// store): a document of its own, as its lease is.
+    pub fn of_partition(mut self, partition: Partition) -> Self {
+        self.id = partition.document_id(&self.id);
+        self
     }
 
     /// The store of the outbox a relay's configuration names.

@@ -34,6 +34,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{is_duplicate_key, Error, Result};
+use crate::partition::Partition;
 use crate::retry::Outage;
 use crate::time::later;
 
@@ -79,6 +80,9 @@ pub struct Lease {
     /// Read as stored: a field the driver cannot read (a string that is
     /// not UTF-8) must not keep every relay from leading.
     documents: Collection<RawDocumentBuf>,
+    /// The outbox's id, `<db>.<collection>`.
+    outbox: String,
+    /// This lease's document: the outbox's, or one partition's.
     id: String,
     owner: String,
     timing: LeaseTiming,
@@ -92,13 +96,29 @@ impl Lease {
         outbox: &str,
         timing: LeaseTiming,
     ) -> Self {
+        let outbox = format!("{}.{}", database.name(), outbox);
         Lease {
             database: database.clone(),
             documents: database.collection(checkpoint_collection),
-            id: format!("{}.{}", database.name(), outbox),
+            id: outbox.clone(),
+            outbox,
             owner: owner_name(),
             timing,
         }
+    }
+
+    /// The same relay's lease on `partition` of the outbox: a document of
+    /// its own, with its own term.
+    pub fn of_partition(&self, partition: Partition) -> Lease {
+        Lease {
+            id: partition.document_id(&self.outbox),
+            ..self.clone()
+        }
+    }
+
+    /// The timing the lease keeps.
+    pub fn timing(&self) -> LeaseTiming {
+        self.timing
     }
 
     /// This relay's name in the lease's `owner` field.
@@ -193,7 +213,7 @@ impl Lease {
         match (owner, term) {
             (Some(owner), Some(term)) if owner == self.owner => {
                 let term = Term(term);
-                tracing::info!(term = term.0, owner = %self.owner, "took the lease: leading");
+                tracing::info!(term = term.0, owner = %self.owner, lease = %self.id, "took the lease: leading");
                 Ok(Held {
                     term,
                     deadline: sent + self.timing.duration - self.timing.margin(),
@@ -363,7 +383,7 @@ impl Lease {
             )
             .await
             .map_err(|e| Error::mongo("releasing the lease failed", e))?;
-        tracing::info!(term = held.term.0, "released the lease");
+        tracing::info!(term = held.term.0, lease = %self.id, "released the lease");
         Ok(())
     }
 
@@ -459,7 +479,7 @@ pub(crate) const LONGEST_LEASE: Duration = Duration::from_secs(3600);
 /// How far ahead of the server's clock an expiry a relay wrote can be: its
 /// lease, counted from the server's clock when it wrote it, and a minute
 /// for that clock to have been set back since.
-const FAR_AHEAD: Duration = Duration::from_secs(3660);
+pub(crate) const FAR_AHEAD: Duration = Duration::from_secs(3660);
 
 /// The lease its holder states (`leaseMillis`), if the holder stated it
 /// (`leaseOwner` names the owner: a relay that does not state its lease

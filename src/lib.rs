@@ -35,6 +35,9 @@
 //! - [`redact`]: the one rule that masks secrets in connection strings;
 //! - [`setup`]: indexes, retention and the validator of the outbox collection;
 //! - [`lease`]: which of several relays leads, fenced by a term;
+//! - [`partition`]: which messages a partition holds, as a query;
+//! - [`group`]: the relays sharing one outbox's partitions, and the rule
+//!   that balances them;
 //! - [`check`]: the start-up checks and their exit codes;
 //! - [`observe`]: metrics, health endpoints and the collector;
 //! - [`admin`]: the `status` and `dlq` commands;
@@ -57,10 +60,12 @@ pub mod config;
 pub mod connect;
 pub mod contract;
 pub mod error;
+pub mod group;
 pub mod inbox;
 pub mod lease;
 pub mod observe;
 pub mod order;
+pub mod partition;
 mod pipeline;
 pub mod publish;
 pub mod redact;

@@ -18,6 +18,7 @@ use crate::config::RetryPolicy;
 use crate::lease::Term;
 use crate::observe::Metrics;
 use crate::order::KeyOrder;
+use crate::partition::Partition;
 use crate::publish::stage::PublishStage;
 use crate::publish::Publisher;
 use crate::stop::Stop;
@@ -48,6 +49,9 @@ pub(crate) struct Pipeline {
     pub claims_before: Option<ObjectId>,
     /// The term the pipelines publish in; `None` outside a term.
     pub term: Option<Term>,
+    /// The partition of the outbox the pipelines deliver: every query of
+    /// their sources is narrowed to it.
+    pub partition: Partition,
     /// What NATS acknowledged to the relay and is not marked yet.
     pub acknowledged: Acknowledged,
     /// The graceful stop: sources read nothing new, what was read is

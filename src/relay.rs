@@ -17,6 +17,7 @@
 //! and the sweep of one term share its per-key order ([`KeyOrder`]), read
 //! back from MongoDB when the term starts, so each key has one line.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,12 +32,14 @@ use crate::config::{RelayConfig, RelayMode};
 use crate::connect::{connect_mongodb_for_coordination, connect_mongodb_observed, coordinated};
 use crate::contract::{DecodeRules, SubjectRules};
 use crate::error::{Error, Result};
+use crate::group::{balance, Group};
 use crate::lease::{Held, Lease, Term};
 use crate::observe::{self, Metrics, Role};
 use crate::order::{self, KeyOrder};
+use crate::partition::Partition;
 use crate::pipeline::Pipeline;
 use crate::publish::{NatsPublisher, Publisher, StreamSetup};
-use crate::retry::{until_ok, until_settled};
+use crate::retry::{until_ok, until_settled, Outage};
 use crate::setup;
 use crate::source::change_stream::{ChangeStreamSource, Prepare};
 use crate::source::progress::StreamProgress;
@@ -60,8 +63,9 @@ pub struct Relay {
     budget: Budget,
     underway: Underway,
     deliveries: LastDelivery,
-    /// Where this relay's last term stopped, for its next (see `KeptPlace`).
-    place: KeptPlace,
+    /// Where this relay's last term of each partition stopped, for its
+    /// next (see `KeptPlace`).
+    places: Mutex<BTreeMap<Partition, KeptPlace>>,
     /// What NATS acknowledged and is not marked yet, across terms.
     acknowledged: Acknowledged,
 }
@@ -117,7 +121,7 @@ impl Relay {
             unmarkable: Unmarkable::default(),
             underway: Underway::default(),
             deliveries: LastDelivery::default(),
-            place: KeptPlace::default(),
+            places: Mutex::default(),
             acknowledged: Acknowledged::default(),
         })
     }
@@ -147,7 +151,8 @@ impl Relay {
     /// are finished and recorded and the resume token is written, within the
     /// configured shutdown timeout.
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
-        let config = &self.config;
+        let config = self.config.clone();
+        let config = &config;
         let stop = Stop::after_grace(shutdown.clone(), config.shutdown_timeout);
         let pipeline = self.pipeline(&stop);
         tracing::info!(
@@ -168,7 +173,11 @@ impl Relay {
         let mut tasks = JoinSet::new();
         tasks.spawn(mark_stopping(self.metrics.clone(), shutdown.clone()));
         tasks.spawn(observe::collect(self.collector(), shutdown.clone()));
-        self.lead_while_elected(&pipeline, &stop).await;
+        let relay = Arc::new(self);
+        let led = relay.lead_while_elected(&pipeline, &stop).await;
+        if led.is_err() {
+            shutdown.cancel();
+        }
         while let Some(joined) = tasks.join_next().await {
             if let Err(error) = joined {
                 shutdown.cancel();
@@ -177,6 +186,7 @@ impl Relay {
                 )));
             }
         }
+        led?;
         if stop.abandon.is_cancelled() {
             return Err(Error::ShutdownTimeout(config.shutdown_timeout));
         }
@@ -184,46 +194,180 @@ impl Relay {
         Ok(())
     }
 
-    /// Stands by until this relay holds the lease, then delivers (the
-    /// change stream and the sweep, or the sweep alone in poll mode) until
-    /// it loses the lease (and stands by again) or `shutdown` fires (and it
-    /// releases the lease).
-    async fn lead_while_elected(&self, pipeline: &Pipeline, stop: &Stop) {
-        let config = &self.config;
+    /// Takes and delivers this relay's share of the outbox's partitions
+    /// (all of them, or none, with one), in rounds (see [`group`]), until
+    /// `shutdown` fires: then each partition it holds is finished,
+    /// recorded and released, so the others take it at once. An error if
+    /// the group uses another partition count.
+    async fn lead_while_elected(self: &Arc<Self>, pipeline: &Pipeline, stop: &Stop) -> Result<()> {
         let lease = self.lease();
+        let group = self.group(lease.owner());
         self.metrics.set_role_unless_stopping(Role::Standby);
-        while let Some(held) = lease.acquire(&stop.shutdown).await {
-            self.metrics.set_role_unless_stopping(match config.mode {
-                RelayMode::Push => Role::Leading,
-                RelayMode::Poll => Role::Polling,
-            });
-            self.metrics.leading(Some(held.term.0));
-            // Leadership ends with the relay's stop, or abandoned when the
-            // lease is lost: then the completion stage writes nothing more.
-            let term_stop = stop.inner();
-            let keeper_stop = CancellationToken::new();
-            let keeper = tokio::spawn(lease.clone().keep(
-                held,
-                term_stop.abandon.clone(),
-                keeper_stop.clone(),
-            ));
-            self.serve_term(pipeline, lease.owner(), held.term, &term_stop)
-                .await;
-            // However the term ended, nothing of it runs on.
-            term_stop.shutdown.cancel();
-            // The next leader publishes what this term left unanswered:
-            // nothing of this term may reach NATS after it (a stop that
-            // answered everything leaves nothing to do).
-            self.publisher.end_term().await;
-            keeper_stop.cancel();
-            let held = keeper.await.unwrap_or(held);
-            self.metrics.leading(None);
-            if stop.shutdown.is_cancelled() {
-                release(&lease, &held).await;
-                return;
+        let joined = until_settled(
+            "MongoDB joining the group of relays",
+            &stop.shutdown,
+            || group.join(),
+            |error| matches!(error, Error::Config(_)),
+        )
+        .await;
+        let mut shares = Shares::default();
+        let member = Membership {
+            group: &group,
+            lease: &lease,
+            pipeline,
+            stop,
+        };
+        let ended = match joined {
+            None => Ok(()),
+            Some(Err(error)) => Err(error),
+            Some(Ok(())) => self.take_shares(&member, &mut shares).await,
+        };
+        // A stopping relay leaves at once, so the others count it out of
+        // the share while it finishes its partitions.
+        let leaving = tokio::time::timeout(RELEASE_TIMEOUT, group.leave());
+        if let Ok(Err(error)) = leaving.await {
+            tracing::warn!(%error, "could not leave the group of relays; its announcement expires");
+        }
+        shares.stop_all().await;
+        ended
+    }
+
+    /// The rounds of [`Relay::lead_while_elected`], until `shutdown` fires
+    /// or the group turns out to use another partition count.
+    async fn take_shares(
+        self: &Arc<Self>,
+        member: &Membership<'_>,
+        shares: &mut Shares,
+    ) -> Result<()> {
+        let stop = member.stop;
+        let mut outage = Outage::new("MongoDB group of relays");
+        loop {
+            // Renewed as a lease is; read as often as a standby looks.
+            if shares
+                .renewed_at
+                .is_none_or(|at| at.elapsed() >= self.config.lease_renew_interval)
+            {
+                match member.group.renew().await {
+                    Ok(()) => shares.renewed_at = Some(Instant::now()),
+                    Err(error @ Error::Config(_)) => return Err(error),
+                    Err(error) => outage.failed(&error),
+                }
             }
-            tracing::warn!(term = held.term.0, "no longer leading: standing by");
-            self.metrics.set_role_unless_stopping(Role::Standby);
+            match self.round(member, shares).await {
+                Ok(()) => outage.recovered(),
+                Err(error @ Error::Config(_)) => return Err(error),
+                Err(error) => outage.failed(&error),
+            }
+            self.show_role(shares);
+            tokio::select! {
+                _ = stop.shutdown.cancelled() => return Ok(()),
+                Some(ended) = shares.serving.join_next() => shares.ended(ended),
+                _ = tokio::time::sleep(self.config.standby_poll_interval) => {}
+            }
+        }
+    }
+
+    /// One round: reads the group, and takes or hands over partitions as
+    /// [`balance::moves`] says.
+    async fn round(self: &Arc<Self>, member: &Membership<'_>, shares: &mut Shares) -> Result<()> {
+        let Membership {
+            group,
+            lease,
+            pipeline,
+            stop,
+        } = *member;
+        let view = group.view().await?;
+        let mine: Vec<Partition> = shares.units.keys().copied().collect();
+        let cooling = shares
+            .cooling_until
+            .is_some_and(|until| Instant::now() < until);
+        let moves = balance::moves(lease.owner(), &mine, &view.members, &view.holders, cooling);
+        for partition in moves.give {
+            if let Some(unit) = shares.units.get_mut(&partition) {
+                if !unit.handing_over {
+                    tracing::info!(%partition, "handing the partition over to a relay below its share");
+                    unit.handing_over = true;
+                    unit.stop.shutdown.cancel();
+                    shares.cooling_until = Some(Instant::now() + self.config.lease_duration);
+                }
+            }
+        }
+        for partition in moves.take {
+            let partition_lease = lease.of_partition(partition);
+            let Ok(held) = partition_lease.try_acquire().await? else {
+                continue;
+            };
+            let unit_stop = stop.inner_with_grace(self.config.shutdown_timeout);
+            let pipeline = Pipeline {
+                partition,
+                ..pipeline.clone()
+            };
+            let (relay, serving_stop) = (Arc::clone(self), unit_stop.clone());
+            let task = shares.serving.spawn(async move {
+                relay
+                    .deliver_partition(&pipeline, partition_lease, held, &serving_stop)
+                    .await;
+                partition
+            });
+            shares.units.insert(
+                partition,
+                Unit {
+                    stop: unit_stop,
+                    handing_over: false,
+                    task: task.id(),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Readiness and the leader gauge: leading while this relay holds a
+    /// partition, standing by (ready) while it holds none.
+    fn show_role(&self, shares: &Shares) {
+        let role = match (shares.units.is_empty(), self.config.mode) {
+            (true, _) => Role::Standby,
+            (false, RelayMode::Push) => Role::Leading,
+            (false, RelayMode::Poll) => Role::Polling,
+        };
+        // The stream reports itself tailing: leading is only news to a
+        // relay that held nothing.
+        if role != Role::Leading || self.metrics.role() == Role::Standby {
+            self.metrics.set_role_unless_stopping(role);
+        }
+    }
+
+    /// Delivers one partition for one term: from the take until `stop`
+    /// (the hand-over's, or the relay's) shuts it down, when its lease is
+    /// released, or until the lease is lost.
+    async fn deliver_partition(&self, pipeline: &Pipeline, lease: Lease, held: Held, stop: &Stop) {
+        let partition = pipeline.partition;
+        self.metrics.partition_held(partition, Some(held.term.0));
+        // The term ends with the unit's stop, or abandoned when the lease
+        // is lost: then the completion stage writes nothing more.
+        let term_stop = stop.inner();
+        let keeper_stop = CancellationToken::new();
+        let keeper = tokio::spawn(lease.clone().keep(
+            held,
+            term_stop.abandon.clone(),
+            keeper_stop.clone(),
+        ));
+        self.serve_term(pipeline, lease.owner(), held.term, &term_stop)
+            .await;
+        // However the term ended, nothing of it runs on.
+        term_stop.shutdown.cancel();
+        // The next holder publishes what this term left unanswered:
+        // nothing of this term may reach NATS after it (a stop that
+        // answered everything leaves nothing to do). The connection is
+        // shared by the relay's partitions: another's sends that it held
+        // unanswered are sent again on the new one, as after an outage.
+        self.publisher.end_term().await;
+        keeper_stop.cancel();
+        let held = keeper.await.unwrap_or(held);
+        self.metrics.partition_held(partition, None);
+        if stop.shutdown.is_cancelled() {
+            release(&lease, &held).await;
+        } else {
+            tracing::warn!(term = held.term.0, %partition, "no longer holding the partition: another relay took it");
         }
     }
 
@@ -238,7 +382,7 @@ impl Relay {
         // it: no message takes its turn until they are known (see
         // `KeyOrder::unread`), and a new leader over a large backlog does
         // not wait for two reads of it one after the other.
-        let reading = self.read_stored_holds(order.clone(), shutdown.clone());
+        let reading = self.read_stored_holds(order.clone(), pipeline.partition, shutdown.clone());
         let term_pipeline = Pipeline {
             order: Some(order.clone()),
             claims_before,
@@ -291,7 +435,7 @@ impl Relay {
     /// the term ended first.
     async fn read_order(&self, shutdown: &CancellationToken) -> Option<KeyOrder> {
         let order = self.unread_order();
-        self.read_stored_holds(order.clone(), shutdown.clone())
+        self.read_stored_holds(order.clone(), Partition::WHOLE, shutdown.clone())
             .await
             .then_some(order)
     }
@@ -304,6 +448,7 @@ impl Relay {
     fn read_stored_holds(
         &self,
         order: KeyOrder,
+        partition: Partition,
         shutdown: CancellationToken,
     ) -> impl Future<Output = bool> {
         let reading = self.metrics.reading_holds();
@@ -311,7 +456,7 @@ impl Relay {
         let dead_letters = self.config.on_dead_letter;
         async move {
             let read = until_ok("MongoDB reading held keys", &shutdown, || {
-                order::held_keys(&outbox, dead_letters)
+                order::held_keys(&outbox, partition, dead_letters)
             });
             let held = tokio::select! {
                 biased;
@@ -340,10 +485,13 @@ impl Relay {
         shutdown: &CancellationToken,
     ) {
         let config = &self.config;
+        let partition = term_pipeline.partition;
+        let place = self.place(partition);
         let checkpoints = CheckpointStore::for_config(&self.coordination, config)
+            .of_partition(partition)
             .fenced(owner, term)
-            .keeping(self.place.clone());
-        let token = match self.place.take_before(term) {
+            .keeping(place.clone());
+        let token = match place.take_before(term) {
             Some(token) => {
                 tracing::info!(
                     term = term.0,
@@ -359,6 +507,7 @@ impl Relay {
         let stream = term_pipeline.start(Some(checkpoints));
         let source = ChangeStreamSource {
             outbox: term_pipeline.outbox.clone(),
+            partition,
             rules: self.rules(),
             max_await_time: config.max_await_time,
             idle_checkpoint_interval: config.idle_checkpoint_interval,
@@ -425,6 +574,20 @@ impl Relay {
                 }
             }
         });
+        let config = &self.config;
+        let group = Group::stored(
+            &self.coordination,
+            &config.checkpoint_collection,
+            &config.collection,
+        );
+        if let Some((partitions, true)) = group.await? {
+            if partitions > 1 {
+                return Err(Error::GaveUp(format!(
+                    "a group of relays with --partitions {partitions} is running on this outbox \
+                     and sweeps it already; run sweep --once only where no relay is running"
+                )));
+            }
+        }
         let lease = self.lease();
         let Ok(held) = lease.try_acquire().await? else {
             return Err(Error::GaveUp(
@@ -474,6 +637,29 @@ impl Relay {
         }
     }
 
+    /// Where this relay's last term of `partition` stopped.
+    fn place(&self, partition: Partition) -> KeptPlace {
+        match self.places.lock() {
+            Ok(mut places) => places.entry(partition).or_default().clone(),
+            // A panic while the map was held: a place of its own serves,
+            // as one that kept nothing.
+            Err(_) => KeptPlace::default(),
+        }
+    }
+
+    /// This relay's membership in the group of its outbox.
+    fn group(&self, me: &str) -> Group {
+        let config = &self.config;
+        Group::new(
+            &self.coordination,
+            &config.checkpoint_collection,
+            &config.collection,
+            me,
+            config.partitions,
+            config.lease_timing(),
+        )
+    }
+
     fn lease(&self) -> Lease {
         let config = &self.config;
         Lease::new(
@@ -499,6 +685,7 @@ impl Relay {
         observe::Collector {
             outbox: self.database.collection(&config.collection),
             checkpoints: CheckpointStore::for_config(&self.database, config),
+            partitions: config.partitions,
             client: self.database.client().clone(),
             metrics: self.metrics.clone(),
             interval: config.collect_interval,
@@ -539,6 +726,7 @@ impl Relay {
             order: None,
             claims_before: None,
             term: None,
+            partition: Partition::WHOLE,
             acknowledged: self.acknowledged.clone(),
             shutdown: stop.shutdown.clone(),
             abandon: stop.abandon.clone(),
@@ -570,6 +758,71 @@ impl Relay {
             claims_cleared: Arc::default(),
             pipeline,
         }
+    }
+}
+
+/// This relay as a member of its outbox's group: what each round reads
+/// and takes partitions with.
+#[derive(Clone, Copy)]
+struct Membership<'a> {
+    group: &'a Group,
+    /// Names this relay, and takes each partition's lease.
+    lease: &'a Lease,
+    /// The pipeline each partition's is made from.
+    pipeline: &'a Pipeline,
+    /// The relay's stop, inside which each partition's runs.
+    stop: &'a Stop,
+}
+
+/// The partitions this relay delivers, one unit each.
+#[derive(Default)]
+struct Shares {
+    units: BTreeMap<Partition, Unit>,
+    /// Each unit's task, which returns its partition when it ends.
+    serving: JoinSet<Partition>,
+    /// Until when this relay takes no free partition beyond its fewest,
+    /// having just handed one over (see [`balance`]).
+    cooling_until: Option<Instant>,
+    /// When this relay last renewed its place in the group.
+    renewed_at: Option<Instant>,
+}
+
+/// One partition this relay delivers.
+struct Unit {
+    /// Its stop: a hand-over shuts it down gracefully.
+    stop: Stop,
+    handing_over: bool,
+    /// Its task in [`Shares::serving`].
+    task: tokio::task::Id,
+}
+
+impl Shares {
+    /// A unit's task ended: the hand-over finished, or the lease was lost.
+    fn ended(&mut self, ended: std::result::Result<Partition, tokio::task::JoinError>) {
+        match ended {
+            Ok(partition) => {
+                self.units.remove(&partition);
+            }
+            Err(error) => {
+                tracing::error!(%error, "delivering a partition stopped unexpectedly");
+                let task = error.id();
+                self.units.retain(|_, unit| unit.task != task);
+            }
+        }
+    }
+
+    /// Waits for every unit to end (each has been told to stop with the
+    /// relay's stop, whose child it is).
+    async fn stop_all(&mut self) {
+        for unit in self.units.values() {
+            unit.stop.shutdown.cancel();
+        }
+        while let Some(ended) = self.serving.join_next().await {
+            if let Err(error) = ended {
+                tracing::error!(%error, "delivering a partition stopped unexpectedly");
+            }
+        }
+        self.units.clear();
     }
 }
 

@@ -27,16 +27,11 @@ impl Stop {
     /// without a link.
     pub fn after_grace(shutdown: CancellationToken, grace: Duration) -> Stop {
         let abandon = CancellationToken::new();
-        let (waited, fire) = (shutdown.clone(), abandon.clone());
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = fire.cancelled() => {}
-                _ = async {
-                    waited.cancelled().await;
-                    tokio::time::sleep(grace).await;
-                } => fire.cancel(),
-            }
-        });
+        tokio::spawn(abandon_after_grace(
+            shutdown.clone(),
+            abandon.clone(),
+            grace,
+        ));
         Stop { shutdown, abandon }
     }
 
@@ -50,6 +45,19 @@ impl Stop {
         Stop { shutdown, abandon }
     }
 
+    /// A scope of its own inside `self`, as [`Stop::inner`], that is also
+    /// abandoned `grace` after it alone is shut down: a partition handed
+    /// over has the relay's grace to finish.
+    pub fn inner_with_grace(&self, grace: Duration) -> Stop {
+        let inner = self.inner();
+        tokio::spawn(abandon_after_grace(
+            inner.shutdown.clone(),
+            inner.abandon.clone(),
+            grace,
+        ));
+        inner
+    }
+
     /// A scope of its own, with nothing outside it.
     pub fn new() -> Stop {
         let abandon = CancellationToken::new();
@@ -57,6 +65,21 @@ impl Stop {
             shutdown: abandon.child_token(),
             abandon,
         }
+    }
+}
+
+/// Abandons `grace` after `shutdown` fires; ends early if abandoned first.
+async fn abandon_after_grace(
+    shutdown: CancellationToken,
+    abandon: CancellationToken,
+    grace: Duration,
+) {
+    tokio::select! {
+        _ = abandon.cancelled() => {}
+        _ = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(grace).await;
+        } => abandon.cancel(),
     }
 }
 

@@ -17,7 +17,9 @@ use crate::config::RelayConfig;
 use crate::connect::Deployment;
 use crate::contract::{field, status};
 use crate::error::{Error, Result};
+use crate::group::Group;
 use crate::order::{count_of, held_keys, HeldKey};
+use crate::partition::Partition;
 use crate::unreadable::RawField;
 
 /// Pending and failed depths, and the oldest pending message.
@@ -84,6 +86,13 @@ async fn oldest_pending(outbox: &Collection<Document>) -> Result<Option<DateTime
         .filter_map(|d| d.get_object_id(field::ID).ok())
         .chain(others.iter().filter_map(|d| d.get_object_id("oldest").ok()));
     Ok(ids.map(|id: ObjectId| id.timestamp()).min())
+}
+
+/// The partition count the group of relays on the outbox runs with,
+/// where it is more than one.
+async fn shared_count(database: &Database, config: &RelayConfig) -> Result<Option<u32>> {
+    let group = Group::stored(database, &config.checkpoint_collection, &config.collection).await?;
+    Ok(group.map(|(count, _)| count).filter(|count| *count > 1))
 }
 
 /// The checkpoint document: the stored position and the lease.
@@ -284,6 +293,46 @@ pub struct Status {
     pub held_keys_total: usize,
     /// The held keys, oldest first, up to [`HELD_KEYS_SHOWN`].
     pub held_keys: Vec<HeldKeyStatus>,
+    /// Each partition, where a group of relays shares the outbox in more
+    /// than one (the count its relays run with); empty otherwise.
+    pub partitions: Vec<PartitionStatus>,
+}
+
+/// One partition of an outbox a group of relays shares.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PartitionStatus {
+    /// `index/count`.
+    pub partition: String,
+    /// The relay holding its lease now, if one does.
+    pub owner: Option<String>,
+    pub term: Option<i64>,
+    /// Its pending messages.
+    pub pending: u64,
+    /// Now minus the time of its stored position.
+    pub lag_seconds: Option<f64>,
+}
+
+impl PartitionStatus {
+    async fn read(
+        outbox: &mongodb::Collection<Document>,
+        store: CheckpointStore,
+        partition: Partition,
+        now: DateTime,
+    ) -> Result<Self> {
+        let checkpoint = Checkpoint::read(&store.of_partition(partition)).await?;
+        let pending = outbox
+            .count_documents(partition.scope(doc! { field::STATUS: status::PENDING }))
+            .await
+            .map_err(|e| Error::mongo("counting a partition's pending messages failed", e))?;
+        let live = checkpoint.lease_expires_at.is_some_and(|at| at > now);
+        Ok(PartitionStatus {
+            partition: partition.to_string(),
+            owner: checkpoint.owner.filter(|_| live),
+            term: checkpoint.term,
+            pending,
+            lag_seconds: checkpoint.position_at.map(|t| seconds_between(t, now)),
+        })
+    }
 }
 
 /// The most held keys `status` lists.
@@ -335,7 +384,14 @@ impl Status {
             .map_err(|e| Error::mongo("counting processed messages failed", e))?;
         let store = CheckpointStore::for_config(database, config);
         let checkpoint = Checkpoint::read(&store).await?;
-        let held = held_keys(&outbox, config.on_dead_letter).await?;
+        let held = held_keys(&outbox, Partition::WHOLE, config.on_dead_letter).await?;
+        let mut partitions = Vec::new();
+        if let Some(count) = shared_count(database, config).await? {
+            for partition in Partition::all(count) {
+                partitions
+                    .push(PartitionStatus::read(&outbox, store.clone(), partition, now).await?);
+            }
+        }
         let held_keys_total = held.len();
         let held_keys = held
             .into_iter()
@@ -376,6 +432,7 @@ impl Status {
             checkpoint,
             held_keys_total,
             held_keys,
+            partitions,
         })
     }
 
@@ -425,6 +482,21 @@ impl Status {
             (None, Some(note)) => format!("  oplog: {note}"),
             (None, None) => "  oplog: unknown".to_owned(),
         });
+        if !self.partitions.is_empty() {
+            lines.push(format!("  partitions: {}", self.partitions.len()));
+            for partition in &self.partitions {
+                lines.push(format!(
+                    "    {}: {}, {} pending, lag {}",
+                    partition.partition,
+                    match (&partition.owner, partition.term) {
+                        (Some(owner), Some(term)) => format!("{owner} (term {term})"),
+                        _ => "no owner".to_owned(),
+                    },
+                    partition.pending,
+                    partition.lag_seconds.map_or("unknown".to_owned(), age),
+                ));
+            }
+        }
         if !self.held_keys.is_empty() {
             lines.push(format!("  held keys: {}", self.held_keys_total));
             for held in &self.held_keys {

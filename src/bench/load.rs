@@ -309,7 +309,9 @@ pub async fn watch_inserts(
 ) -> Result<()> {
     let mut stream = outbox
         .watch()
-        .pipeline(crate::source::change_stream::new_messages())
+        .pipeline(crate::source::change_stream::new_messages(
+            crate::partition::Partition::WHOLE,
+        ))
         .max_await_time(super::MAX_AWAIT_TIME)
         .await
         .map_err(|e| Error::mongo("benchmark change stream failed", e))?;

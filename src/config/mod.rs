@@ -184,6 +184,11 @@ settings! {
         lease_duration: Duration = 10 * SECOND, within(SECOND..=crate::lease::LONGEST_LEASE);
         /// How often the leader renews its lease.
         lease_renew_interval: Duration = 3 * SECOND, within(10 * MS..=30 * MINUTE);
+        /// Partitions the relays on one outbox share, each delivered by one
+        /// relay at a time with its own change stream and lease; every relay
+        /// of a group is started with the same number. 1: one relay
+        /// delivers, the others stand by.
+        partitions: u32 = 1, within(1..=crate::partition::MOST_PARTITIONS);
         /// How often a standby checks whether the lease is free.
         standby_poll_interval: Duration = 500 * MS, within(MS..=MINUTE);
         /// Keep processed and failed messages this long, e.g. 7d (TTL

@@ -43,12 +43,16 @@ use crate::admin::status::{Checkpoint, Depths, Oplog};
 use crate::checkpoint::CheckpointStore;
 use crate::connect::Deployment;
 use crate::error::{brief, command_code, is_unauthorized};
+use crate::partition::Partition;
 use crate::retry::Outage;
 
 /// Reads the outbox's depths and the oplog's headroom into metrics.
 pub struct Collector {
     pub(crate) outbox: Collection<Document>,
+    /// The outbox's checkpoint store; each partition's is read.
     pub(crate) checkpoints: CheckpointStore,
+    /// How many partitions the relays share.
+    pub(crate) partitions: u32,
     pub(crate) client: Client,
     pub(crate) metrics: Metrics,
     pub(crate) interval: Duration,
@@ -233,11 +237,21 @@ impl Collector {
             self.metrics
                 .depths(depths.pending, depths.failed, depths.oldest_pending);
         }
-        let checkpoint = Checkpoint::read(&self.checkpoints).await?;
-        if let Some(written) = checkpoint.updated_at {
-            self.metrics.checkpoint_saved(written);
+        // With partitions, the headroom is the oldest position's: the
+        // partition furthest behind is the first to lose its place.
+        let mut oldest: Option<DateTime> = None;
+        for partition in Partition::all(self.partitions) {
+            let store = self.checkpoints.clone().of_partition(partition);
+            let checkpoint = Checkpoint::read(&store).await?;
+            if let Some(written) = checkpoint.updated_at {
+                self.metrics.checkpoint_saved(written);
+            }
+            oldest = match (oldest, checkpoint.position_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
         }
-        Ok(checkpoint.position_at)
+        Ok(oldest)
     }
 
     /// Whether the oplog is to be read: asks what the connection reaches,
@@ -369,6 +383,7 @@ mod tests {
         let collector = Collector {
             outbox: database.collection("outbox"),
             checkpoints: CheckpointStore::new(&database, "outbox_checkpoints", "outbox"),
+            partitions: 1,
             client,
             metrics: Metrics::new(),
             interval: Duration::from_secs(10),

@@ -7,6 +7,7 @@
 //! stream lag) are kept as the instant they count from and turned into
 //! seconds when scraped, so they stay current between collections.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,6 +19,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
+
+use crate::partition::Partition;
 
 /// Declares an enum used as a label value, written in snake case as
 /// Prometheus labels are.
@@ -78,6 +81,11 @@ struct OriginLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: FailureKind,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PartitionLabel {
+    partition: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -202,14 +210,23 @@ struct Inner {
     checkpoint_age: FloatGauge,
     leader: Gauge,
     term: Gauge,
+    /// How many partitions this relay holds.
+    partitions_held: Gauge,
+    /// 1 for each partition this relay holds, else 0.
+    partition_held: Family<PartitionLabel, Gauge>,
+    /// The term of each partition this relay holds or last held.
+    partition_term: Family<PartitionLabel, Gauge>,
     oplog_window: FloatGauge,
     oplog_headroom: FloatGauge,
     /// Milliseconds since the epoch each age counts from; 0 for none.
     oldest_pending_since: AtomicI64,
     oldest_held_since: AtomicI64,
     checkpoint_saved_at: AtomicI64,
-    last_event_at: AtomicI64,
-    stream_caught_up: AtomicBool,
+    /// Each held partition's stream: the commit time of its last event
+    /// (milliseconds), or `None` while it has read all there is.
+    streams: Mutex<BTreeMap<u32, Option<i64>>>,
+    /// Each partition's stream lag, as `stream_lag` is the relay's.
+    partition_stream_lag: Family<PartitionLabel, FloatGauge>,
     role: AtomicU8,
     mongodb: AtomicU8,
     nats: Mutex<Option<async_nats::Client>>,
@@ -255,13 +272,16 @@ impl Metrics {
             checkpoint_age: FloatGauge::default(),
             leader: Gauge::default(),
             term: Gauge::default(),
+            partitions_held: Gauge::default(),
+            partition_held: Family::default(),
+            partition_term: Family::default(),
             oplog_window: FloatGauge::default(),
             oplog_headroom: FloatGauge::default(),
             oldest_pending_since: AtomicI64::new(0),
             oldest_held_since: AtomicI64::new(0),
             checkpoint_saved_at: AtomicI64::new(0),
-            last_event_at: AtomicI64::new(0),
-            stream_caught_up: AtomicBool::new(true),
+            streams: Mutex::default(),
+            partition_stream_lag: Family::default(),
             role: AtomicU8::new(Role::Starting as u8),
             mongodb: AtomicU8::new(NEVER_REACHED),
             nats: Mutex::new(None),
@@ -381,19 +401,21 @@ impl Metrics {
         ReadingHolds(self.clone())
     }
 
-    /// The stream returned an event that committed at `at`.
-    pub(crate) fn stream_event(&self, at: Option<DateTime>) {
-        if let Some(at) = at {
-            self.0
-                .last_event_at
-                .store(at.timestamp_millis(), Ordering::Relaxed);
+    /// `partition`'s stream returned an event that committed at `at`.
+    pub(crate) fn stream_event(&self, partition: Partition, at: Option<DateTime>) {
+        if let Ok(mut streams) = self.0.streams.lock() {
+            let last = streams.entry(partition.index()).or_default();
+            // An event without a commit time is as old as the last known.
+            *last = at.map(|at| at.timestamp_millis()).or(*last).or(Some(0));
         }
-        self.0.stream_caught_up.store(false, Ordering::Relaxed);
     }
 
-    /// A read of the stream came back empty: nothing committed is unread.
-    pub(crate) fn stream_idle(&self) {
-        self.0.stream_caught_up.store(true, Ordering::Relaxed);
+    /// A read of `partition`'s stream came back empty: nothing committed
+    /// is unread.
+    pub(crate) fn stream_idle(&self, partition: Partition) {
+        if let Ok(mut streams) = self.0.streams.lock() {
+            streams.insert(partition.index(), None);
+        }
     }
 
     /// The checkpoint was written at `at`.
@@ -403,12 +425,33 @@ impl Metrics {
             .fetch_max(at.timestamp_millis(), Ordering::Relaxed);
     }
 
-    /// The leader's state: `Some(term)` while leading, `None` otherwise.
-    pub(crate) fn leading(&self, term: Option<i64>) {
-        self.0.leader.set(i64::from(term.is_some()));
-        if let Some(term) = term {
-            self.0.term.set(term);
+    /// This relay took `partition` at `term` (`Some`), or gave it up
+    /// (`None`); it leads while it holds any.
+    pub(crate) fn partition_held(&self, partition: Partition, term: Option<i64>) {
+        let inner = &self.0;
+        let label = PartitionLabel {
+            partition: partition.index().to_string(),
+        };
+        if term.is_none() {
+            // Another relay reports its stream now.
+            if let Ok(mut streams) = inner.streams.lock() {
+                streams.remove(&partition.index());
+            }
+            inner.partition_stream_lag.get_or_create(&label).set(0.0);
         }
+        inner
+            .partition_held
+            .get_or_create(&label)
+            .set(i64::from(term.is_some()));
+        let held = match term {
+            Some(term) => {
+                inner.term.set(term);
+                inner.partition_term.get_or_create(&label).set(term);
+                inner.partitions_held.inc() + 1
+            }
+            None => inner.partitions_held.dec() - 1,
+        };
+        inner.leader.set(i64::from(held > 0));
     }
 
     /// The outbox's depths, from a collection pass: pending and failed
@@ -546,11 +589,21 @@ impl Metrics {
             .set(age(&inner.oldest_pending_since));
         inner.oldest_held_age.set(age(&inner.oldest_held_since));
         inner.checkpoint_age.set(age(&inner.checkpoint_saved_at));
-        let lag = if inner.stream_caught_up.load(Ordering::Relaxed) {
-            0.0
-        } else {
-            age(&inner.last_event_at)
-        };
+        // The relay's lag is its most behind partition's.
+        let mut lag: f64 = 0.0;
+        if let Ok(streams) = inner.streams.lock() {
+            for (index, last) in streams.iter() {
+                let behind = match last {
+                    None | Some(0) => 0.0,
+                    Some(millis) => (now.timestamp_millis() - millis).max(0) as f64 / 1000.0,
+                };
+                let label = PartitionLabel {
+                    partition: index.to_string(),
+                };
+                inner.partition_stream_lag.get_or_create(&label).set(behind);
+                lag = lag.max(behind);
+            }
+        }
         inner.stream_lag.set(lag);
     }
 }
@@ -686,9 +739,15 @@ impl Inner {
         );
         registry.register_with_unit(
             "change_stream_lag",
-            "Now minus the commit time of the last change event read (0 when the stream is caught up)",
+            "Now minus the commit time of the last change event read (0 when the stream is caught up); with partitions, the most behind of this relay's",
             Unit::Seconds,
             self.stream_lag.clone(),
+        );
+        registry.register_with_unit(
+            "partition_change_stream_lag",
+            "The change stream lag of each partition this relay holds (0 once handed over)",
+            Unit::Seconds,
+            self.partition_stream_lag.clone(),
         );
         registry.register_with_unit(
             "checkpoint_age",
@@ -698,13 +757,28 @@ impl Inner {
         );
         registry.register(
             "leader",
-            "1 while this relay holds the lease, else 0",
+            "1 while this relay holds a lease (of the outbox, or of any partition), else 0",
             self.leader.clone(),
         );
         registry.register(
             "lease_term",
             "The lease term this relay last held",
             self.term.clone(),
+        );
+        registry.register(
+            "partitions_held",
+            "How many of the outbox's partitions this relay holds",
+            self.partitions_held.clone(),
+        );
+        registry.register(
+            "partition_held",
+            "1 while this relay holds the partition's lease, else 0",
+            self.partition_held.clone(),
+        );
+        registry.register(
+            "partition_term",
+            "The lease term of the partition this relay holds or last held",
+            self.partition_term.clone(),
         );
         registry.register_with_unit(
             "oplog_window",

@@ -19,6 +19,7 @@ use mongodb::Collection;
 use crate::config::DeadLetters;
 use crate::contract::{field, status};
 use crate::error::{Error, Result};
+use crate::partition::Partition;
 
 /// The `nextAttemptAt` of a parked message: the last millisecond of year
 /// 9999, later than any range the sweep reads, and plain to a reader.
@@ -55,13 +56,14 @@ pub struct Holder {
 /// nothing can release them.
 pub async fn held_keys(
     outbox: &Collection<Document>,
+    partition: Partition,
     dead_letters: DeadLetters,
 ) -> Result<Vec<HeldKey>> {
     let failed = |e| Error::mongo("reading held keys failed", e);
     let outbox = outbox.clone_with_type::<RawDocumentBuf>();
     let mut keys: BTreeMap<String, HeldKey> = BTreeMap::new();
     let mut holders = outbox
-        .find(holders_filter(dead_letters))
+        .find(partition.scope(holders_filter(dead_letters)))
         .projection(doc! { field::KEY: 1, field::STATUS: 1 })
         .await
         .map_err(failed)?;
@@ -73,7 +75,7 @@ pub async fn held_keys(
         }
     }
     let mut groups = outbox
-        .aggregate(parked_groups())
+        .aggregate(parked_groups(partition))
         .allow_disk_use(true)
         .with_type::<RawDocumentBuf>()
         .await
@@ -177,12 +179,12 @@ fn holders_filter(dead_letters: DeadLetters) -> Document {
 /// Parked keyed messages, by key, each group with its earliest `_id` and
 /// how many. The index's fields are matched first and alone, so that the
 /// read is the sweep index's range of parked messages on any planner.
-fn parked_groups() -> Vec<Document> {
+fn parked_groups(partition: Partition) -> Vec<Document> {
     vec![
-        doc! { "$match": {
+        doc! { "$match": partition.scope(doc! {
             field::STATUS: status::PENDING,
             field::NEXT_ATTEMPT_AT: PARKED,
-        } },
+        }) },
         doc! { "$match": {
             field::KEY: { "$type": "string" },
             field::ID: { "$type": "objectId" },

@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::contract::{field, status, DecodeRules};
 use crate::error::{is_max_time_expired, is_unauthorized, Error, Result};
+use crate::partition::Partition;
 use crate::work::{Feed, Work};
 
 use super::progress::StreamProgress;
@@ -192,7 +193,11 @@ pub(crate) struct Snapshot {
 impl Snapshot {
     /// Starts reading a snapshot of the due pending messages, `batch`
     /// documents at a time (see [`read_batch`]).
-    pub async fn read(outbox: &Collection<Document>, batch: u32) -> Result<Self> {
+    pub async fn read(
+        outbox: &Collection<Document>,
+        partition: Partition,
+        batch: u32,
+    ) -> Result<Self> {
         let failed = |e| Error::mongo("reading pending messages failed", e);
         let taken = DateTime::now();
         let namespace = outbox.namespace();
@@ -220,7 +225,7 @@ impl Snapshot {
         // reply: the driver's own cursor copies every document out of it.
         let mut cursor = database
             .collection_with_options::<RawDocumentBuf>(&namespace.coll, options)
-            .find(due_filter(taken))
+            .find(partition.scope(due_filter(taken)))
             .sort(doc! { field::ID: 1 })
             .batch_size(batch)
             .session(&mut session)

@@ -42,6 +42,7 @@ use replayed::{Seen, Window};
 
 use crate::contract::{field, status, DecodeRules};
 use crate::observe::{Metrics, Role};
+use crate::partition::Partition;
 use crate::retry::{pause, reconnect_backoff, until_settled};
 use crate::setup::collection_exists;
 use crate::work::{Feed, Work};
@@ -94,6 +95,9 @@ pub(crate) mod said {
 /// Tails the outbox collection's inserts.
 pub(crate) struct ChangeStreamSource {
     pub outbox: Collection<Document>,
+    /// The partition it reads: its stream and its catch-up pass see this
+    /// partition's messages alone.
+    pub partition: Partition,
     pub rules: DecodeRules,
     pub max_await_time: Duration,
     /// Least time between two idle position updates.
@@ -202,7 +206,7 @@ impl ChangeStreamSource {
         let watch = self
             .outbox
             .watch()
-            .pipeline(new_messages())
+            .pipeline(new_messages(self.partition))
             .batch_size(batch)
             .max_await_time(self.max_await_time);
         let events = match position {
@@ -308,7 +312,7 @@ impl ChangeStreamSource {
                     }
                     // Nothing more committed: read up to now.
                     self.progress.read(Some(DateTime::now()));
-                    self.metrics.stream_idle();
+                    self.metrics.stream_idle(self.partition);
                     match events.resume_token() {
                         Some(token)
                             if Some(&token) != last.as_ref()
@@ -466,7 +470,7 @@ impl ChangeStreamSource {
             document,
         } = insert;
         self.progress.read(at);
-        self.metrics.stream_event(at);
+        self.metrics.stream_event(self.partition, at);
         let work = match document {
             Some(document) if document.get(OVERSIZED).ok().flatten().is_some() => {
                 let whole = tokio::select! {
@@ -589,11 +593,18 @@ impl Held {
 /// fails the read with `BSONObjectTooLarge`, and resuming meets the same
 /// event). So such a document comes as a stub of its `_id`, and the sweep,
 /// which reads the document itself, delivers or fails it.
-pub(crate) fn new_messages() -> [Document; 2] {
+///
+/// A partition's stream matches its own inserts alone, by a fixed query,
+/// so its resume token serves whoever owns it next.
+pub(crate) fn new_messages(partition: Partition) -> [Document; 2] {
     let full = "$fullDocument";
+    let mut inserted = doc! { "operationType": "insert", "fullDocument.status": status::PENDING };
+    if let Some(selector) = partition.selector("fullDocument.") {
+        inserted = doc! { "$and": [inserted, selector] };
+    }
     [
         doc! { "$match": { "$or": [
-            { "operationType": "insert", "fullDocument.status": status::PENDING },
+            inserted,
             { "operationType": "invalidate" },
         ] } },
         doc! { "$addFields": { "fullDocument": { "$cond": [

@@ -258,9 +258,10 @@ impl ChangeStreamSource {
     async fn ask(&self, counting: bool) -> Answers {
         let counted = async { counting && self.too_far_behind().await };
         let sizing = catch_up::read_batch(&self.outbox);
-        let outbox = self.outbox.clone();
-        let mut reading =
-            Box::pin(async move { catch_up::Snapshot::read(&outbox, catch_up::READ_BATCH).await });
+        let (outbox, partition) = (self.outbox.clone(), self.partition);
+        let mut reading = Box::pin(async move {
+            catch_up::Snapshot::read(&outbox, partition, catch_up::READ_BATCH).await
+        });
         let (behind, sized, read) =
             match future::select(pin!(future::join(counted, sizing)), reading.as_mut()).await {
                 Either::Left(((behind, sized), _)) => (behind, sized, None),
@@ -342,7 +343,7 @@ impl ChangeStreamSource {
         let limit = u64::from(self.max_replay).saturating_add(1);
         let counted = self
             .outbox
-            .count_documents(catch_up::due_filter(DateTime::now()))
+            .count_documents(self.partition.scope(catch_up::due_filter(DateTime::now())))
             .hint(Hint::Name(SWEEP_INDEX.to_owned()))
             .limit(limit)
             .max_time(COUNT_LIMIT)
@@ -440,7 +441,7 @@ impl ChangeStreamSource {
             Some(snapshot) => snapshot,
             None => tokio::select! {
                 _ = shutdown.cancelled() => return Ok(None),
-                snapshot = catch_up::Snapshot::read(&self.outbox, batch) => snapshot?,
+                snapshot = catch_up::Snapshot::read(&self.outbox, self.partition, batch) => snapshot?,
             },
         };
         let (start, upto, taken) = (snapshot.start(), snapshot.cluster_time(), snapshot.taken());

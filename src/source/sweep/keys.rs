@@ -83,7 +83,12 @@ impl Sweeper {
             return Ok((Tally::default(), false));
         };
         if self.reconcile_due() {
-            let held = held_keys(&self.pipeline.outbox, self.dead_letters).await?;
+            let held = held_keys(
+                &self.pipeline.outbox,
+                self.pipeline.partition,
+                self.dead_letters,
+            )
+            .await?;
             let adopted = order.adopt(held);
             if adopted > 0 {
                 tracing::warn!(

@@ -179,7 +179,8 @@ impl Sweeper {
         // ObjectIds count whole seconds, so a bound at now would hold back
         // the current second's messages even with no grace at all.
         let bound = never_tried_before.filter(|before| *before < now);
-        let [never_tried, retry_due, misfits] = candidate_queries(now, bound);
+        let [never_tried, retry_due, misfits] = candidate_queries(now, bound)
+            .map(|(filter, sort)| (self.pipeline.partition.scope(filter), sort));
         let mut reads = vec![(retry_due, true), (misfits, false)];
         if never_tried_before.is_some() {
             reads.insert(0, (never_tried, true));
@@ -350,6 +351,7 @@ mod tests {
             order: None,
             claims_before: None,
             term: None,
+            partition: crate::partition::Partition::WHOLE,
             acknowledged: Default::default(),
             shutdown: CancellationToken::new(),
             abandon: CancellationToken::new(),

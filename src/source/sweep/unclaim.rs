@@ -30,7 +30,8 @@ impl Sweeper {
         Ok(())
     }
 
-    /// Drops every claim on pending messages. Only the lease holder claims,
+    /// Drops every claim on pending messages of the term's partition (the
+    /// others' have leases of their own). Only the lease holder claims,
     /// so before a term's first claim, every claim there is belongs to a
     /// relay that has stopped (its lease ended before this one began); left alone,
     /// each would hide its message, and hold back the rest of its key,
@@ -39,7 +40,9 @@ impl Sweeper {
         self.pipeline
             .outbox
             .update_many(
-                doc! { field::STATUS: status::PENDING, field::LOCK_ID: { "$exists": true } },
+                self.pipeline.partition.scope(
+                    doc! { field::STATUS: status::PENDING, field::LOCK_ID: { "$exists": true } },
+                ),
                 doc! { "$unset": { field::LOCK_ID: "", field::LOCKED_AT: "" } },
             )
             .await
