@@ -587,3 +587,160 @@ async fn a_relay_stopped_while_mongodb_is_frozen_leaves_the_lease_to_expire_and_
     assert_eq!(waits, 1, "it says why a standby waits");
     env.drop().await;
 }
+
+/// The relays of a group on four partitions, as the test starts them.
+const PARTITIONED: [(&str, &str); 3] = [
+    ("OUTBOX_LEASE_DURATION", "2s"),
+    ("OUTBOX_LEASE_RENEW_INTERVAL", "500ms"),
+    ("OUTBOX_PARTITIONS", "4"),
+];
+
+/// Which relay (by pid) holds each of `count` partitions' leases, live by
+/// this host's clock (the servers run on it).
+async fn partition_holders(env: &TestEnv, count: u32) -> Vec<Option<u32>> {
+    let checkpoints = env.db.collection::<Document>("outbox_checkpoints");
+    let now = bson::DateTime::now();
+    let mut holders = Vec::new();
+    for index in 0..count {
+        let id = format!("{}.outbox:{index}/{count}", env.name);
+        let lease = checkpoints
+            .find_one(doc! { "_id": id })
+            .await
+            .ok()
+            .flatten();
+        let holder = lease.and_then(|lease| {
+            let live = lease.get_datetime("expiresAt").is_ok_and(|at| *at > now);
+            let owner = lease.get_str("owner").ok()?;
+            let pid = owner.split('/').nth(1)?.parse().ok()?;
+            live.then_some(pid)
+        });
+        holders.push(holder);
+    }
+    holders
+}
+
+/// Waits until `relays` hold all four partitions between them in fair
+/// shares (none more than one above another), and returns each relay's
+/// count in the order given.
+async fn wait_shared(env: &TestEnv, relays: &[&RelayProcess]) -> Vec<usize> {
+    let pids: Vec<u32> = relays.iter().map(|r| r.pid()).collect();
+    let shares_of = |holders: &[Option<u32>]| -> Vec<usize> {
+        pids.iter()
+            .map(|pid| holders.iter().filter(|h| **h == Some(*pid)).count())
+            .collect()
+    };
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let holders = partition_holders(env, 4).await;
+        let shares = shares_of(&holders);
+        let (least, most) = (shares.iter().min(), shares.iter().max());
+        if holders
+            .iter()
+            .all(|h| h.is_some_and(|pid| pids.contains(&pid)))
+            && most
+                .zip(least)
+                .is_some_and(|(most, least)| most - least <= 1)
+        {
+            return shares;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} relays did not share the four partitions: {holders:?}",
+            pids.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn four_partitions_shared_by_relays_joining_killed_and_stopped() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let servers = Servers::start().await;
+    let env = servers.env().await;
+    let publishes = Publishes::watch(&env).await;
+    let first = RelayProcess::start_with(&env, "partitions-a", &PARTITIONED);
+    let second = RelayProcess::start_with(&env, "partitions-b", &PARTITIONED);
+    assert_eq!(wait_shared(&env, &[&first, &second]).await, [2, 2]);
+    let writer = Writer::start(&env);
+    // Written without the hash (by hand, or by an older writer): partition 0's.
+    let unhashed: Vec<Document> = (0..20)
+        .map(|n| doc! { "type": "order.noted", "payload": { "note": n }, "status": "pending" })
+        .collect();
+    env.outbox().insert_many(unhashed).await.unwrap();
+    publishes.wait_count_after(Instant::now(), 50).await;
+
+    // A third relay joins: the first two hand a partition over gracefully.
+    let third = RelayProcess::start_with(&env, "partitions-c", &PARTITIONED);
+    let shares = wait_shared(&env, &[&first, &second, &third]).await;
+    assert_eq!(shares.iter().sum::<usize>(), 4);
+    publishes.wait_count_after(Instant::now(), 50).await;
+    let repeats_after_join = publishes.repeats();
+
+    // The relay holding two is killed: the others take them once its leases lapse.
+    let mut relays = [first, second, third];
+    let (killed, _) = relays
+        .iter()
+        .enumerate()
+        .zip(&shares)
+        .max_by_key(|(_, share)| **share)
+        .map(|((n, _), share)| (n, *share))
+        .expect("three relays");
+    relays[killed].kill9();
+    let killed_at = Instant::now();
+    let survivors: Vec<&RelayProcess> = relays
+        .iter()
+        .enumerate()
+        .filter(|(n, _)| *n != killed)
+        .map(|(_, r)| r)
+        .collect();
+    assert_eq!(wait_shared(&env, &survivors).await, [2, 2]);
+    let all_held_after_kill = killed_at.elapsed();
+    publishes.wait_count_after(Instant::now(), 50).await;
+
+    // One survivor stops gracefully: the last takes its partitions at once.
+    let mut alive: Vec<RelayProcess> = relays
+        .into_iter()
+        .enumerate()
+        .filter_map(|(n, r)| (n != killed).then_some(r))
+        .collect();
+    let mut stopping = alive.remove(0);
+    let before_stop = Instant::now();
+    stopping.terminate().await;
+    assert_eq!(wait_shared(&env, &[&alive[0]]).await, [4]);
+    publishes.wait_count_after(Instant::now(), 50).await;
+    let paused_by_stop = publishes.longest_gap(before_stop, Instant::now());
+
+    // A relay started with another count is refused, naming the group's.
+    let mut refused = RelayProcess::start_with(
+        &env,
+        "partitions-refused",
+        &[("OUTBOX_LEASE_DURATION", "2s"), ("OUTBOX_PARTITIONS", "2")],
+    );
+    let status = refused.exit_within(WAIT).await.expect("the relay exits");
+    let log = std::fs::read_to_string(&refused.log).unwrap_or_default();
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(log.contains("--partitions 4"), "{log}");
+
+    let aborted = writer.finish().await;
+    verify(
+        &env,
+        "4 partitions: a relay joins, one is killed, one stops",
+        &publishes,
+        &aborted,
+        serde_json::json!({
+            "repeats_after_join": repeats_after_join,
+            "all_partitions_held_after_kill_ms": all_held_after_kill.as_millis() as u64,
+            "delivery_paused_after_graceful_stop_ms": paused_by_stop.as_millis() as u64,
+            "lease_ms": 2000,
+        }),
+    )
+    .await;
+    // A hand-over repeats nothing; the kill, what was in flight.
+    assert_eq!(
+        repeats_after_join, 0,
+        "a graceful hand-over published again"
+    );
+    publishes.assert_repeats_at_most(IN_FLIGHT_AT_MOST, "4 partitions");
+    alive[0].terminate().await;
+    env.drop().await;
+}
