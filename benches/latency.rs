@@ -37,6 +37,9 @@ async fn main() {
         } else {
             vec![Keys::None, Keys::One]
         },
+        relays: if full { vec![1, 2, 4] } else { vec![1, 2] },
+        group_rate: Some(if full { 1000 } else { 50 }),
+        group_burst: if full { 20_000 } else { 50 },
         output: output.clone(),
         server: bench::describe_server(&env("MONGODB_URI", "mongodb://127.0.0.1:27017")).await,
     };
@@ -48,12 +51,27 @@ async fn main() {
         }
     };
     bench::print_table(&report);
-    let incomplete: Vec<&str> = report
+    let mut incomplete: Vec<&str> = report
         .runs
         .iter()
         .filter(|run| run.received < run.messages)
         .map(|run| run.mode.as_str())
         .collect();
+    incomplete.extend(
+        report
+            .groups
+            .iter()
+            .filter(|group| group.received < group.messages)
+            .map(|_| "a group of relays"),
+    );
+    let groups_expected = config.relays.len() + 1;
+    if report.groups.len() != groups_expected {
+        eprintln!(
+            "the benchmark ran {} groups of relays, not {groups_expected}",
+            report.groups.len()
+        );
+        std::process::exit(1);
+    }
     if !incomplete.is_empty() {
         eprintln!("benchmark runs lost messages: {incomplete:?}");
         std::process::exit(1);

@@ -11,6 +11,7 @@
 //!
 //! Everything runs in a database of its own, which is dropped afterwards.
 
+mod group;
 mod inbox;
 pub mod load;
 mod process;
@@ -31,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::publish::{connect_nats, StreamSetup};
 use crate::redact;
 use crate::source::change_stream::said;
+pub use group::GroupRun;
 pub use inbox::{EndToEnd, InboxBench};
 use load::Clock;
 pub use load::Keys;
@@ -69,6 +71,14 @@ pub struct BenchConfig {
     /// How messages are keyed: push over JetStream and the drain run once
     /// for each (the other modes without keys).
     pub keys: Vec<Keys>,
+    /// Group sizes to compare (`--relays`): each runs with as many
+    /// partitions as the largest, beside one relay with one; `[1]` (or
+    /// nothing) runs no group.
+    pub relays: Vec<usize>,
+    /// The paced rate of the group runs; `None` as fast as the writers go.
+    pub group_rate: Option<u32>,
+    /// Messages in the group runs' burst.
+    pub group_burst: usize,
     /// Where the JSON, the plot and the relay logs go.
     pub output: PathBuf,
     /// A description of the MongoDB server, for the record.
@@ -286,6 +296,8 @@ pub struct Report {
     pub drains: Vec<Drain>,
     pub keyed_drains: Vec<KeyedDrain>,
     pub inbox: Option<InboxBench>,
+    /// One relay against groups on the same load (`--relays`).
+    pub groups: Vec<GroupRun>,
 }
 
 /// A description of the server at `uri` for the record: its buildInfo version.
@@ -332,6 +344,7 @@ pub async fn run(config: &BenchConfig) -> Result<Report> {
         drains: Vec::new(),
         keyed_drains: Vec::new(),
         inbox: None,
+        groups: Vec::new(),
     };
     let outcome = bench.all(&mut report).await;
     bench.clean_up().await;
@@ -404,7 +417,25 @@ impl Bench<'_> {
         if self.config.inbox > 0 {
             report.inbox = Some(self.inbox(self.config.inbox).await?);
         }
+        report.groups = self.groups().await?;
         Ok(())
+    }
+
+    /// One relay with one partition, then each group size on as many
+    /// partitions as the largest group has relays (one relay of them
+    /// running every partition), on the same load.
+    async fn groups(&self) -> Result<Vec<GroupRun>> {
+        let config = self.config;
+        let Some(&largest) = config.relays.iter().max().filter(|n| **n > 1) else {
+            return Ok(Vec::new());
+        };
+        let partitions = u32::try_from(largest).unwrap_or(u32::MAX);
+        let (rate, count, burst) = (config.group_rate, config.count, config.group_burst);
+        let mut runs = vec![self.group(1, 1, rate, count, burst).await?];
+        for &relays in &config.relays {
+            runs.push(self.group(relays, partitions, rate, count, burst).await?);
+        }
+        Ok(runs)
     }
 
     /// The key spreads a run of a mode measures: all of them for push over
@@ -979,8 +1010,13 @@ impl Bench<'_> {
                 if !padding.is_empty() {
                     payload.insert("padding", padding.as_str());
                 }
-                let mut message = doc! { "_id": ObjectId::new(), "type": "order.placed", "payload": payload, "status": "pending" };
-                if let Some(key) = keys.of(i) {
+                let key = keys.of(i);
+                // As the writers store it: a group of relays partitions by it.
+                let mut message = doc! {
+                    "_id": ObjectId::new(), "type": "order.placed", "payload": payload,
+                    "status": "pending", "keyHash": crate::contract::stored_key_hash(key.as_deref()),
+                };
+                if let Some(key) = key {
                     message.insert("key", key);
                 }
                 message

@@ -26,6 +26,36 @@ pub(crate) fn progress(total: usize, label: &str) -> indicatif::ProgressBar {
 
 /// Prints the results as a table.
 pub fn print_table(report: &Report) {
+    print_runs(report);
+    print_groups(report);
+}
+
+/// One relay against groups of relays on the same load.
+fn print_groups(report: &Report) {
+    if report.groups.is_empty() {
+        return;
+    }
+    println!(
+        "{:<24} {:>8} {:>9} {:>9} {:>9} {:>12} {:>10} {:>8}",
+        "group", "offered", "p50 ms", "p99 ms", "max ms", "burst msg/s", "cpu µs/msg", "rss MiB"
+    );
+    for group in &report.groups {
+        println!(
+            "{:<24} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>12.0} {:>10.1} {:>8.1}",
+            format!("{} relays, {} partitions", group.relays, group.partitions),
+            rate_label(group.offered_rate),
+            group.p50_ms,
+            group.p99_ms,
+            group.max_ms,
+            group.burst_rate,
+            group.cpu_us_per_message,
+            group.peak_rss_mib,
+        );
+    }
+}
+
+/// Each mode at each rate, the drains and the inbox.
+fn print_runs(report: &Report) {
     println!(
         "{:<25} {:>7} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>8}",
         "mode",

@@ -54,12 +54,40 @@ pub struct BenchArgs {
     /// the backlog drain run once for each.
     #[arg(long, default_value = "none,10000,one", value_delimiter = ',')]
     pub keys: Vec<String>,
+    /// Group sizes to compare, comma-separated (say 1,2,4): each runs on as
+    /// many partitions as the largest, beside one relay with one, on the
+    /// same keyed load; 1 alone runs no group.
+    #[arg(long, default_value = "1", value_delimiter = ',')]
+    pub relays: Vec<usize>,
+    /// The group runs' paced rate, in messages a second, or "max".
+    #[arg(long, default_value = "1000")]
+    pub group_rate: String,
+    /// Messages the group runs write at once, to time a full load.
+    #[arg(long, default_value_t = 20_000)]
+    pub group_burst: usize,
     /// Folder for bench.json, latency-cdf.svg and the relay logs.
     #[arg(long, default_value = "bench-results")]
     pub output: PathBuf,
     /// How to describe the MongoDB server in the results [default: its buildInfo version].
     #[arg(long)]
     pub server: Option<String>,
+}
+
+/// A rate in messages a second, or "max" (`None`), for the flag `flag`.
+fn parse_rate(flag: &str, rate: &str) -> Result<Option<u32>> {
+    match rate.trim() {
+        "max" => Ok(None),
+        number => number
+            .parse::<u32>()
+            .ok()
+            .filter(|&r| r > 0)
+            .map(Some)
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "{flag}: {number:?} is neither a positive number nor \"max\""
+                ))
+            }),
+    }
 }
 
 /// The largest padding `--payload-bytes` takes: NATS's default
@@ -72,19 +100,7 @@ impl BenchArgs {
         let rates = self
             .rates
             .iter()
-            .map(|rate| match rate.trim() {
-                "max" => Ok(None),
-                number => number
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|&r| r > 0)
-                    .map(Some)
-                    .ok_or_else(|| {
-                        Error::Config(format!(
-                            "--rates: {number:?} is neither a positive number nor \"max\""
-                        ))
-                    }),
-            })
+            .map(|rate| parse_rate("--rates", rate))
             .collect::<Result<Vec<_>>>()?;
         let keys = self
             .keys
@@ -123,6 +139,12 @@ impl BenchArgs {
             .copied()
             .filter(|&n| n > 0 && seen.insert(n))
             .collect();
+        if let Some(n) = self.relays.iter().find(|n| !(1..=64).contains(*n)) {
+            return Err(Error::Config(format!(
+                "--relays: {n} is not between 1 and 64 (a group shares at most 64 partitions)"
+            )));
+        }
+        let group_rate = parse_rate("--group-rate", &self.group_rate)?;
         let relay_binary = std::env::current_exe()
             .map_err(|e| Error::io("cannot find this program's path to start the relay", e))?;
         Ok(BenchConfig {
@@ -136,6 +158,9 @@ impl BenchArgs {
             payload_bytes: self.payload_bytes,
             inbox: self.inbox,
             keys,
+            relays: self.relays,
+            group_rate,
+            group_burst: self.group_burst.max(1),
             output: self.output,
             server: self.server.unwrap_or(server),
         })
