@@ -116,6 +116,8 @@ impl Sweeper {
         let now = DateTime::now();
         let mut claimed = Claimed::default();
         for ((filter, sort), always) in reads {
+            // Every read and claim of the sweep, of its partition alone.
+            let filter = self.pipeline.partition.scope(filter);
             let room = self.batch_size - claimed.works.len();
             let bytes = self.max_pass_bytes.saturating_sub(claimed.bytes);
             let stop = claimed.sighted.end == ReadEnd::OutOfRoom || room == 0 || bytes == 0;
@@ -221,7 +223,7 @@ impl Sweeper {
     /// claimed: it must not go before that one.
     async fn claim(
         &self,
-        mut filter: Document,
+        filter: Document,
         candidates: Vec<Work>,
         claim: ObjectId,
         now: DateTime,
@@ -240,7 +242,8 @@ impl Sweeper {
             { field::LOCKED_AT: { "$lt": earlier(now, self.lock_timeout) } },
             { field::LOCKED_AT: { "$gt": later(now, self.lock_timeout) } },
         ] };
-        filter.insert("$and", vec![free]);
+        // Beside the read's filter, whatever operators it has at its top.
+        let filter = doc! { "$and": [filter, free] };
         let take = doc! { "$set": { field::LOCK_ID: claim, field::LOCKED_AT: now } };
         let holders = self
             .take_claims(&filter, &take, &candidates, ids, claim)

@@ -179,8 +179,7 @@ impl Sweeper {
         // ObjectIds count whole seconds, so a bound at now would hold back
         // the current second's messages even with no grace at all.
         let bound = never_tried_before.filter(|before| *before < now);
-        let [never_tried, retry_due, misfits] = candidate_queries(now, bound)
-            .map(|(filter, sort)| (self.pipeline.partition.scope(filter), sort));
+        let [never_tried, retry_due, misfits] = candidate_queries(now, bound);
         let mut reads = vec![(retry_due, true), (misfits, false)];
         if never_tried_before.is_some() {
             reads.insert(0, (never_tried, true));
@@ -325,6 +324,7 @@ mod tests {
     use crate::config::RelayConfig;
     use crate::contract::SubjectRules;
     use crate::observe::Metrics;
+    use crate::partition::Partition;
     use crate::work::{Budget, LastDelivery, Underway, Unmarkable};
 
     /// A sweeper over `outbox` whose messages go to a broker that takes
@@ -451,6 +451,51 @@ mod tests {
             !pass.full,
             "a pass that took nothing is not followed at once: it would read the same again"
         );
+        database.drop().await.expect("drop");
+    }
+
+    #[tokio::test]
+    async fn a_partitions_claim_takes_nothing_marked_while_its_pass_waited_for_room() {
+        let database = crate::testing::database().await;
+        let outbox = database.collection::<Document>("outbox");
+        let payload = Binary {
+            subtype: bson::spec::BinarySubtype::Generic,
+            bytes: vec![7; 200 * KIB],
+        };
+        let message = || doc! { "_id": ObjectId::new(), "type": "t", "status": "pending", "keyHash": 1_i64, "payload": payload.clone() };
+        outbox
+            .insert_many([message(), message()])
+            .await
+            .expect("insert");
+        // The stream's pipeline holds the whole budget: the pass reads a
+        // candidate and waits for room to hold it.
+        let budget = Budget::new(1024 * 1024);
+        let elsewhere = budget.reserve(1024 * 1024).await.expect("held");
+        let mut sweeper = sweeper(outbox.clone(), budget.clone(), 1024 * 1024);
+        sweeper.pipeline.partition = Partition::new(1, 2).expect("a partition");
+        let starved = budget.starved();
+        tokio::pin!(starved);
+        starved.as_mut().enable();
+        let passing = tokio::spawn(async move { sweeper.pass().await });
+        timeout(Duration::from_secs(30), starved)
+            .await
+            .expect("the pass waits for room");
+        // Meanwhile the stream delivers them and marks them.
+        outbox
+            .update_many(doc! {}, doc! { "$set": { "status": "processed" } })
+            .await
+            .expect("marked");
+        drop(elsewhere);
+        let pass = timeout(Duration::from_secs(30), passing)
+            .await
+            .expect("a pass in time")
+            .expect("the pass task")
+            .expect("a pass");
+        assert_eq!(
+            pass.claimed, 0,
+            "a message no longer pending is not claimed"
+        );
+        assert_eq!(pass.tally.delivered, 0, "nor published again");
         database.drop().await.expect("drop");
     }
 
