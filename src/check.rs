@@ -94,7 +94,7 @@ impl Report {
 /// indexes are created where missing, as the relay would on start.
 pub async fn run(config: &RelayConfig) -> Report {
     let mut report = Report::default();
-    let mongodb = connect_mongodb_observed(&config.mongodb_uri, None).await;
+    let mongodb = connect_mongodb_observed(&config.mongodb_uri, None, config.partitions).await;
     let shown = redact::uri(&config.mongodb_uri);
     match report.record("mongodb", mongodb, |(_, deployment)| {
         format!("{shown} is {deployment}")

@@ -86,18 +86,38 @@ impl std::fmt::Display for Deployment {
 /// Connects to MongoDB and checks that it is a replica set or a sharded
 /// cluster, since change streams and transactions need one.
 pub async fn connect_mongodb(uri: &str) -> Result<Client> {
-    connect_mongodb_observed(uri, None)
+    connect_mongodb_observed(uri, None, 1)
         .await
         .map(|(client, _)| client)
 }
 
+/// The driver's own pool size, where a connection string names none.
+const DRIVER_POOL: u32 = 10;
+
 /// [`connect_mongodb`], reporting whether the server is reachable to
 /// `metrics`, with the deployment it reached.
+///
+/// `streams` change streams will be open at once (one a partition the
+/// relay holds), each keeping a connection while the server holds its
+/// read: the pool grows by as many, so that marks and sweeps still find
+/// connections.
 pub(crate) async fn connect_mongodb_observed(
     uri: &str,
     metrics: Option<&Metrics>,
+    streams: u32,
 ) -> Result<(Client, Deployment)> {
     let (mut options, shown) = parsed(uri).await?;
+    match options.max_pool_size {
+        None => options.max_pool_size = Some(DRIVER_POOL.max(streams.saturating_add(8))),
+        Some(size) if size > 0 && size < streams.saturating_add(2) => tracing::warn!(
+            max_pool_size = size,
+            streams,
+            "maxPoolSize in --mongodb-uri leaves too few connections beside the change streams \
+             of the partitions this relay may hold: raise it to {} or more, or leave it out",
+            streams.saturating_add(8)
+        ),
+        Some(_) => {}
+    }
     options
         .app_name
         .get_or_insert_with(|| "outbox-relay".to_owned());
@@ -138,14 +158,17 @@ pub(crate) async fn connect_mongodb_observed(
 /// renewal waits in no queue of the relay's own making. (A server that
 /// runs one operation at a time, as SecantusDB does with a slow read, still
 /// makes it wait: see docs/developing.md.)
-pub(crate) async fn connect_mongodb_for_coordination(uri: &str) -> Result<Client> {
+///
+/// One connection a partition beside one of its own: each partition's
+/// lease and checkpoint are written apart from the others'.
+pub(crate) async fn connect_mongodb_for_coordination(uri: &str, partitions: u32) -> Result<Client> {
     let (mut options, shown) = parsed(uri).await?;
     let app_name = options.app_name.as_deref().unwrap_or("outbox-relay");
     options.app_name = Some(format!("{app_name} (coordination)"));
     options
         .server_selection_timeout
         .get_or_insert(Duration::from_secs(10));
-    options.max_pool_size = Some(2);
+    options.max_pool_size = Some(partitions.saturating_add(1).max(2));
     options.min_pool_size = Some(1);
     Client::with_options(options).map_err(|e| Error::mongo(format!("cannot use {shown}"), e))
 }

@@ -78,7 +78,8 @@ pub enum Error {
     StoredState(String),
 
     /// Another run took over what this one held (a replay whose hold
-    /// lapsed): this run stopped, and the other goes on.
+    /// lapsed): this run stopped, and the other goes on. Or another relay
+    /// changed the group this one was joining: it tries again.
     #[error("{0}")]
     TakenOver(String),
 

@@ -80,9 +80,11 @@ impl Relay {
     /// [`Relay::connect`], recording into `metrics` from the first connection on.
     pub async fn connect_observed(config: RelayConfig, metrics: Metrics) -> Result<Self> {
         config.validate()?;
-        let (client, _) = connect_mongodb_observed(&config.mongodb_uri, Some(&metrics)).await?;
+        let streams = config.partitions;
+        let (client, _) =
+            connect_mongodb_observed(&config.mongodb_uri, Some(&metrics), streams).await?;
         let database = client.database(&config.database);
-        let coordination = connect_mongodb_for_coordination(&config.mongodb_uri)
+        let coordination = connect_mongodb_for_coordination(&config.mongodb_uri, config.partitions)
             .await?
             .database(&config.database);
         let nats = NatsPublisher::connect(&config, &metrics).await?;
@@ -223,12 +225,22 @@ impl Relay {
             Some(Ok(())) => self.take_shares(&member, &mut shares).await,
         };
         // A stopping relay leaves at once, so the others count it out of
-        // the share while it finishes its partitions.
-        let leaving = tokio::time::timeout(RELEASE_TIMEOUT, group.leave());
-        if let Ok(Err(error)) = leaving.await {
-            tracing::warn!(%error, "could not leave the group of relays; its announcement expires");
-        }
-        shares.stop_all().await;
+        // the share while it finishes its partitions; a MongoDB that does
+        // not answer delays neither.
+        let leaving = async {
+            match tokio::time::timeout(RELEASE_TIMEOUT, group.leave()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::warn!(
+                    %error,
+                    "could not leave the group of relays; its announcement expires"
+                ),
+                Err(_) => tracing::warn!(
+                    "MongoDB did not answer within {RELEASE_TIMEOUT:?}: this relay's \
+                     announcement expires instead"
+                ),
+            }
+        };
+        tokio::join!(leaving, shares.stop_all());
         ended
     }
 
@@ -242,21 +254,13 @@ impl Relay {
         let stop = member.stop;
         let mut outage = Outage::new("MongoDB group of relays");
         loop {
-            // Renewed as a lease is; read as often as a standby looks.
-            if shares
-                .renewed_at
-                .is_none_or(|at| at.elapsed() >= self.config.lease_renew_interval)
-            {
-                match member.group.renew().await {
-                    Ok(()) => shares.renewed_at = Some(Instant::now()),
-                    Err(error @ Error::Config(_)) => return Err(error),
-                    Err(error) => outage.failed(&error),
-                }
-            }
-            match self.round(member, shares).await {
-                Ok(()) => outage.recovered(),
-                Err(error @ Error::Config(_)) => return Err(error),
-                Err(error) => outage.failed(&error),
+            // A stop does not wait for a MongoDB that does not answer: a
+            // take cut short leaves a lease that lapses unused.
+            let round = self.renew_and_round(member, shares, &mut outage);
+            tokio::select! {
+                biased;
+                _ = stop.shutdown.cancelled() => return Ok(()),
+                refused = round => refused?,
             }
             self.show_role(shares);
             tokio::select! {
@@ -265,6 +269,33 @@ impl Relay {
                 _ = tokio::time::sleep(self.config.standby_poll_interval) => {}
             }
         }
+    }
+
+    /// Renews this relay's place in the group when due (as a lease is) and
+    /// runs a round. Errors other than a refusal are the outage's to report.
+    async fn renew_and_round(
+        self: &Arc<Self>,
+        member: &Membership<'_>,
+        shares: &mut Shares,
+        outage: &mut Outage,
+    ) -> Result<()> {
+        let renew_interval = self.config.lease_renew_interval;
+        if shares
+            .renewed_at
+            .is_none_or(|at| at.elapsed() >= renew_interval)
+        {
+            match member.group.renew().await {
+                Ok(()) => shares.renewed_at = Some(Instant::now()),
+                Err(error @ Error::Config(_)) => return Err(error),
+                Err(error) => outage.failed(&error),
+            }
+        }
+        match self.round(member, shares).await {
+            Ok(()) => outage.recovered(),
+            Err(error @ Error::Config(_)) => return Err(error),
+            Err(error) => outage.failed(&error),
+        }
+        Ok(())
     }
 
     /// One round: reads the group, and takes or hands over partitions as
@@ -278,6 +309,16 @@ impl Relay {
         } = *member;
         let view = group.view().await?;
         let mine: Vec<Partition> = shares.units.keys().copied().collect();
+        // A relay that holds nothing and no longer counts as joining (its
+        // leases lapsed while it was cut off, or a hand-over to it took
+        // long) joins anew, so that the others make room for it.
+        let counted = view
+            .members
+            .iter()
+            .any(|m| m.name == lease.owner() && m.counts);
+        if mine.is_empty() && !counted {
+            group.rejoin().await?;
+        }
         let cooling = shares
             .cooling_until
             .is_some_and(|until| Instant::now() < until);
@@ -341,11 +382,15 @@ impl Relay {
     /// released, or until the lease is lost.
     async fn deliver_partition(&self, pipeline: &Pipeline, lease: Lease, held: Held, stop: &Stop) {
         let partition = pipeline.partition;
-        self.metrics.partition_held(partition, Some(held.term.0));
+        let holding = Holding::new(&self.metrics, partition, held.term);
         // The term ends with the unit's stop, or abandoned when the lease
         // is lost: then the completion stage writes nothing more.
         let term_stop = stop.inner();
         let keeper_stop = CancellationToken::new();
+        // Should this unit panic, its term's tasks end, and the lease is
+        // left to lapse rather than renewed by a keeper nobody stops.
+        let _abandon_on_panic = term_stop.abandon.clone().drop_guard();
+        let _stop_keeping_on_panic = keeper_stop.clone().drop_guard();
         let keeper = tokio::spawn(lease.clone().keep(
             held,
             term_stop.abandon.clone(),
@@ -363,7 +408,7 @@ impl Relay {
         self.publisher.end_term().await;
         keeper_stop.cancel();
         let held = keeper.await.unwrap_or(held);
-        self.metrics.partition_held(partition, None);
+        drop(holding);
         if stop.shutdown.is_cancelled() {
             release(&lease, &held).await;
         } else {
@@ -556,6 +601,37 @@ impl Relay {
     /// NATS or MongoDB): what it did not deliver stays pending, and its
     /// claims are released.
     pub async fn sweep_once(&self, give_up_after: Duration) -> Result<Tally> {
+        let config = &self.config;
+        let lease = self.lease();
+        // The whole outbox, as one partition: a group of relays of another
+        // count refuses it, and it refuses such a group while it runs.
+        let group = Group::new(
+            &self.coordination,
+            &config.checkpoint_collection,
+            &config.collection,
+            lease.owner(),
+            1,
+            config.lease_timing(),
+        );
+        match group.join().await {
+            Ok(()) => {}
+            Err(Error::Config(why)) => {
+                return Err(Error::GaveUp(format!(
+                    "{why}: a group of relays runs on this outbox and sweeps it already; run \
+                     sweep --once only where no relay is running"
+                )))
+            }
+            Err(error) => return Err(error),
+        }
+        let swept = self.sweep_once_holding(&lease, give_up_after).await;
+        if let Err(error) = group.leave().await {
+            tracing::warn!(%error, "could not leave the group of relays; its announcement expires");
+        }
+        swept
+    }
+
+    /// [`Relay::sweep_once`], a member of the group with one partition.
+    async fn sweep_once_holding(&self, lease: &Lease, give_up_after: Duration) -> Result<Tally> {
         // Abandoned when its time is up, or when the lease is lost.
         let stop = Stop::new();
         let _abandon_on_return = stop.abandon.clone().drop_guard();
@@ -574,21 +650,6 @@ impl Relay {
                 }
             }
         });
-        let config = &self.config;
-        let group = Group::stored(
-            &self.coordination,
-            &config.checkpoint_collection,
-            &config.collection,
-        );
-        if let Some((partitions, true)) = group.await? {
-            if partitions > 1 {
-                return Err(Error::GaveUp(format!(
-                    "a group of relays with --partitions {partitions} is running on this outbox \
-                     and sweeps it already; run sweep --once only where no relay is running"
-                )));
-            }
-        }
-        let lease = self.lease();
         let Ok(held) = lease.try_acquire().await? else {
             return Err(Error::GaveUp(
                 "another relay leads this outbox and sweeps it already; run sweep --once only \
@@ -620,7 +681,7 @@ impl Relay {
         let (time_up, abandoned) = (time_up.is_cancelled(), stop.abandon.is_cancelled());
         let lost = abandoned && !time_up;
         if !abandoned {
-            release(&lease, &held).await;
+            release(lease, &held).await;
         }
         match drained {
             _ if time_up => Err(Error::GaveUp(format!(
@@ -758,6 +819,29 @@ impl Relay {
             claims_cleared: Arc::default(),
             pipeline,
         }
+    }
+}
+
+/// A partition this relay holds, as its metrics say: from the take until
+/// dropped, however the unit ends.
+struct Holding {
+    metrics: Metrics,
+    partition: Partition,
+}
+
+impl Holding {
+    fn new(metrics: &Metrics, partition: Partition, term: Term) -> Self {
+        metrics.partition_held(partition, Some(term.0));
+        Holding {
+            metrics: metrics.clone(),
+            partition,
+        }
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.metrics.partition_held(self.partition, None);
     }
 }
 

@@ -662,9 +662,28 @@ async fn four_partitions_shared_by_relays_joining_killed_and_stopped() {
     let second = RelayProcess::start_with(&env, "partitions-b", &PARTITIONED);
     assert_eq!(wait_shared(&env, &[&first, &second]).await, [2, 2]);
     let writer = Writer::start(&env);
-    // Written without the hash (by hand, or by an older writer): partition 0's.
-    let unhashed: Vec<Document> = (0..20)
-        .map(|n| doc! { "type": "order.noted", "payload": { "note": n }, "status": "pending" })
+    // Written without the hash (by hand, or by an older writer), or with
+    // one no writer stores: partition 0's, or the one its number names.
+    let odd = [
+        None,
+        Some(bson::Bson::String("7".into())),
+        Some(bson::Bson::Array(vec![1.into(), 2.into()])),
+        Some(bson::Bson::Int64(-3)),
+        Some(bson::Bson::Double(2.5)),
+        Some(bson::Bson::Double(f64::NAN)),
+        Some(bson::Bson::Int32(5)),
+        Some(bson::Bson::Int64(i64::MAX)),
+        Some(bson::Bson::Null),
+    ];
+    let unhashed: Vec<Document> = (0..27)
+        .map(|n| {
+            let mut message =
+                doc! { "type": "order.noted", "payload": { "note": n as i64 }, "status": "pending" };
+            if let Some(hash) = &odd[n % odd.len()] {
+                message.insert("keyHash", hash.clone());
+            }
+            message
+        })
         .collect();
     env.outbox().insert_many(unhashed).await.unwrap();
     publishes.wait_count_after(Instant::now(), 50).await;
@@ -676,8 +695,20 @@ async fn four_partitions_shared_by_relays_joining_killed_and_stopped() {
     publishes.wait_count_after(Instant::now(), 50).await;
     let repeats_after_join = publishes.repeats();
 
+    // A relay cut off past its leases (SIGSTOP) loses its partitions to
+    // the others; back (SIGCONT), it holds nothing, joins anew and is
+    // handed its share again.
+    let relays = [first, second, third];
+    let least = (0..3).min_by_key(|n| shares[*n]).expect("three relays");
+    let others: Vec<&RelayProcess> = (0..3).filter(|n| *n != least).map(|n| &relays[n]).collect();
+    relays[least].signal("STOP");
+    assert_eq!(wait_shared(&env, &others).await, [2, 2]);
+    relays[least].signal("CONT");
+    let shares = wait_shared(&env, &[&relays[0], &relays[1], &relays[2]]).await;
+    publishes.wait_count_after(Instant::now(), 50).await;
+
     // The relay holding two is killed: the others take them once its leases lapse.
-    let mut relays = [first, second, third];
+    let mut relays = relays;
     let (killed, _) = relays
         .iter()
         .enumerate()

@@ -9,6 +9,8 @@
 //! together and the load begins once they share every partition, so a
 //! hand-over at the start is not measured.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bson::Document;
@@ -44,6 +46,14 @@ pub struct GroupRun {
     pub burst_messages: usize,
     pub burst_seconds: f64,
     pub burst_rate: f64,
+    /// How long writing the burst took: a drain that ends with it kept up
+    /// with the writes.
+    pub insert_seconds: f64,
+    /// The floor: the same burst read by one bare change stream per
+    /// partition with the partition's `$match`, no relay running, and the
+    /// rate all of them read it at.
+    pub streams_seconds: f64,
+    pub streams_rate: f64,
     /// The relays' CPU, summed, over both loads, a message.
     pub cpu_us_per_message: f64,
     /// The largest of the relays' peak memory.
@@ -109,6 +119,7 @@ impl Bench<'_> {
 
         let began = Instant::now();
         self.insert_backlog(&outbox, burst, GROUP_KEYS).await?;
+        let insert_seconds = began.elapsed().as_secs_f64();
         let total = count + READY_MESSAGES + burst;
         self.wait_marked(&group, total, &label).await?;
         let burst_seconds = began.elapsed().as_secs_f64();
@@ -124,6 +135,7 @@ impl Bench<'_> {
             )));
         }
         let cpu: f64 = usage.iter().map(|u| u.cpu_seconds).sum::<f64>() - ready;
+        let streams_seconds = self.streams_floor(&tag, partitions, burst).await?;
         Ok(GroupRun {
             relays,
             partitions,
@@ -136,9 +148,33 @@ impl Bench<'_> {
             burst_messages: burst,
             burst_seconds,
             burst_rate: burst as f64 / burst_seconds.max(1e-9),
+            insert_seconds,
+            streams_seconds,
+            streams_rate: burst as f64 / streams_seconds.max(1e-9),
             cpu_us_per_message: cpu / (count + burst) as f64 * 1e6,
             peak_rss_mib: usage.iter().map(|u| u.peak_rss_mib).fold(0.0, f64::max),
         })
+    }
+
+    /// How long `partitions` bare change streams, one a partition, take to
+    /// read a burst of `burst` messages written while they run.
+    async fn streams_floor(&self, tag: &str, partitions: u32, burst: usize) -> Result<f64> {
+        let (_, collection) = self.names(&format!("{tag}_streams"));
+        let outbox = self.database.collection::<Document>(&collection);
+        crate::setup::ensure_indexes(&outbox, None).await?;
+        let (seen, stop) = (Arc::new(AtomicUsize::new(0)), CancellationToken::new());
+        let _stop_streams = stop.clone().drop_guard();
+        load::watch_partitions(outbox.clone(), partitions, seen.clone(), stop).await?;
+        let began = Instant::now();
+        self.insert_backlog(&outbox, burst, GROUP_KEYS).await?;
+        let read_all = || seen.load(Ordering::Relaxed);
+        if !load::wait_for_count(burst, Duration::from_secs(600), read_all).await {
+            return Err(Error::Bench(format!(
+                "{partitions} bare change streams read {} of {burst} events within ten minutes",
+                read_all()
+            )));
+        }
+        Ok(began.elapsed().as_secs_f64())
     }
 
     /// Waits until the relays hold every partition between them, each

@@ -5,6 +5,7 @@
 //! latency is a difference of two readings of the same clock: no skew.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -338,6 +339,42 @@ pub async fn watch_inserts(
             }
         }
     });
+    Ok(())
+}
+
+/// Opens one bare change stream per partition of `partitions` on
+/// `outbox`, each with the partition's `$match` as a relay's stream has
+/// it, and counts the events all of them read into `seen`, until `stop`:
+/// what the server serves a group, with no relay.
+pub async fn watch_partitions(
+    outbox: Collection<Document>,
+    partitions: u32,
+    seen: Arc<AtomicUsize>,
+    stop: CancellationToken,
+) -> Result<()> {
+    for partition in crate::partition::Partition::all(partitions) {
+        let mut stream = outbox
+            .watch()
+            .pipeline(crate::source::change_stream::new_messages(partition))
+            .max_await_time(super::MAX_AWAIT_TIME)
+            .await
+            .map_err(|e| Error::mongo("benchmark change stream failed", e))?;
+        let (seen, stop) = (seen.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    event = stream.next() => event,
+                };
+                match event {
+                    Some(Ok(_)) => {
+                        seen.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => return,
+                }
+            }
+        });
+    }
     Ok(())
 }
 

@@ -36,18 +36,29 @@ fn print_groups(report: &Report) {
         return;
     }
     println!(
-        "{:<24} {:>8} {:>9} {:>9} {:>9} {:>12} {:>10} {:>8}",
-        "group", "offered", "p50 ms", "p99 ms", "max ms", "burst msg/s", "cpu µs/msg", "rss MiB"
+        "{:<24} {:>8} {:>9} {:>9} {:>9} {:>12} {:>9} {:>13} {:>10} {:>8}",
+        "group",
+        "offered",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "burst msg/s",
+        "insert s",
+        "streams msg/s",
+        "cpu µs/msg",
+        "rss MiB"
     );
     for group in &report.groups {
         println!(
-            "{:<24} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>12.0} {:>10.1} {:>8.1}",
+            "{:<24} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>12.0} {:>9.2} {:>13.0} {:>10.1} {:>8.1}",
             format!("{} relays, {} partitions", group.relays, group.partitions),
             rate_label(group.offered_rate),
             group.p50_ms,
             group.p99_ms,
             group.max_ms,
             group.burst_rate,
+            group.insert_seconds,
+            group.streams_rate,
             group.cpu_us_per_message,
             group.peak_rss_mib,
         );

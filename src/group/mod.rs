@@ -25,7 +25,7 @@ pub mod balance;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bson::{doc, DateTime, RawBsonRef, RawDocumentBuf};
+use bson::{doc, DateTime, Document, RawBsonRef, RawDocumentBuf};
 use futures::TryStreamExt;
 use mongodb::{Collection, Database};
 
@@ -42,6 +42,7 @@ pub struct Group {
     documents: Collection<RawDocumentBuf>,
     /// `<db>.<collection>`: the outbox's own lease and checkpoint id.
     outbox: String,
+    collection: String,
     me: String,
     partitions: u32,
     timing: LeaseTiming,
@@ -69,6 +70,7 @@ impl Group {
             database: database.clone(),
             documents: database.collection(checkpoint_collection),
             outbox: format!("{}.{}", database.name(), collection),
+            collection: collection.to_owned(),
             me: me.to_owned(),
             partitions,
             timing,
@@ -90,14 +92,7 @@ impl Group {
             .find_one(doc! { "_id": id })
             .await
             .map_err(|e| Error::mongo("reading the group of relays failed", e))?;
-        let Some(stored) = stored else {
-            return Ok(None);
-        };
-        let live = matches!(
-            stored.get("expiresAt"),
-            Ok(Some(RawBsonRef::DateTime(expires))) if expires > now
-        );
-        Ok(stored_count(&stored).map(|count| (count, live)))
+        Ok(stored.and_then(|stored| Some((stored_count(&stored)?, live_until(&stored, now)))))
     }
 
     /// The partitions the group shares.
@@ -105,62 +100,178 @@ impl Group {
         Partition::all(self.partitions)
     }
 
-    /// Joins the group, or refuses with a configuration error if it runs
-    /// with another partition count. Then renews like [`Group::renew`].
+    /// Joins the group, or refuses with a configuration error while relays
+    /// of another partition count run: the group's document names a count
+    /// and lives while its relays renew it, and a lease of that count that
+    /// is still live counts as a running relay too, whatever the document
+    /// says. (No group document, as relays from before groups leave, is a
+    /// count of 1: the outbox's own lease.) Then announces this relay.
     pub async fn join(&self) -> Result<()> {
         let now = server_time(self.database.client()).await?;
-        let until = later(now, self.timing.duration);
-        let joined = self
+        let stored = self
             .documents
-            .update_one(
-                doc! { "_id": self.group_id(), "$or": [
-                    { "partitions": i64::from(self.partitions) },
-                    { "expiresAt": { "$not": { "$gt": now } } },
-                ] },
-                doc! { "$set": { "partitions": i64::from(self.partitions), "expiresAt": until } },
-            )
-            .upsert(true)
-            .await;
-        match joined {
-            Ok(_) => self.announce(now).await,
-            Err(error) if is_duplicate_key(&error) => Err(self.refusal().await),
-            Err(error) => Err(Error::mongo("joining the group of relays failed", error)),
+            .find_one(doc! { "_id": self.group_id() })
+            .await
+            .map_err(|e| Error::mongo("reading the group of relays failed", e))?;
+        let theirs = stored.as_deref().map_or(Some(1), stored_count);
+        let ours = theirs == Some(self.partitions);
+        if !ours {
+            let live = stored.as_deref().is_some_and(|g| live_until(g, now))
+                || self.leases_live(theirs.unwrap_or(1), now).await?;
+            if live {
+                return Err(self.refusal(theirs));
+            }
         }
+        // Another relay may change it between the read and the take: the
+        // join is then judged again at the next try.
+        if (!ours || stored.is_none()) && !self.take_group(stored.as_deref(), now).await? {
+            return Err(Error::TakenOver(
+                "another relay changed the group of relays while this one joined it".to_owned(),
+            ));
+        }
+        self.renew_at(now).await?;
+        self.announce(now, Joining::Again).await
     }
 
-    /// Renews the group's count and this relay's announcement. A group
-    /// that took another count meanwhile (every member was gone for a
-    /// lease) is a configuration error: this relay must stop.
+    /// Sets the group's count to this relay's, where the group document is
+    /// still as read (`stored`, or none): false if another relay changed
+    /// it first.
+    async fn take_group(&self, stored: Option<&bson::RawDocument>, now: DateTime) -> Result<bool> {
+        let fields = doc! {
+            "_id": self.group_id(),
+            "partitions": i64::from(self.partitions),
+            "expiresAt": later(now, self.timing.duration),
+        };
+        let failed = |e| Error::mongo("joining the group of relays failed", e);
+        let Some(stored) = stored else {
+            return match self
+                .documents
+                .clone_with_type::<Document>()
+                .insert_one(fields)
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(error) if is_duplicate_key(&error) => Ok(false),
+                Err(error) => Err(failed(error)),
+            };
+        };
+        // As read: its count and its expiry, whatever their types.
+        let mut unchanged = doc! { "_id": self.group_id() };
+        for name in ["partitions", "expiresAt"] {
+            let value = match stored.get(name) {
+                Ok(Some(value)) => bson::Bson::try_from(value.to_raw_bson()).ok(),
+                _ => None,
+            };
+            unchanged.insert(
+                name,
+                match value {
+                    Some(value) => doc! { "$eq": value },
+                    None => doc! { "$exists": false },
+                },
+            );
+        }
+        let taken = self
+            .documents
+            .update_one(unchanged, doc! { "$set": fields })
+            .await
+            .map_err(failed)?;
+        if taken.modified_count > 0 {
+            tracing::warn!(
+                partitions = self.partitions,
+                "no relay of the group's former partition count runs: the group now shares {} \
+                 partitions, each starting from what is pending in it",
+                self.partitions
+            );
+        }
+        Ok(taken.modified_count > 0)
+    }
+
+    /// Whether a lease of the `count` partitions is held now.
+    async fn leases_live(&self, count: u32, now: DateTime) -> Result<bool> {
+        let ids: Vec<String> = Partition::all(count)
+            .map(|p| p.document_id(&self.outbox))
+            .collect();
+        let mut leases = self
+            .documents
+            .find(doc! { "_id": { "$in": ids } })
+            .await
+            .map_err(|e| Error::mongo("reading the group's leases failed", e))?;
+        while let Some(lease) = leases
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo("reading the group's leases failed", e))?
+        {
+            if live_holder(&lease, now).is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Renews the group's count and this relay's announcement, and clears
+    /// the announcements of relays gone for more than a lease. A group
+    /// that took another count meanwhile (every relay of this count was
+    /// gone) is a configuration error: this relay must stop.
     pub async fn renew(&self) -> Result<()> {
         let now = server_time(self.database.client()).await?;
+        self.renew_at(now).await?;
+        self.announce(now, Joining::Not).await?;
+        self.documents
+            .delete_many(doc! {
+                "group": &self.outbox,
+                "expiresAt": { "$lt": crate::time::earlier(now, self.timing.duration) },
+            })
+            .await
+            .map_err(|e| Error::mongo("clearing lapsed relays from the group failed", e))?;
+        Ok(())
+    }
+
+    /// Keeps the group's document alive, from `now`, at this count.
+    async fn renew_at(&self, now: DateTime) -> Result<()> {
         let kept = self
             .documents
             .update_one(
                 doc! { "_id": self.group_id(), "partitions": i64::from(self.partitions) },
-                doc! { "$max": { "expiresAt": later(now, self.timing.duration) } },
+                doc! { "$set": { "expiresAt": later(now, self.timing.duration) } },
             )
             .await
             .map_err(|e| Error::mongo("renewing the group of relays failed", e))?;
         if kept.matched_count == 0 {
-            return Err(self.refusal().await);
+            let stored = Self::stored(&self.database, self.documents.name(), &self.collection)
+                .await
+                .ok()
+                .flatten();
+            return Err(self.refusal(stored.map(|(count, _)| count)));
         }
-        self.announce(now).await
+        Ok(())
+    }
+
+    /// Counts this relay as joining again from now, so that the others
+    /// make room for it: for one that holds nothing and is not counted.
+    pub async fn rejoin(&self) -> Result<()> {
+        let now = server_time(self.database.client()).await?;
+        self.announce(now, Joining::Again).await
     }
 
     /// Writes this relay's announcement, to expire a lease from `now`.
-    async fn announce(&self, now: DateTime) -> Result<()> {
+    async fn announce(&self, now: DateTime, joining: Joining) -> Result<()> {
+        let mut fields = doc! {
+            "group": &self.outbox,
+            "relay": &self.me,
+            "expiresAt": later(now, self.timing.duration),
+        };
+        let mut update = doc! {};
+        match joining {
+            Joining::Again => {
+                fields.insert("joinedAt", now);
+            }
+            Joining::Not => {
+                update.insert("$setOnInsert", doc! { "joinedAt": now });
+            }
+        }
+        update.insert("$set", fields);
         self.documents
-            .update_one(
-                doc! { "_id": self.member_id() },
-                doc! {
-                    "$set": {
-                        "group": &self.outbox,
-                        "relay": &self.me,
-                        "expiresAt": later(now, self.timing.duration),
-                    },
-                    "$setOnInsert": { "joinedAt": now },
-                },
-            )
+            .update_one(doc! { "_id": self.member_id() }, update)
             .upsert(true)
             .await
             .map_err(|e| Error::mongo("announcing this relay to its group failed", e))?;
@@ -221,18 +332,10 @@ impl Group {
         Ok(view)
     }
 
-    /// The refusal of a relay whose count is not the group's.
-    async fn refusal(&self) -> Error {
-        let stored = self
-            .documents
-            .find_one(doc! { "_id": self.group_id() })
-            .await
-            .ok()
-            .flatten();
-        let theirs = stored
-            .as_deref()
-            .and_then(stored_count)
-            .map_or_else(|| "another number".to_owned(), |n| n.to_string());
+    /// The refusal of a relay whose count is not the group's (`theirs`,
+    /// if it can be read).
+    fn refusal(&self, theirs: Option<u32>) -> Error {
+        let theirs = theirs.map_or_else(|| "another number".to_owned(), |n| n.to_string());
         Error::Config(format!(
             "the relays on {outbox} run with --partitions {theirs}, and this one was started \
              with --partitions {mine}; start it with --partitions {theirs}, or stop every relay \
@@ -250,6 +353,23 @@ impl Group {
     fn member_id(&self) -> String {
         format!("{}/member/{}", self.outbox, self.me)
     }
+}
+
+/// Whether an announcement says the relay joins now (it counts towards the
+/// share for two leases from now) or keeps the time it joined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Joining {
+    Again,
+    Not,
+}
+
+/// Whether a group document is live by the server's clock `now`: a date
+/// further ahead than any relay writes is not trusted.
+fn live_until(document: &bson::RawDocument, now: DateTime) -> bool {
+    matches!(
+        document.get("expiresAt"),
+        Ok(Some(RawBsonRef::DateTime(expires))) if expires > now && expires <= later(now, FAR_AHEAD)
+    )
 }
 
 /// The partition count a group document holds, if it is one a relay runs

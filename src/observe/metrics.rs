@@ -8,7 +8,7 @@
 //! seconds when scraped, so they stay current between collections.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -157,7 +157,7 @@ pub(crate) struct ReadingHolds(Metrics);
 
 impl Drop for ReadingHolds {
     fn drop(&mut self) {
-        self.0 .0.holds_unread.store(false, Ordering::Relaxed);
+        self.0 .0.holds_unread.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -196,7 +196,8 @@ struct Inner {
     delivery_paused: Gauge,
     pause_reason: Mutex<Option<String>>,
     /// A new term's stored holds are being read: nothing is delivered yet.
-    holds_unread: AtomicBool,
+    /// How many terms (one a partition) are reading their held keys.
+    holds_unread: AtomicU64,
     publish_ack: Histogram,
     commit_to_publish: Histogram,
     pending: Gauge,
@@ -259,7 +260,7 @@ impl Metrics {
             resent: Counter::default(),
             delivery_paused: Gauge::default(),
             pause_reason: Mutex::new(None),
-            holds_unread: AtomicBool::new(false),
+            holds_unread: AtomicU64::new(0),
             publish_ack: Histogram::new(latency_buckets()),
             commit_to_publish: Histogram::new(latency_buckets()),
             pending: Gauge::default(),
@@ -397,7 +398,7 @@ impl Metrics {
     /// A new term is reading the held keys, before which it delivers
     /// nothing, until the returned guard is dropped. Readiness reports it.
     pub(crate) fn reading_holds(&self) -> ReadingHolds {
-        self.0.holds_unread.store(true, Ordering::Relaxed);
+        self.0.holds_unread.fetch_add(1, Ordering::Relaxed);
         ReadingHolds(self.clone())
     }
 
@@ -552,6 +553,7 @@ impl Metrics {
         let waiting = inner
             .holds_unread
             .load(Ordering::Relaxed)
+            .gt(&0)
             .then(|| "delivery: starting: reading the held keys".to_owned());
         let held_back = waiting.or(paused);
         let conditions = vec![

@@ -49,6 +49,9 @@ pub struct NatsPublisher {
     own_subjects: Option<String>,
     /// Recent probe answers by subject, each reused for [`PROBE_REUSE`].
     probed: Arc<Mutex<HashMap<String, (Instant, Health)>>>,
+    /// Held while a connection is retired: terms of several partitions
+    /// may end at once, and the connection is replaced once.
+    retiring: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for NatsPublisher {
@@ -189,6 +192,7 @@ impl NatsPublisher {
             denials: Denials::default(),
             own_subjects: None,
             probed: Arc::default(),
+            retiring: Arc::default(),
         }
     }
 
@@ -211,6 +215,7 @@ impl NatsPublisher {
         let Some(reopen) = &self.reopen else {
             return;
         };
+        let _retiring = self.retiring.lock().await;
         let link = self.current();
         if !link.unanswered.load(Ordering::Acquire) {
             return;

@@ -12,6 +12,7 @@ mod inbox;
 mod leader;
 mod operate;
 mod order;
+mod partitions;
 mod poison;
 mod process;
 mod relay;

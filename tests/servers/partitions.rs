@@ -1,0 +1,111 @@
+//! Two relays sharing an outbox's two partitions in one process: each
+//! message once, and what `status`, the metrics and `sweep --once` say of
+//! the group. (The faults a group meets are in `tests/faults.rs`.)
+
+use crate::common::{count_by_id, wait_until, write_orders, RunningRelay, TestEnv, WAIT};
+use bson::doc;
+use outbox_relay::admin::status::Status;
+use outbox_relay::{Error, Relay, RelayMode};
+
+/// How many partitions a relay says it holds.
+fn partitions_held(relay: &RunningRelay) -> Option<u32> {
+    relay
+        .metrics
+        .render()
+        .lines()
+        .find_map(|line| line.strip_prefix("outbox_partitions_held "))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn two_relays_share_two_partitions_and_report_them() {
+    let env = TestEnv::new().await;
+    let mut config = env.replica_config();
+    config.partitions = 2;
+    let mut receiver = env.subscribe().await;
+    let relays = [
+        RunningRelay::start(config.clone()).await,
+        RunningRelay::start(config.clone()).await,
+    ];
+    wait_until("each relay to hold one partition", || async {
+        relays.iter().all(|r| partitions_held(r) == Some(1))
+    })
+    .await;
+    // Keyless: their random hashes spread them over both partitions.
+    let ids = write_orders(&env, 40).await;
+    let seen = receiver.take(40).await;
+    env.wait_count(doc! { "status": "processed" }, 40).await;
+    let counts = count_by_id(&seen);
+    assert_eq!(counts.len(), 40);
+    assert!(ids.iter().all(|id| counts.contains_key(&id.to_hex())));
+    for relay in &relays {
+        let text = relay.metrics.render();
+        assert!(text.contains("outbox_leader 1"), "{text}");
+        let held: Vec<&str> = text
+            .lines()
+            .filter(|line| line.starts_with("outbox_partition_held{") && line.ends_with(" 1"))
+            .collect();
+        assert_eq!(held.len(), 1, "{text}");
+    }
+
+    let status = Status::read(&env.db, &config).await.unwrap();
+    assert_eq!(status.partitions.len(), 2, "{status:?}");
+    let owners: Vec<&str> = status
+        .partitions
+        .iter()
+        .filter_map(|p| p.owner.as_deref())
+        .collect();
+    assert_eq!(owners.len(), 2, "{status:?}");
+    assert_ne!(owners[0], owners[1], "one relay holds both: {status:?}");
+    assert!(status.partitions.iter().all(|p| p.pending == 0));
+    let shown = status.render();
+    assert!(
+        shown.contains("partitions: 2") && shown.contains("0/2:"),
+        "{shown}"
+    );
+
+    // Beside a running group, sweep --once would publish its keys too.
+    let mut once = config.clone();
+    once.partitions = 1;
+    once.mode = RelayMode::Poll;
+    let sweeper = Relay::connect(once).await.unwrap();
+    match sweeper.sweep_once(WAIT).await {
+        Err(Error::GaveUp(why)) => assert!(why.contains("--partitions 2"), "{why}"),
+        other => panic!("expected to give up, got {other:?}"),
+    }
+    for relay in relays {
+        relay.stop().await.unwrap();
+    }
+    assert_eq!(env.stream_count().await, 40);
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_relay_with_another_count_is_refused_while_the_group_runs() {
+    let env = TestEnv::new().await;
+    let mut config = env.replica_config();
+    config.partitions = 3;
+    let relay = RunningRelay::start(config.clone()).await;
+    wait_until("the relay to hold its three partitions", || async {
+        partitions_held(&relay) == Some(3)
+    })
+    .await;
+    let mut other = config.clone();
+    other.partitions = 1;
+    let refused = Relay::connect(other).await.unwrap();
+    let ran = tokio::time::timeout(
+        WAIT,
+        refused.run(tokio_util::sync::CancellationToken::new()),
+    )
+    .await
+    .expect("a refused relay returns");
+    match ran {
+        Err(error @ Error::Config(_)) => {
+            assert!(error.to_string().contains("--partitions 3"), "{error}");
+            assert_eq!(error.exit_code(), 2);
+        }
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
+    relay.stop().await.unwrap();
+    env.drop().await;
+}
