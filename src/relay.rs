@@ -199,30 +199,57 @@ impl Relay {
     /// Takes and delivers this relay's share of the outbox's partitions
     /// (all of them, or none, with one), in rounds (see [`group`]), until
     /// `shutdown` fires: then each partition it holds is finished,
-    /// recorded and released, so the others take it at once. An error if
-    /// the group uses another partition count.
+    /// recorded and released, so the others take it at once.
+    ///
+    /// An error if the group runs with another partition count as this
+    /// relay starts. One that takes another count later (this relay was
+    /// cut off for a lease, and relays of that count started meanwhile)
+    /// stops this relay's deliveries at once, and it stands by until
+    /// those relays are gone.
     async fn lead_while_elected(self: &Arc<Self>, pipeline: &Pipeline, stop: &Stop) -> Result<()> {
         let lease = self.lease();
         let group = self.group(lease.owner());
         self.metrics.set_role_unless_stopping(Role::Standby);
-        let joined = until_settled(
-            "MongoDB joining the group of relays",
-            &stop.shutdown,
-            || group.join(),
-            |error| matches!(error, Error::Config(_)),
-        )
-        .await;
-        let mut shares = Shares::default();
         let member = Membership {
             group: &group,
             lease: &lease,
             pipeline,
             stop,
         };
-        let ended = match joined {
-            None => Ok(()),
-            Some(Err(error)) => Err(error),
-            Some(Ok(())) => self.take_shares(&member, &mut shares).await,
+        let mut shares = Shares::default();
+        let mut refused_at_start = true;
+        let ended = loop {
+            // A refusal as the relay starts is a setting to change; later,
+            // a group to wait out.
+            let joining = until_settled(
+                "MongoDB joining the group of relays",
+                &stop.shutdown,
+                || group.join(),
+                |error| refused_at_start && matches!(error, Error::Config(_)),
+            );
+            let joined = tokio::select! {
+                biased;
+                _ = stop.shutdown.cancelled() => None,
+                joined = joining => joined,
+            };
+            match joined {
+                None => break Ok(()),
+                Some(Err(error)) => break Err(error),
+                Some(Ok(())) => {}
+            }
+            refused_at_start = false;
+            match self.take_shares(&member, &mut shares).await {
+                Ok(()) => break Ok(()),
+                Err(error) => {
+                    tracing::error!(
+                        %error,
+                        "the group now runs with another partition count: this relay stops \
+                         delivering, and stands by until those relays are gone"
+                    );
+                    shares.abandon_all().await;
+                    self.show_role(&shares);
+                }
+            }
         };
         // A stopping relay leaves at once, so the others count it out of
         // the share while it finishes its partitions; a MongoDB that does
@@ -245,18 +272,21 @@ impl Relay {
     }
 
     /// The rounds of [`Relay::lead_while_elected`], until `shutdown` fires
-    /// or the group turns out to use another partition count.
+    /// (`Ok`) or the group turns out to use another partition count.
     async fn take_shares(
         self: &Arc<Self>,
         member: &Membership<'_>,
         shares: &mut Shares,
     ) -> Result<()> {
         let stop = member.stop;
-        let mut outage = Outage::new("MongoDB group of relays");
+        let mut outages = Outages {
+            renewing: Outage::new("MongoDB renewing this relay in its group"),
+            reading: Outage::new("MongoDB reading the group of relays"),
+        };
         loop {
             // A stop does not wait for a MongoDB that does not answer: a
             // take cut short leaves a lease that lapses unused.
-            let round = self.renew_and_round(member, shares, &mut outage);
+            let round = self.renew_and_round(member, shares, &mut outages);
             tokio::select! {
                 biased;
                 _ = stop.shutdown.cancelled() => return Ok(()),
@@ -272,34 +302,44 @@ impl Relay {
     }
 
     /// Renews this relay's place in the group when due (as a lease is) and
-    /// runs a round. Errors other than a refusal are the outage's to report.
+    /// runs a round. Errors other than a refusal are the outages' to report.
     async fn renew_and_round(
         self: &Arc<Self>,
         member: &Membership<'_>,
         shares: &mut Shares,
-        outage: &mut Outage,
+        outages: &mut Outages,
     ) -> Result<()> {
         let renew_interval = self.config.lease_renew_interval;
         if shares
             .renewed_at
             .is_none_or(|at| at.elapsed() >= renew_interval)
         {
+            // Timed from before the server read its clock, as a lease is.
+            let began = Instant::now();
             match member.group.renew().await {
-                Ok(()) => shares.renewed_at = Some(Instant::now()),
+                Ok(()) => {
+                    shares.renewed_at = Some(began);
+                    outages.renewing.recovered();
+                }
                 Err(error @ Error::Config(_)) => return Err(error),
-                Err(error) => outage.failed(&error),
+                Err(error) => outages.renewing.failed(&error),
             }
         }
         match self.round(member, shares).await {
-            Ok(()) => outage.recovered(),
+            Ok(()) => outages.reading.recovered(),
             Err(error @ Error::Config(_)) => return Err(error),
-            Err(error) => outage.failed(&error),
+            Err(error) => outages.reading.failed(&error),
         }
         Ok(())
     }
 
     /// One round: reads the group, and takes or hands over partitions as
     /// [`balance::moves`] says.
+    ///
+    /// A relay takes a partition only while its renewal of the group is
+    /// younger than half a lease: one whose renewals stall could otherwise
+    /// take a lease beside relays of another count that took the group
+    /// meanwhile.
     async fn round(self: &Arc<Self>, member: &Membership<'_>, shares: &mut Shares) -> Result<()> {
         let Membership {
             group,
@@ -309,15 +349,22 @@ impl Relay {
         } = *member;
         let view = group.view().await?;
         let mine: Vec<Partition> = shares.units.keys().copied().collect();
+        let lease_duration = self.config.lease_duration;
         // A relay that holds nothing and no longer counts as joining (its
         // leases lapsed while it was cut off, or a hand-over to it took
-        // long) joins anew, so that the others make room for it.
+        // long) joins anew, so that the others make room for it; not more
+        // often than every few leases, so that one that cannot keep a
+        // partition does not keep the others handing theirs over.
         let counted = view
             .members
             .iter()
             .any(|m| m.name == lease.owner() && m.counts);
-        if mine.is_empty() && !counted {
+        let rejoin_due = shares
+            .rejoined_at
+            .is_none_or(|at| at.elapsed() >= lease_duration.saturating_mul(REJOIN_LEASES));
+        if mine.is_empty() && !counted && rejoin_due {
             group.rejoin().await?;
+            shares.rejoined_at = Some(Instant::now());
         }
         let cooling = shares
             .cooling_until
@@ -329,9 +376,15 @@ impl Relay {
                     tracing::info!(%partition, "handing the partition over to a relay below its share");
                     unit.handing_over = true;
                     unit.stop.shutdown.cancel();
-                    shares.cooling_until = Some(Instant::now() + self.config.lease_duration);
+                    shares.cooling_until = Some(Instant::now() + lease_duration);
                 }
             }
+        }
+        let renewed_lately = shares
+            .renewed_at
+            .is_some_and(|at| at.elapsed() < lease_duration / 2);
+        if !renewed_lately {
+            return Ok(());
         }
         for partition in moves.take {
             let partition_lease = lease.of_partition(partition);
@@ -408,12 +461,12 @@ impl Relay {
         self.publisher.end_term().await;
         keeper_stop.cancel();
         let held = keeper.await.unwrap_or(held);
-        drop(holding);
         if stop.shutdown.is_cancelled() {
             release(&lease, &held).await;
         } else {
             tracing::warn!(term = held.term.0, %partition, "no longer holding the partition: another relay took it");
         }
+        drop(holding);
     }
 
     /// Delivers for one term, until its `stop` shuts it down: the sweep,
@@ -613,7 +666,15 @@ impl Relay {
             1,
             config.lease_timing(),
         );
-        match group.join().await {
+        // Two relays joining at once: one of them goes again.
+        let mut joined = group.join().await;
+        for _ in 0..JOIN_TRIES {
+            match joined {
+                Err(Error::TakenOver(_)) => joined = group.join().await,
+                _ => break,
+            }
+        }
+        match joined {
             Ok(()) => {}
             Err(Error::Config(why)) => {
                 return Err(Error::GaveUp(format!(
@@ -867,9 +928,27 @@ struct Shares {
     /// Until when this relay takes no free partition beyond its fewest,
     /// having just handed one over (see [`balance`]).
     cooling_until: Option<Instant>,
-    /// When this relay last renewed its place in the group.
+    /// When this relay last renewed its place in the group (from before
+    /// the renewal was sent).
     renewed_at: Option<Instant>,
+    /// When this relay last joined anew for holding nothing.
+    rejoined_at: Option<Instant>,
 }
+
+/// The group's two kinds of MongoDB work, each reported as it fails and
+/// recovers.
+struct Outages {
+    renewing: Outage,
+    reading: Outage,
+}
+
+/// How many times `sweep --once` joins again when another relay changed
+/// the group while it joined.
+const JOIN_TRIES: usize = 3;
+
+/// How many leases a relay that holds nothing waits before joining anew
+/// again (see [`Relay::round`]).
+const REJOIN_LEASES: u32 = 4;
 
 /// One partition this relay delivers.
 struct Unit {
@@ -893,6 +972,15 @@ impl Shares {
                 self.units.retain(|_, unit| unit.task != task);
             }
         }
+    }
+
+    /// Stops every unit at once (publishing and writing nothing more) and
+    /// waits for them: the group runs with another count now.
+    async fn abandon_all(&mut self) {
+        for unit in self.units.values() {
+            unit.stop.abandon.cancel();
+        }
+        self.stop_all().await;
     }
 
     /// Waits for every unit to end (each has been told to stop with the

@@ -101,30 +101,35 @@ impl Group {
     }
 
     /// Joins the group, or refuses with a configuration error while relays
-    /// of another partition count run: the group's document names a count
-    /// and lives while its relays renew it, and a lease of that count that
-    /// is still live counts as a running relay too, whatever the document
-    /// says. (No group document, as relays from before groups leave, is a
-    /// count of 1: the outbox's own lease.) Then announces this relay.
+    /// of another partition count run. They run while a lease of their
+    /// count is live (the outbox's own lease is a count of 1), whatever
+    /// the group's document says or whether there is one; and while the
+    /// group's document names their count and is live, which covers
+    /// relays that have joined and not yet taken a lease. A document of
+    /// another count that lapsed is taken only as read, so that of two
+    /// relays of different counts starting at once, one joins. Then
+    /// announces this relay.
     pub async fn join(&self) -> Result<()> {
         let now = server_time(self.database.client()).await?;
+        if let Some(theirs) = self.other_count_leading(now).await? {
+            return Err(self.refusal(Some(theirs)));
+        }
         let stored = self
             .documents
             .find_one(doc! { "_id": self.group_id() })
             .await
             .map_err(|e| Error::mongo("reading the group of relays failed", e))?;
-        let theirs = stored.as_deref().map_or(Some(1), stored_count);
-        let ours = theirs == Some(self.partitions);
-        if !ours {
-            let live = stored.as_deref().is_some_and(|g| live_until(g, now))
-                || self.leases_live(theirs.unwrap_or(1), now).await?;
-            if live {
-                return Err(self.refusal(theirs));
+        let taken = match stored.as_deref() {
+            None => self.found_group(now).await?,
+            Some(group) if stored_count(group) == Some(self.partitions) => true,
+            Some(group) if live_until(group, now) => {
+                return Err(self.refusal(stored_count(group)));
             }
-        }
-        // Another relay may change it between the read and the take: the
-        // join is then judged again at the next try.
-        if (!ours || stored.is_none()) && !self.take_group(stored.as_deref(), now).await? {
+            Some(group) => self.take_group(group, now).await?,
+        };
+        if !taken {
+            // Another relay changed it between the read and the take: the
+            // join is judged again at the next try.
             return Err(Error::TakenOver(
                 "another relay changed the group of relays while this one joined it".to_owned(),
             ));
@@ -133,79 +138,107 @@ impl Group {
         self.announce(now, Joining::Again).await
     }
 
-    /// Sets the group's count to this relay's, where the group document is
-    /// still as read (`stored`, or none): false if another relay changed
-    /// it first.
-    async fn take_group(&self, stored: Option<&bson::RawDocument>, now: DateTime) -> Result<bool> {
-        let fields = doc! {
-            "_id": self.group_id(),
-            "partitions": i64::from(self.partitions),
-            "expiresAt": later(now, self.timing.duration),
-        };
-        let failed = |e| Error::mongo("joining the group of relays failed", e);
-        let Some(stored) = stored else {
-            return match self
-                .documents
-                .clone_with_type::<Document>()
-                .insert_one(fields)
-                .await
-            {
-                Ok(_) => Ok(true),
-                Err(error) if is_duplicate_key(&error) => Ok(false),
-                Err(error) => Err(failed(error)),
+    /// The count of relays leading partitions of another count than this
+    /// relay's, if any does: one with a live lease of it. An expiry ahead
+    /// of the server's clock is live however far ahead (a clock set back
+    /// must not let two counts deliver); one that is not a date is not.
+    async fn other_count_leading(&self, now: DateTime) -> Result<Option<u32>> {
+        let failed = |e| Error::mongo("reading the group's leases failed", e);
+        let ours = format!("^{}(:[0-9]+/[0-9]+)?$", regex_escaped(&self.outbox));
+        let mut leases = self
+            .documents
+            .find(doc! { "_id": { "$regex": ours }, "expiresAt": { "$gt": now } })
+            .await
+            .map_err(failed)?;
+        while let Some(lease) = leases.try_next().await.map_err(failed)? {
+            let Ok(Some(RawBsonRef::String(id))) = lease.get("_id") else {
+                continue;
             };
-        };
-        // As read: its count and its expiry, whatever their types.
+            let count = match id.strip_prefix(self.outbox.as_str()) {
+                Some("") => Some(1),
+                Some(rest) => rest.rsplit('/').next().and_then(|n| n.parse::<u32>().ok()),
+                None => None,
+            };
+            let held = matches!(lease.get("owner"), Ok(Some(RawBsonRef::String(_))));
+            match count {
+                Some(count) if count != self.partitions && held => return Ok(Some(count)),
+                _ => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// Writes the group's document where there is none: false if another
+    /// relay wrote one first.
+    async fn found_group(&self, now: DateTime) -> Result<bool> {
+        let inserted = self
+            .documents
+            .clone_with_type::<Document>()
+            .insert_one(self.group_fields(now))
+            .await;
+        match inserted {
+            Ok(_) => Ok(true),
+            Err(error) if is_duplicate_key(&error) => Ok(false),
+            Err(error) => Err(Error::mongo("joining the group of relays failed", error)),
+        }
+    }
+
+    /// Sets a lapsed group's count to this relay's, where its document is
+    /// still as read (`stored`): false if another relay changed it first.
+    /// A document whose fields cannot be read is replaced.
+    async fn take_group(&self, stored: &bson::RawDocument, now: DateTime) -> Result<bool> {
+        let failed = |e| Error::mongo("joining the group of relays failed", e);
         let mut unchanged = doc! { "_id": self.group_id() };
         for name in ["partitions", "expiresAt"] {
             let value = match stored.get(name) {
-                Ok(Some(value)) => bson::Bson::try_from(value.to_raw_bson()).ok(),
-                _ => None,
-            };
-            unchanged.insert(
-                name,
-                match value {
-                    Some(value) => doc! { "$eq": value },
-                    None => doc! { "$exists": false },
+                Ok(None) => None,
+                Ok(Some(value)) => match bson::Bson::try_from(value.to_raw_bson()) {
+                    Ok(value) => Some(value),
+                    Err(_) => return self.replace_group(now).await,
                 },
-            );
+                Err(_) => return self.replace_group(now).await,
+            };
+            let condition = match value {
+                Some(value) => doc! { "$eq": value },
+                None => doc! { "$exists": false },
+            };
+            unchanged.insert(name, condition);
         }
         let taken = self
             .documents
-            .update_one(unchanged, doc! { "$set": fields })
+            .update_one(unchanged, doc! { "$set": self.group_fields(now) })
             .await
             .map_err(failed)?;
-        if taken.modified_count > 0 {
+        let taken = taken.modified_count > 0;
+        if taken {
             tracing::warn!(
                 partitions = self.partitions,
                 "no relay of the group's former partition count runs: the group now shares {} \
-                 partitions, each starting from what is pending in it",
+                 partitions, each resuming from its own stored position, if it has one, or from \
+                 what is pending in it",
                 self.partitions
             );
         }
-        Ok(taken.modified_count > 0)
+        Ok(taken)
     }
 
-    /// Whether a lease of the `count` partitions is held now.
-    async fn leases_live(&self, count: u32, now: DateTime) -> Result<bool> {
-        let ids: Vec<String> = Partition::all(count)
-            .map(|p| p.document_id(&self.outbox))
-            .collect();
-        let mut leases = self
-            .documents
-            .find(doc! { "_id": { "$in": ids } })
+    /// Replaces a lapsed group document that cannot be read.
+    async fn replace_group(&self, now: DateTime) -> Result<bool> {
+        tracing::warn!("the group of relays' document cannot be read: it is written anew");
+        self.documents
+            .delete_one(doc! { "_id": self.group_id() })
             .await
-            .map_err(|e| Error::mongo("reading the group's leases failed", e))?;
-        while let Some(lease) = leases
-            .try_next()
-            .await
-            .map_err(|e| Error::mongo("reading the group's leases failed", e))?
-        {
-            if live_holder(&lease, now).is_some() {
-                return Ok(true);
-            }
+            .map_err(|e| Error::mongo("joining the group of relays failed", e))?;
+        self.found_group(now).await
+    }
+
+    /// The group's document, as this relay writes it at `now`.
+    fn group_fields(&self, now: DateTime) -> Document {
+        doc! {
+            "_id": self.group_id(),
+            "partitions": i64::from(self.partitions),
+            "expiresAt": later(now, self.timing.duration),
         }
-        Ok(false)
     }
 
     /// Renews the group's count and this relay's announcement, and clears
@@ -216,13 +249,14 @@ impl Group {
         let now = server_time(self.database.client()).await?;
         self.renew_at(now).await?;
         self.announce(now, Joining::Not).await?;
-        self.documents
-            .delete_many(doc! {
-                "group": &self.outbox,
-                "expiresAt": { "$lt": crate::time::earlier(now, self.timing.duration) },
-            })
-            .await
-            .map_err(|e| Error::mongo("clearing lapsed relays from the group failed", e))?;
+        // Tidying only: a relay that may not remove documents still runs.
+        let lapsed = doc! {
+            "group": &self.outbox,
+            "expiresAt": { "$lt": crate::time::earlier(now, self.timing.duration) },
+        };
+        if let Err(error) = self.documents.delete_many(lapsed).await {
+            tracing::debug!(%error, "could not clear lapsed relays from the group");
+        }
         Ok(())
     }
 
@@ -361,6 +395,19 @@ impl Group {
 enum Joining {
     Again,
     Not,
+}
+
+/// `text` with the characters a regular expression gives meaning to
+/// escaped.
+fn regex_escaped(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if r"\^$.|?*+()[]{}/-".contains(c) {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
 }
 
 /// Whether a group document is live by the server's clock `now`: a date

@@ -109,3 +109,35 @@ async fn a_relay_with_another_count_is_refused_while_the_group_runs() {
     relay.stop().await.unwrap();
     env.drop().await;
 }
+
+#[tokio::test]
+async fn a_group_is_refused_beside_a_relay_leading_the_whole_outbox_without_a_group() {
+    // A relay from before groups keeps the outbox's own lease and writes
+    // no group document.
+    let env = TestEnv::new().await;
+    let expires = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 60_000);
+    env.db
+        .collection::<bson::Document>("outbox_checkpoints")
+        .insert_one(doc! {
+            "_id": format!("{}.outbox", env.name),
+            "owner": "an-older-relay", "term": 3_i64, "expiresAt": expires,
+        })
+        .await
+        .unwrap();
+    let mut config = env.replica_config();
+    config.partitions = 2;
+    let refused = Relay::connect(config).await.unwrap();
+    let ran = tokio::time::timeout(
+        WAIT,
+        refused.run(tokio_util::sync::CancellationToken::new()),
+    )
+    .await
+    .expect("a refused relay returns");
+    match ran {
+        Err(error @ Error::Config(_)) => {
+            assert!(error.to_string().contains("--partitions 1"), "{error}")
+        }
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
+    env.drop().await;
+}
