@@ -2,7 +2,9 @@
 //! message once, and what `status`, the metrics and `sweep --once` say of
 //! the group. (The faults a group meets are in `tests/faults.rs`.)
 
-use crate::common::{count_by_id, wait_until, write_orders, RunningRelay, TestEnv, WAIT};
+use crate::common::{
+    count_by_id, wait_until, write_orders, RunningRelay, TestEnv, STANDING_BY, WAIT,
+};
 use bson::doc;
 use outbox_relay::admin::status::Status;
 use outbox_relay::{Error, Relay, RelayMode};
@@ -63,6 +65,17 @@ async fn two_relays_share_two_partitions_and_report_them() {
         shown.contains("partitions: 2") && shown.contains("0/2:"),
         "{shown}"
     );
+
+    // A third relay finds no partition to take: it stands by, ready.
+    let third = RunningRelay::start(config.clone()).await;
+    third.wait_for_role(STANDING_BY).await;
+    assert!(
+        third.metrics.readiness().ready,
+        "{:?}",
+        third.metrics.readiness()
+    );
+    assert_eq!(partitions_held(&third), Some(0));
+    third.stop().await.unwrap();
 
     // Beside a running group, sweep --once would publish its keys too.
     let mut once = config.clone();
