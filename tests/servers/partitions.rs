@@ -24,6 +24,10 @@ async fn two_relays_share_two_partitions_and_report_them() {
     let env = TestEnv::new().await;
     let mut config = env.replica_config();
     config.partitions = 2;
+    // A lease a loaded machine keeps: one lost hands a partition over and
+    // back, which this test does not count on.
+    config.lease_duration = std::time::Duration::from_secs(6);
+    config.lease_renew_interval = std::time::Duration::from_secs(1);
     let mut receiver = env.subscribe().await;
     let relays = [
         RunningRelay::start(config.clone()).await,
@@ -40,6 +44,10 @@ async fn two_relays_share_two_partitions_and_report_them() {
     let counts = count_by_id(&seen);
     assert_eq!(counts.len(), 40);
     assert!(ids.iter().all(|id| counts.contains_key(&id.to_hex())));
+    wait_until("each relay to hold one partition still", || async {
+        relays.iter().all(|r| partitions_held(r) == Some(1))
+    })
+    .await;
     for relay in &relays {
         let text = relay.metrics.render();
         assert!(text.contains("outbox_leader 1"), "{text}");
