@@ -693,24 +693,7 @@ impl Relay {
 
     /// [`Relay::sweep_once`], a member of the group with one partition.
     async fn sweep_once_holding(&self, lease: &Lease, give_up_after: Duration) -> Result<Tally> {
-        // Abandoned when its time is up, or when the lease is lost.
-        let stop = Stop::new();
-        let _abandon_on_return = stop.abandon.clone().drop_guard();
-        let time_up = CancellationToken::new();
-        tokio::spawn({
-            let (abandon, time_up) = (stop.abandon.clone(), time_up.clone());
-            async move {
-                tokio::select! {
-                    // A lost lease is reported as such, even at the limit.
-                    biased;
-                    _ = abandon.cancelled() => {}
-                    _ = tokio::time::sleep(give_up_after) => {
-                        time_up.cancel();
-                        abandon.cancel();
-                    }
-                }
-            }
-        });
+        let deadline = tokio::time::Instant::now() + give_up_after;
         let Ok(held) = lease.try_acquire().await? else {
             return Err(Error::GaveUp(
                 "another relay leads this outbox and sweeps it already; run sweep --once only \
@@ -718,6 +701,10 @@ impl Relay {
                     .to_owned(),
             ));
         };
+        // Abandoned by the keeper when the lease is lost, or here when the
+        // time is up; what was not delivered stays pending either way.
+        let stop = Stop::new();
+        let _abandon_on_return = stop.abandon.clone().drop_guard();
         let keeper_stop = CancellationToken::new();
         let _stop_keeping_on_return = keeper_stop.clone().drop_guard();
         let keeper = tokio::spawn(lease.clone().keep(
@@ -725,38 +712,57 @@ impl Relay {
             stop.abandon.clone(),
             keeper_stop.clone(),
         ));
-        let drained = match self.read_order(&stop.shutdown).await {
-            Some(order) => {
-                let pipeline = Pipeline {
-                    order: Some(order),
-                    term: Some(held.term),
-                    ..self.pipeline(&stop)
-                };
-                let sweeper = self.sweeper(pipeline, StreamProgress::without_stream());
-                Some(sweeper.drain().await)
+        let drain = self.drain_holding(held, &stop);
+        tokio::pin!(drain);
+        let ended = tokio::select! {
+            // A lost lease is reported as such, even at the limit.
+            biased;
+            // An abandoned sweep winds down (its claims released); what
+            // it says then is the reason's to tell.
+            _ = stop.abandon.cancelled() => {
+                let _abandoned = drain.await;
+                SweepEnd::LeaseLost
             }
-            None => None,
+            _ = tokio::time::sleep_until(deadline) => {
+                stop.abandon.cancel();
+                let _abandoned = drain.await;
+                SweepEnd::TimeUp
+            }
+            drained = &mut drain => SweepEnd::Drained(drained),
         };
         keeper_stop.cancel();
         let held = keeper.await.unwrap_or(held);
-        let (time_up, abandoned) = (time_up.is_cancelled(), stop.abandon.is_cancelled());
-        let lost = abandoned && !time_up;
-        if !abandoned {
-            release(lease, &held).await;
-        }
-        match drained {
-            _ if time_up => Err(Error::GaveUp(format!(
+        match ended {
+            SweepEnd::Drained(drained) => {
+                release(lease, &held).await;
+                drained
+            }
+            SweepEnd::TimeUp => Err(Error::GaveUp(format!(
                 "the sweep did not finish within {} (is NATS or MongoDB down?); what it did not \
                  deliver stays pending for the next sweep or relay (raise --give-up-after to \
                  wait longer)",
                 humantime::format_duration(give_up_after)
             ))),
-            _ if lost => Err(Error::GaveUp(
+            SweepEnd::LeaseLost => Err(Error::GaveUp(
                 "lost the lease to another relay during the sweep; it delivers the rest".to_owned(),
             )),
-            Some(drained) => drained,
-            None => Ok(Tally::default()),
         }
+    }
+
+    /// The sweep of `sweep --once`, in the term `held` names, until
+    /// nothing due is left or `stop` ends it (then what it did not
+    /// deliver stays pending, its claims released).
+    async fn drain_holding(&self, held: Held, stop: &Stop) -> Result<Tally> {
+        let Some(order) = self.read_order(&stop.shutdown).await else {
+            return Ok(Tally::default());
+        };
+        let pipeline = Pipeline {
+            order: Some(order),
+            term: Some(held.term),
+            ..self.pipeline(stop)
+        };
+        let sweeper = self.sweeper(pipeline, StreamProgress::without_stream());
+        sweeper.drain().await
     }
 
     /// Where this relay's last term of `partition` stopped.
@@ -917,6 +923,18 @@ struct Membership<'a> {
     pipeline: &'a Pipeline,
     /// The relay's stop, inside which each partition's runs.
     stop: &'a Stop,
+}
+
+/// Why a `sweep --once` run ended: one value, decided where the run
+/// ends, as the reason a connection's loop ends is in async-nats.
+enum SweepEnd {
+    /// Nothing due was left (or the servers kept it from reading which
+    /// keys are held, and the run ended without sweeping): its tally.
+    Drained(Result<Tally>),
+    /// `--give-up-after` passed first: the sweep was abandoned.
+    TimeUp,
+    /// Another relay took the lease: the sweep was abandoned.
+    LeaseLost,
 }
 
 /// The partitions this relay delivers, one unit each.
