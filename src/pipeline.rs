@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{oid::ObjectId, Document};
+use bson::Document;
 use mongodb::Collection;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -15,14 +15,13 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::CheckpointStore;
 use crate::complete::CompletionStage;
 use crate::config::RetryPolicy;
-use crate::lease::Term;
 use crate::observe::Metrics;
 use crate::order::KeyOrder;
 use crate::partition::Partition;
 use crate::publish::stage::PublishStage;
 use crate::publish::Publisher;
 use crate::stop::Stop;
-use crate::work::{Acknowledged, Budget, Feed, LastDelivery, Tally, Underway, Unmarkable};
+use crate::work::{Acknowledged, Budget, Feed, LastDelivery, Tally, Tenure, Underway, Unmarkable};
 
 /// Everything a publish stage and a completion stage need: one recipe for
 /// the change stream's long-lived pipeline and for each sweep pass.
@@ -41,14 +40,9 @@ pub(crate) struct Pipeline {
     /// The messages under way in every pipeline of the relay.
     pub underway: Underway,
     pub deliveries: LastDelivery,
-    /// The term's per-key order, shared by its pipelines; `None` outside a
-    /// term (no order by key is kept).
-    pub order: Option<KeyOrder>,
-    /// Claims made before the term began (below this id) are a former
-    /// leader's, and no verdict waits for them; `None` outside a term.
-    pub claims_before: Option<ObjectId>,
-    /// The term the pipelines publish in; `None` outside a term.
-    pub term: Option<Term>,
+    /// The term the pipelines deliver in, with its per-key order; `None`
+    /// outside a term (no order by key is kept, nothing is fenced by a term).
+    pub tenure: Option<Tenure>,
     /// The partition of the outbox the pipelines deliver: every query of
     /// their sources is narrowed to it.
     pub partition: Partition,
@@ -70,6 +64,11 @@ pub(crate) struct Running {
 }
 
 impl Pipeline {
+    /// The term's per-key order, if the pipeline is in a term.
+    pub fn order(&self) -> Option<&KeyOrder> {
+        self.tenure.as_ref().map(|tenure| &tenure.order)
+    }
+
     /// The same pipeline, stopping with `stop`.
     pub fn with_stop(&self, stop: &Stop) -> Pipeline {
         Pipeline {
@@ -91,8 +90,7 @@ impl Pipeline {
             abandon: self.abandon.clone(),
             metrics: self.metrics.clone(),
             deliveries: self.deliveries.clone(),
-            order: self.order.clone(),
-            term: self.term,
+            tenure: self.tenure.clone(),
             acknowledged: self.acknowledged.clone(),
         };
         let complete = CompletionStage {
@@ -107,10 +105,8 @@ impl Pipeline {
             metrics: self.metrics.clone(),
             unmarkable: self.unmarkable.clone(),
             deliveries: self.deliveries.clone(),
-            order: self.order.clone(),
-            claims_before: self.claims_before,
+            tenure: self.tenure.clone(),
             acknowledged: self.acknowledged.clone(),
-            term: self.term,
         };
         let publishing = tokio::spawn(publish.run(work, finished_tx));
         let done = tokio::spawn(async move {

@@ -45,8 +45,7 @@ use crate::source::change_stream::{ChangeStreamSource, Prepare};
 use crate::source::progress::StreamProgress;
 use crate::source::sweep::Sweeper;
 use crate::stop::Stop;
-use crate::time::object_id_at;
-use crate::work::{Acknowledged, Budget, LastDelivery, Tally, Underway, Unmarkable};
+use crate::work::{Acknowledged, Budget, LastDelivery, Tally, Tenure, Underway, Unmarkable};
 
 /// A connected relay, ready to run.
 pub struct Relay {
@@ -473,18 +472,15 @@ impl Relay {
     /// and in push mode the change stream, sharing the term's per-key order.
     async fn serve_term(&self, pipeline: &Pipeline, owner: &str, term: Term, stop: &Stop) {
         let shutdown = &stop.shutdown;
-        // Every claim made before now is a former leader's: the lease is ours.
-        let claims_before = Some(object_id_at(bson::DateTime::now()));
         let order = self.unread_order();
         // The holds are read beside the source's start rather than before
         // it: no message takes its turn until they are known (see
         // `KeyOrder::unread`), and a new leader over a large backlog does
         // not wait for two reads of it one after the other.
         let reading = self.read_stored_holds(order.clone(), pipeline.partition, shutdown.clone());
+        // Every claim made before now is a former holder's: the lease is ours.
         let term_pipeline = Pipeline {
-            order: Some(order.clone()),
-            claims_before,
-            term: Some(term),
+            tenure: Some(Tenure::begun(term, order)),
             ..pipeline.with_stop(stop)
         };
         let interval = match self.config.mode {
@@ -659,7 +655,7 @@ impl Relay {
         // The whole outbox, as one partition: a group of relays of another
         // count refuses it, and it refuses such a group while it runs.
         let group = Group::new(
-            &self.coordination,
+            &self.database,
             &config.checkpoint_collection,
             &config.collection,
             lease.owner(),
@@ -757,8 +753,7 @@ impl Relay {
             return Ok(Tally::default());
         };
         let pipeline = Pipeline {
-            order: Some(order),
-            term: Some(held.term),
+            tenure: Some(Tenure::begun(held.term, order)),
             ..self.pipeline(stop)
         };
         let sweeper = self.sweeper(pipeline, StreamProgress::without_stream());
@@ -775,11 +770,14 @@ impl Relay {
         }
     }
 
-    /// This relay's membership in the group of its outbox.
+    /// This relay's membership in the group of its outbox. Its reads and
+    /// writes go through the relay's own client, not the coordination
+    /// client's few connections: a round waiting on a slow server must
+    /// not hold a connection a lease renewal needs.
     fn group(&self, me: &str) -> Group {
         let config = &self.config;
         Group::new(
-            &self.coordination,
+            &self.database,
             &config.checkpoint_collection,
             &config.collection,
             me,
@@ -851,9 +849,7 @@ impl Relay {
             budget: self.budget.clone(),
             underway: self.underway.clone(),
             deliveries: self.deliveries.clone(),
-            order: None,
-            claims_before: None,
-            term: None,
+            tenure: None,
             partition: Partition::WHOLE,
             acknowledged: self.acknowledged.clone(),
             shutdown: stop.shutdown.clone(),

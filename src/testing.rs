@@ -1,6 +1,6 @@
 //! What the library's own tests share: a database of a test's own on the
 //! server `scripts/services.sh` starts, a publisher that takes every
-//! message at once, and a message of a key that is never sent.
+//! message at once, a message of a key that is never sent, and a term.
 
 use std::time::Duration;
 
@@ -8,8 +8,13 @@ use bson::{oid::ObjectId, Bson};
 use futures::future::{self, BoxFuture, FutureExt};
 use mongodb::Database;
 
+use crate::config::DeadLetters;
 use crate::contract::{ContractViolation, Decoded, OutboxMessage, Rule};
+use crate::lease::Term;
+use crate::observe::Metrics;
+use crate::order::KeyOrder;
 use crate::publish::{Ack, AckFuture, PublishError, Publisher};
+use crate::work::Tenure;
 
 /// A database of the test's own, with the relay's read and write concerns.
 pub(crate) async fn database() -> Database {
@@ -36,6 +41,14 @@ impl Publisher for TakesAll {
     fn max_payload(&self) -> usize {
         usize::MAX
     }
+}
+
+/// A term for a stage under test: `term` (the first if none is named)
+/// with `order` (one with no key held if none is given).
+pub(crate) fn tenure(term: Option<Term>, order: Option<KeyOrder>) -> Tenure {
+    let order = order
+        .unwrap_or_else(|| KeyOrder::new(Vec::new(), DeadLetters::Release, true, Metrics::new()));
+    Tenure::begun(term.unwrap_or(Term(1)), order)
 }
 
 /// A decoded message of `key`, for the tests of what is under way.

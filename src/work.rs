@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use crate::contract::{ContractViolation, Decoded};
 use crate::lease::Term;
 use crate::observe::{Metrics, Origin};
-use crate::order::ParkTicket;
+use crate::order::{KeyOrder, ParkTicket};
 
 /// One unit of work: a message to deliver, a resume token to record once all
 /// earlier work is done, or both.
@@ -605,6 +605,32 @@ impl Feed {
             work.reserved = Some(self.budget.reserve(work.size()).await.ok_or(Closed)?);
         }
         self.sender.send(work).await.map_err(|_| Closed)
+    }
+}
+
+/// The term a pipeline delivers in, and what the term's pipelines share:
+/// one value, so that a pipeline either is in a term with all of it, or
+/// in none (a test's, or a pipeline no lease stands behind).
+#[derive(Clone)]
+pub(crate) struct Tenure {
+    /// The lease's term: what NATS acknowledged to this relay is
+    /// remembered under it (see [`Acknowledged`]).
+    pub term: Term,
+    /// The term's per-key order, shared by its pipelines.
+    pub order: KeyOrder,
+    /// Claims made before the term began (below this id) are a former
+    /// holder's, and no verdict waits for them.
+    pub claims_before: ObjectId,
+}
+
+impl Tenure {
+    /// The term `term`, beginning now, keeping `order`.
+    pub fn begun(term: Term, order: KeyOrder) -> Self {
+        Tenure {
+            term,
+            order,
+            claims_before: crate::time::object_id_at(DateTime::now()),
+        }
     }
 }
 

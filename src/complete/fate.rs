@@ -179,7 +179,7 @@ impl CompletionStage {
             return false;
         }
         self.metrics.failed(kind);
-        let (Some(order), Some(key)) = (&self.order, key(message)) else {
+        let (Some(tenure), Some(key)) = (&self.tenure, key(message)) else {
             return true;
         };
         let holds = self.holds_key(message);
@@ -191,7 +191,8 @@ impl CompletionStage {
                  is let go, not held, and its later messages are delivered"
             );
         }
-        order.dead_letter(key, &message.id, holds && decided != Decided::FailedBare);
+        let held = holds && decided != Decided::FailedBare;
+        tenure.order.dead_letter(key, &message.id, held);
         true
     }
 
@@ -221,8 +222,8 @@ impl CompletionStage {
     /// differ by more than the lease's margin may see a former leader's
     /// last claims as this term's (see docs/operating.md, Clocks).
     fn unclaimed(&self) -> Bson {
-        match self.claims_before {
-            Some(term_began) => doc! { "$not": { "$gte": term_began } }.into(),
+        match &self.tenure {
+            Some(tenure) => doc! { "$not": { "$gte": tenure.claims_before } }.into(),
             None => Bson::Null,
         }
     }
@@ -231,9 +232,9 @@ impl CompletionStage {
     fn holds_key(&self, message: &Decoded) -> bool {
         key(message).is_some()
             && self
-                .order
+                .tenure
                 .as_ref()
-                .is_some_and(|order| order.dead_letters_hold())
+                .is_some_and(|tenure| tenure.order.dead_letters_hold())
     }
 
     /// How recent a delivery must be to show that the broker takes messages:

@@ -38,12 +38,12 @@ use crate::checkpoint::CheckpointStore;
 use crate::config::RetryPolicy;
 use crate::contract::{field, status, Decoded};
 use crate::error::{brief, is_document_error};
-use crate::lease::Term;
 use crate::observe::Metrics;
-use crate::order::KeyOrder;
 use crate::retry::{settle, Cut};
 use crate::unreadable;
-use crate::work::{Acknowledged, Budget, Finished, LastDelivery, Tally, Unmarkable, Verdict};
+use crate::work::{
+    Acknowledged, Budget, Finished, LastDelivery, Tally, Tenure, Unmarkable, Verdict,
+};
 
 mod fate;
 #[cfg(test)]
@@ -74,16 +74,13 @@ pub(crate) struct CompletionStage {
     pub unmarkable: Unmarkable,
     /// When the relay last delivered anything: evidence the broker works.
     pub deliveries: LastDelivery,
-    /// The term's per-key order, told of dead letters and written parks.
-    pub order: Option<KeyOrder>,
-    /// Claims below this id were made before the term began (see
-    /// `CompletionStage::unclaimed`); `None` outside a term.
-    pub claims_before: Option<ObjectId>,
     /// Deliveries whose marks a lost term did not write, remembered as it
     /// gives up, and forgotten as marks are written.
     pub acknowledged: Acknowledged,
-    /// The term the verdicts come from; `None` outside a term.
-    pub term: Option<Term>,
+    /// The term the verdicts come from: its per-key order, told of dead
+    /// letters, and when it began (see `CompletionStage::unclaimed`);
+    /// `None` outside a term.
+    pub tenure: Option<Tenure>,
 }
 
 /// A stream position waiting to be written, with the time it was reached.
@@ -214,7 +211,8 @@ impl CompletionStage {
         while let Some(finished) = input.recv().await {
             unrecorded.push(finished);
         }
-        self.acknowledged.remember_unmarked(self.term, unrecorded);
+        let term = self.tenure.as_ref().map(|tenure| tenure.term);
+        self.acknowledged.remember_unmarked(term, unrecorded);
     }
 
     /// Writes the newest recorded token, if one is not yet written.

@@ -32,10 +32,8 @@ fn stage(outbox: Collection<Document>) -> CompletionStage {
         metrics: Metrics::new(),
         unmarkable: Unmarkable::default(),
         deliveries: LastDelivery::default(),
-        order: None,
-        claims_before: None,
+        tenure: None,
         acknowledged: Default::default(),
-        term: None,
     }
 }
 
@@ -161,7 +159,7 @@ async fn a_document_named_by_its_stored_bytes_is_failed_and_the_fences_still_hol
 async fn a_stage_that_gives_up_remembers_the_deliveries_it_did_not_mark() {
     let database = crate::testing::database().await;
     let mut stage = stage(database.collection("outbox"));
-    stage.term = Some(Term(7));
+    stage.tenure = Some(crate::testing::tenure(Some(Term(7)), None));
     stage.abandon.cancel();
     let acknowledged = stage.acknowledged.clone();
     let (delivered, queued, refused) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
@@ -204,7 +202,7 @@ async fn a_stage_that_finds_a_newer_leaders_checkpoint_remembers_what_it_did_not
         .expect("a newer leader's checkpoint");
     let mut stage = stage(outbox.clone());
     stage.checkpoints = Some(checkpoints.fenced("this", Term(7)));
-    stage.term = Some(Term(7));
+    stage.tenure = Some(crate::testing::tenure(Some(Term(7)), None));
     stage.batch_size = 1;
     // Every batch is followed by a save, which finds the newer leader.
     stage.checkpoint_interval = Duration::ZERO;
@@ -400,7 +398,7 @@ async fn decided_where_the_document_refuses(
         since: id.timestamp(),
     };
     let order = KeyOrder::new(vec![retrying], DeadLetters::Hold, true, Metrics::new());
-    stage.order = Some(order.clone());
+    stage.tenure = Some(crate::testing::tenure(None, Some(order.clone())));
     let metrics = stage.metrics.clone();
     let (input, running) = running(stage);
     let finished = Finished {

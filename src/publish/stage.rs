@@ -56,7 +56,7 @@ use crate::lease::Term;
 use crate::observe::{Metrics, Origin, PausedDelivery};
 use crate::order::{Admission, KeyOrder, Outcome, ParkTicket, Turn};
 use crate::retry::{pause, reconnect_backoff, Outage};
-use crate::work::{Acknowledged, Again, Finished, LastDelivery, Verdict, Work};
+use crate::work::{Acknowledged, Again, Finished, LastDelivery, Tenure, Verdict, Work};
 
 /// One try at publishing a unit of work.
 struct Attempt {
@@ -586,15 +586,24 @@ pub(crate) struct PublishStage {
     pub metrics: Metrics,
     /// When the relay last delivered anything, for the completion stage.
     pub deliveries: LastDelivery,
-    /// The term's per-key order; `None` keeps no order by key.
-    pub order: Option<KeyOrder>,
-    /// The term published in; `None` outside a term.
-    pub term: Option<Term>,
+    /// The term published in, with its per-key order; `None` keeps no
+    /// order by key.
+    pub tenure: Option<Tenure>,
     /// What NATS acknowledged and is not marked yet (see `Acknowledged`).
     pub acknowledged: Acknowledged,
 }
 
 impl PublishStage {
+    /// The term published in, if any.
+    fn term(&self) -> Option<Term> {
+        self.tenure.as_ref().map(|tenure| tenure.term)
+    }
+
+    /// The term's per-key order, if in a term.
+    fn order(&self) -> Option<&KeyOrder> {
+        self.tenure.as_ref().map(|tenure| &tenure.order)
+    }
+
     pub async fn run(self, mut input: mpsc::Receiver<Work>, output: mpsc::Sender<Finished>) {
         if !self.stored_holds_known().await {
             return;
@@ -666,13 +675,13 @@ impl PublishStage {
         let answered = std::iter::from_fn(|| in_flight.next().now_or_never().flatten())
             .filter_map(|(_, landed)| landed)
             .map(|attempt| attempt.finish(&self.metrics, &self.deliveries));
-        self.acknowledged.remember_unmarked(self.term, answered);
+        self.acknowledged.remember_unmarked(self.term(), answered);
     }
 
     fn flight(&self) -> Flight {
         Flight(Arc::new(FlightShared {
             publisher: self.publisher.clone(),
-            term: self.term,
+            term: self.term(),
             acknowledged: self.acknowledged.clone(),
             metrics: self.metrics.clone(),
             shutdown: self.shutdown.clone(),
@@ -686,7 +695,7 @@ impl PublishStage {
     /// before any message takes its turn. False if the relay stopped first:
     /// nothing read is published, and all of it stays pending.
     async fn stored_holds_known(&self) -> bool {
-        let Some(order) = &self.order else {
+        let Some(order) = self.order() else {
             return true;
         };
         let stop = async {
@@ -714,7 +723,7 @@ impl PublishStage {
                 // Completion has gone (the term is lost): a delivery it
                 // never saw is remembered, not published again.
                 self.acknowledged
-                    .remember_unmarked(self.term, [unrecorded.0]);
+                    .remember_unmarked(self.term(), [unrecorded.0]);
                 return false;
             }
         }
@@ -768,7 +777,7 @@ impl PublishStage {
     /// The work's place in its key's line, if it carries a keyed message
     /// (one that breaks the contract too: it is failed in its turn).
     fn turn(&self, work: &Work) -> Option<Turn> {
-        let order = self.order.as_ref()?;
+        let order = self.order()?;
         let decoded = work.message.as_ref()?;
         let key = decoded.key.as_deref()?;
         Some(order.enter(key, &decoded.id, work.release))
@@ -861,8 +870,7 @@ mod tests {
             abandon: abandon.clone(),
             metrics: Metrics::new(),
             deliveries: deliveries.clone(),
-            order: None,
-            term: None,
+            tenure: None,
             acknowledged: Default::default(),
         };
         tokio::spawn(stage.run(work, finished));

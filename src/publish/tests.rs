@@ -283,8 +283,11 @@ fn start_in(
         abandon: abandon.clone(),
         metrics: metrics.clone(),
         deliveries: deliveries.clone(),
-        order,
-        term,
+        // A stage given an order or a term is in a term, with both.
+        tenure: match (order, term) {
+            (None, None) => None,
+            (order, term) => Some(crate::testing::tenure(term, order)),
+        },
         acknowledged,
     };
     let task = tokio::spawn(stage.run(work, finished));

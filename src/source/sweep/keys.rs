@@ -50,7 +50,7 @@ impl Sweeper {
     /// stall of its own, and the sweep must not take the never-tried
     /// messages the source is about to deliver.
     pub(crate) async fn await_stored_holds(&self, shutdown: &CancellationToken) -> bool {
-        let Some(order) = &self.pipeline.order else {
+        let Some(order) = self.pipeline.order() else {
             return true;
         };
         let kept_waiting = !order.stored_holds_adopted();
@@ -79,7 +79,7 @@ impl Sweeper {
     /// did, and whether another may find more; one read at a time, so that
     /// a long release never keeps the sweep's own passes waiting.
     pub(crate) async fn tend_keys(&self) -> Result<(Tally, bool)> {
-        let Some(order) = &self.pipeline.order else {
+        let Some(order) = self.pipeline.order() else {
             return Ok((Tally::default(), false));
         };
         if self.reconcile_due() {

@@ -129,7 +129,7 @@ impl Sweeper {
                 }
             };
             if !full {
-                let order = self.pipeline.order.clone();
+                let order = self.pipeline.order().cloned();
                 let release_wanted = async move {
                     match order {
                         Some(order) => order.release_wanted().await,
@@ -348,9 +348,7 @@ mod tests {
             budget,
             underway: Underway::default(),
             deliveries: LastDelivery::default(),
-            order: None,
-            claims_before: None,
-            term: None,
+            tenure: None,
             partition: crate::partition::Partition::WHOLE,
             acknowledged: Default::default(),
             shutdown: CancellationToken::new(),
