@@ -39,10 +39,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
-use crate::admin::status::{Checkpoint, Depths, Oplog};
 use crate::checkpoint::CheckpointStore;
 use crate::connect::Deployment;
 use crate::error::{brief, command_code, is_unauthorized};
+use crate::outbox_state::{Checkpoint, Depths, Oplog};
 use crate::partition::Partition;
 use crate::retry::Outage;
 
