@@ -90,7 +90,7 @@ async fn execute(command: Command) -> Result<ExitCode> {
             command.run().await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Replay(args) => replay(*args).await,
+        Command::Replay(args) => args.run(stop_on_signal(None)).await,
         Command::Inbox(command) => inbox(command).await,
         Command::Sweep(args) => {
             let relay = Relay::connect(args.settings.resolve()?).await?;
@@ -102,61 +102,6 @@ async fn execute(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
-}
-
-/// `outbox-relay replay`: prints what it sent; a stopped replay exits 130
-/// and says how to resume it.
-async fn replay(args: cli::replay::ReplayArgs) -> Result<ExitCode> {
-    let (request, options) = args.resolve()?;
-    let config = args.settings.resolve()?;
-    let shown = cli::replay::Shown::new(args.json);
-    let show = |report: &outbox_relay::replay::Report| shown.show(report);
-    let summary =
-        outbox_relay::replay::run(&config, request, &options, stop_on_signal(None), &show).await;
-    shown.finish();
-    let summary = summary?;
-    if args.json {
-        println!("{}", to_json(&summary)?);
-    } else {
-        print!("{}", render_replay(&summary));
-    }
-    Ok(match summary.state {
-        outbox_relay::replay::State::Stopped => ExitCode::from(130),
-        _ => ExitCode::SUCCESS,
-    })
-}
-
-/// A replay's summary for a reader.
-fn render_replay(summary: &outbox_relay::replay::Summary) -> String {
-    use std::fmt::Write;
-    let mut text = String::new();
-    let id = summary.replay_id.as_deref().unwrap_or("-");
-    let verb = if summary.dry_run {
-        "would send"
-    } else {
-        "sent"
-    };
-    let _ = writeln!(
-        text,
-        "replay {id}: {verb} {}, skipped {}, in {:.1} s",
-        summary.sent, summary.skipped, summary.seconds
-    );
-    for counted in &summary.by_type {
-        let _ = writeln!(text, "  {:>10}  {}", counted.sent, counted.message_type);
-    }
-    match summary.state {
-        outbox_relay::replay::State::Stopped => {
-            let _ = writeln!(
-                text,
-                "stopped before the end: resume with outbox-relay replay --resume {id}"
-            );
-        }
-        _ if summary.dry_run => {
-            let _ = writeln!(text, "dry run: nothing was sent");
-        }
-        _ => {}
-    }
-    text
 }
 
 /// `outbox-relay inbox list`: the newest messages a consumer gave up on.
