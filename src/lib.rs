@@ -41,6 +41,9 @@
 //! - [`check`]: the start-up checks and their exit codes;
 //! - [`observe`]: metrics, health endpoints and the collector;
 //! - [`admin`]: the `status` and `dlq` commands;
+//! - [`outbox_state`]: the outbox's depths, its checkpoint as a reader sees
+//!   it, and the oplog's span, read alike by `status` and the collector (a
+//!   leaf below both);
 //! - [`replay`]: sending delivered messages again, resumable, beside a
 //!   running relay;
 //! - [`bench`](mod@bench): the latency and drain benchmark;
@@ -65,6 +68,7 @@ pub mod inbox;
 pub mod lease;
 pub mod observe;
 pub mod order;
+pub mod outbox_state;
 pub mod partition;
 mod pipeline;
 pub mod publish;

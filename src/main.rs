@@ -7,11 +7,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use outbox_relay::Relay;
+use outbox_relay::admin::status::Status;
+use outbox_relay::{Error, Relay, Result};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
-use cli::{Cli, Command, DlqCommand, InboxCommand, LogFormat};
+use cli::{open_database, to_json, Cli, Command, InboxCommand, LogFormat};
 
 /// Every message costs the relay a few dozen small allocations (its
 /// document, subject, headers, futures); the system allocator took a
@@ -20,9 +21,6 @@ use cli::{Cli, Command, DlqCommand, InboxCommand, LogFormat};
 /// more, and a drain of 100 KB messages then held twice its budget's worth.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use outbox_relay::admin::dlq;
-use outbox_relay::admin::status::Status;
-use outbox_relay::{Error, RelayConfig, Result};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -88,8 +86,11 @@ async fn execute(command: Command) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Dlq(command) => dlq(command).await,
-        Command::Replay(args) => replay(*args).await,
+        Command::Dlq(command) => {
+            command.run().await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Replay(args) => args.run(stop_on_signal(None)).await,
         Command::Inbox(command) => inbox(command).await,
         Command::Sweep(args) => {
             let relay = Relay::connect(args.settings.resolve()?).await?;
@@ -101,61 +102,6 @@ async fn execute(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
-}
-
-/// `outbox-relay replay`: prints what it sent; a stopped replay exits 130
-/// and says how to resume it.
-async fn replay(args: cli::replay::ReplayArgs) -> Result<ExitCode> {
-    let (request, options) = args.resolve()?;
-    let config = args.settings.resolve()?;
-    let shown = cli::replay::Shown::new(args.json);
-    let show = |report: &outbox_relay::replay::Report| shown.show(report);
-    let summary =
-        outbox_relay::replay::run(&config, request, &options, stop_on_signal(None), &show).await;
-    shown.finish();
-    let summary = summary?;
-    if args.json {
-        println!("{}", to_json(&summary)?);
-    } else {
-        print!("{}", render_replay(&summary));
-    }
-    Ok(match summary.state {
-        outbox_relay::replay::State::Stopped => ExitCode::from(130),
-        _ => ExitCode::SUCCESS,
-    })
-}
-
-/// A replay's summary for a reader.
-fn render_replay(summary: &outbox_relay::replay::Summary) -> String {
-    use std::fmt::Write;
-    let mut text = String::new();
-    let id = summary.replay_id.as_deref().unwrap_or("-");
-    let verb = if summary.dry_run {
-        "would send"
-    } else {
-        "sent"
-    };
-    let _ = writeln!(
-        text,
-        "replay {id}: {verb} {}, skipped {}, in {:.1} s",
-        summary.sent, summary.skipped, summary.seconds
-    );
-    for counted in &summary.by_type {
-        let _ = writeln!(text, "  {:>10}  {}", counted.sent, counted.message_type);
-    }
-    match summary.state {
-        outbox_relay::replay::State::Stopped => {
-            let _ = writeln!(
-                text,
-                "stopped before the end: resume with outbox-relay replay --resume {id}"
-            );
-        }
-        _ if summary.dry_run => {
-            let _ = writeln!(text, "dry run: nothing was sent");
-        }
-        _ => {}
-    }
-    text
 }
 
 /// `outbox-relay inbox list`: the newest messages a consumer gave up on.
@@ -205,118 +151,6 @@ async fn inbox(command: InboxCommand) -> Result<ExitCode> {
         ),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// `outbox-relay dlq ...`: each prints what it did and how many.
-async fn dlq(command: DlqCommand) -> Result<ExitCode> {
-    match command {
-        DlqCommand::List {
-            message_type,
-            limit,
-            json,
-            settings,
-        } => {
-            let outbox = open_outbox(settings).await?;
-            let selection = message_type.map_or(dlq::Selection::All, dlq::Selection::Type);
-            let total = dlq::count(&outbox, &selection).await?;
-            let listed = dlq::list(&outbox, &selection, limit).await?;
-            if json {
-                println!(
-                    "{}",
-                    to_json(&serde_json::json!({ "total": total, "messages": listed }))?
-                );
-                return Ok(ExitCode::SUCCESS);
-            }
-            for message in &listed {
-                println!(
-                    "{}  {}  {}  attempts {}  {}",
-                    message.id,
-                    message.message_type.as_deref().unwrap_or("(no type)"),
-                    message.failed_at.as_deref().unwrap_or("-"),
-                    message.attempts,
-                    message
-                        .last_error
-                        .as_deref()
-                        .unwrap_or("(no error recorded)")
-                );
-            }
-            println!("{} of {total} failed messages shown", listed.len());
-        }
-        DlqCommand::Replay {
-            selection,
-            dry_run,
-            settings,
-        } => {
-            let selection = selection.resolve()?;
-            let outbox = open_outbox(settings).await?;
-            if dry_run {
-                let matched = dlq::count(&outbox, &selection).await?;
-                println!("would replay {matched} failed messages (dry run: nothing changed)");
-            } else {
-                let replayed = dlq::replay(&outbox, &selection).await?;
-                println!("replayed {replayed} failed messages: pending again, delivered by the next sweep");
-            }
-        }
-        DlqCommand::Discard {
-            selection,
-            dry_run,
-            yes,
-            settings,
-        } => {
-            let selection = selection.resolve()?;
-            let outbox = open_outbox(settings).await?;
-            let matched = dlq::count(&outbox, &selection).await?;
-            if dry_run {
-                println!("would discard {matched} failed messages (dry run: nothing changed)");
-            } else if matched == 0 {
-                println!("discarded 0 failed messages: none matched");
-            } else if yes || confirm(&format!("delete {matched} failed messages for good?"))? {
-                let discarded = dlq::discard(&outbox, &selection).await?;
-                println!("discarded {discarded} failed messages");
-            } else {
-                println!("discarded 0 failed messages: not confirmed");
-            }
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Asks a yes-or-no question on the terminal. Without a terminal there is
-/// no one to ask, so the caller must say `--yes`.
-fn confirm(question: &str) -> Result<bool> {
-    use std::io::{BufRead, Write};
-    if !std::io::stdin().is_terminal() {
-        return Err(Error::Config(format!(
-            "{question} There is no terminal to confirm on: pass --yes to go ahead"
-        )));
-    }
-    eprint!("{question} [y/N] ");
-    let _ = std::io::stderr().flush();
-    let mut answer = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut answer)
-        .map_err(|e| Error::io("cannot read the answer", e))?;
-    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
-}
-
-async fn open_database(config: &RelayConfig) -> Result<mongodb::Database> {
-    let client = outbox_relay::connect::connect_mongodb(&config.mongodb_uri).await?;
-    let database = client.database(&config.database);
-    Ok(outbox_relay::connect::coordinated(
-        &database,
-        config.lease_duration,
-    ))
-}
-
-async fn open_outbox(settings: cli::RunArgs) -> Result<mongodb::Collection<bson::Document>> {
-    let config = settings.resolve()?;
-    Ok(open_database(&config).await?.collection(&config.collection))
-}
-
-fn to_json(value: &impl serde::Serialize) -> Result<String> {
-    serde_json::to_string_pretty(value)
-        .map_err(|e| Error::Internal(format!("cannot write the result as JSON: {e}")))
 }
 
 /// A token cancelled by the first SIGINT or SIGTERM; a second one exits at

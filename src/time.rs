@@ -1,7 +1,8 @@
 //! Moments as MongoDB stores them (`DateTime`, milliseconds), moved by a
 //! `Duration`: one saturating conversion for every deadline the relay and
 //! the inbox write or compare (lease expiries, lock ages, record expiries);
-//! and the ObjectId that a moment bounds.
+//! the ObjectId that a moment bounds; and the seconds between two moments,
+//! and a moment as RFC 3339 text, as `status` shows them.
 
 use std::time::Duration;
 
@@ -33,6 +34,23 @@ pub(crate) fn object_id_at(time: DateTime) -> ObjectId {
     let mut bytes = [0u8; 12];
     bytes[..4].copy_from_slice(&seconds.to_be_bytes());
     ObjectId::from_bytes(bytes)
+}
+
+/// The seconds from `from` to `to`; negative if `to` is earlier.
+pub(crate) fn seconds_between(from: DateTime, to: DateTime) -> f64 {
+    (to.timestamp_millis() - from.timestamp_millis()) as f64 / 1000.0
+}
+
+/// Serializes a moment as RFC 3339 text, and none (or one out of range) as
+/// null: `#[serde(serialize_with = "as_rfc3339")]`.
+pub(crate) fn as_rfc3339<S: serde::Serializer>(
+    time: &Option<DateTime>,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match time.and_then(|t| t.try_to_rfc3339_string().ok()) {
+        Some(text) => serializer.serialize_some(&text),
+        None => serializer.serialize_none(),
+    }
 }
 
 #[cfg(test)]

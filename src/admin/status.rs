@@ -2,199 +2,35 @@
 //! which failed and why, who leads, and how far the stored position is from
 //! the edge of the oplog.
 //!
-//! Each part is a query the relay's collector also runs for its metrics,
-//! and each is served by the sweep index or by a small result set, so they
-//! stay cheap on large collections. Only `status` counts processed
-//! messages, which is a scan of their index range.
+//! The depths, the checkpoint and the oplog's span are read as the relay's
+//! collector reads them for its metrics ([`crate::outbox_state`]); the
+//! failures by type, the held keys and the partitions are read here. Each
+//! is served by the sweep index or by a small result set, so they stay
+//! cheap on large collections. Only `status` counts processed messages,
+//! which is a scan of their index range.
 
-use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawDocumentBuf};
+use bson::{doc, Bson, DateTime, Document, RawDocumentBuf};
 use futures::TryStreamExt;
-use mongodb::{Client, Collection, Database};
+use mongodb::{Collection, Database};
 use serde::Serialize;
 
-use crate::checkpoint::{CheckpointStore, POSITION_AT};
+use crate::checkpoint::CheckpointStore;
 use crate::config::RelayConfig;
 use crate::connect::Deployment;
 use crate::contract::{field, status};
 use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::order::{count_of, held_keys, HeldKey};
+use crate::outbox_state::{Checkpoint, Depths, Oplog};
 use crate::partition::Partition;
+use crate::time::{as_rfc3339, seconds_between};
 use crate::unreadable::RawField;
-
-/// Pending and failed depths, and the oldest pending message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Depths {
-    pub pending: u64,
-    pub failed: u64,
-    /// When the oldest pending message was created (its ObjectId's time).
-    pub oldest_pending: Option<DateTime>,
-}
-
-impl Depths {
-    /// Reads the depths of `outbox`.
-    pub async fn read(outbox: &Collection<Document>) -> Result<Self> {
-        let count = |state: &'static str| async move {
-            outbox
-                .count_documents(doc! { field::STATUS: state })
-                .await
-                .map_err(|e| Error::mongo(format!("counting {state} messages failed"), e))
-        };
-        Ok(Depths {
-            pending: count(status::PENDING).await?,
-            failed: count(status::FAILED).await?,
-            oldest_pending: oldest_pending(outbox).await?,
-        })
-    }
-}
-
-/// The creation time of the oldest pending message: the smallest `_id`
-/// among those never tried (the first entry of their index range) and
-/// among the rest, those awaiting a retry and misfits whose `nextAttemptAt`
-/// is not a date (a small set). Only ObjectIds tell a creation time; a
-/// pending document with another `_id` breaks the contract and is failed
-/// as soon as the relay reads it.
-async fn oldest_pending(outbox: &Collection<Document>) -> Result<Option<DateTime>> {
-    let failed = |e| Error::mongo("finding the oldest pending message failed", e);
-    let any_object_id = doc! { "$gte": ObjectId::from_bytes([0; 12]) };
-    let never_tried = outbox
-        .find_one(doc! {
-            field::STATUS: status::PENDING,
-            field::NEXT_ATTEMPT_AT: Bson::Null,
-            field::ID: any_object_id.clone(),
-        })
-        .sort(doc! { field::STATUS: 1, field::NEXT_ATTEMPT_AT: 1, field::ID: 1 })
-        .projection(doc! { field::ID: 1 })
-        .await
-        .map_err(failed)?;
-    let others: Vec<Document> = outbox
-        .aggregate([
-            doc! { "$match": {
-                field::STATUS: status::PENDING,
-                field::NEXT_ATTEMPT_AT: { "$ne": Bson::Null },
-                field::ID: any_object_id,
-            } },
-            doc! { "$group": { "_id": Bson::Null, "oldest": { "$min": "$_id" } } },
-        ])
-        .await
-        .map_err(failed)?
-        .try_collect()
-        .await
-        .map_err(failed)?;
-    let ids = never_tried
-        .iter()
-        .filter_map(|d| d.get_object_id(field::ID).ok())
-        .chain(others.iter().filter_map(|d| d.get_object_id("oldest").ok()));
-    Ok(ids.map(|id: ObjectId| id.timestamp()).min())
-}
 
 /// The partition count the group of relays on the outbox runs with,
 /// where it is more than one.
 async fn shared_count(database: &Database, config: &RelayConfig) -> Result<Option<u32>> {
     let group = Group::stored(database, &config.checkpoint_collection, &config.collection).await?;
     Ok(group.map(|(count, _)| count).filter(|count| *count > 1))
-}
-
-/// The checkpoint document: the stored position and the lease.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Checkpoint {
-    /// Whether a resume token is stored.
-    pub has_token: bool,
-    /// When the stored position was reached (its event's commit time).
-    #[serde(serialize_with = "as_rfc3339")]
-    pub position_at: Option<DateTime>,
-    /// When the token was last written.
-    #[serde(serialize_with = "as_rfc3339")]
-    pub updated_at: Option<DateTime>,
-    /// The relay holding (or last holding) the lease.
-    pub owner: Option<String>,
-    pub term: Option<i64>,
-    #[serde(serialize_with = "as_rfc3339")]
-    pub lease_expires_at: Option<DateTime>,
-}
-
-impl Checkpoint {
-    /// Reads the checkpoint of `store`'s outbox; the default if none exists.
-    pub async fn read(store: &CheckpointStore) -> Result<Self> {
-        let Some(document) = store.document().await? else {
-            return Ok(Checkpoint::default());
-        };
-        let time = |name| document.get_datetime(name).ok().copied();
-        Ok(Checkpoint {
-            has_token: document.contains_key("token"),
-            position_at: time(POSITION_AT),
-            updated_at: time("updatedAt"),
-            owner: document.get_str("owner").ok().map(str::to_owned),
-            term: match document.get("term") {
-                Some(Bson::Int64(term)) => Some(*term),
-                Some(Bson::Int32(term)) => Some(i64::from(*term)),
-                _ => None,
-            },
-            lease_expires_at: time("expiresAt"),
-        })
-    }
-}
-
-/// The span of the server's oplog.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Oplog {
-    /// Wall time of the oldest entry still held.
-    pub first: DateTime,
-    /// Wall time of the newest entry.
-    pub last: DateTime,
-}
-
-impl Oplog {
-    /// Reads the first and last entries of `local.oplog.rs`. `Ok(None)` if
-    /// it is empty; an error where it cannot be read (a user without read
-    /// access to `local`; through mongos, which refuses `local`, it is not
-    /// asked: see [`Deployment::oplog_unreadable`]).
-    pub async fn read(client: &Client) -> Result<Option<Self>> {
-        let oplog = client.database("local").collection::<Document>("oplog.rs");
-        let entry = |direction: i32| {
-            let oplog = oplog.clone();
-            async move {
-                oplog
-                    .find_one(doc! {})
-                    .sort(doc! { "$natural": direction })
-                    .projection(doc! { "ts": 1, "wall": 1 })
-                    .await
-                    .map_err(|e| Error::mongo("reading local.oplog.rs failed", e))
-            }
-        };
-        let (Some(first), Some(last)) = (entry(1).await?, entry(-1).await?) else {
-            return Ok(None);
-        };
-        match (entry_time(&first), entry_time(&last)) {
-            (Some(first), Some(last)) => Ok(Some(Oplog { first, last })),
-            _ => Ok(None),
-        }
-    }
-
-    /// The time from the first entry to the last.
-    pub fn window_seconds(&self) -> f64 {
-        seconds_between(self.first, self.last)
-    }
-
-    /// How much history lies before `position`: how long until the oplog
-    /// drops it, if it keeps its current span. Negative once it is gone.
-    pub fn headroom_seconds(&self, position: DateTime) -> f64 {
-        seconds_between(self.first, position)
-    }
-}
-
-/// An entry's wall time, or its timestamp's seconds on servers before 3.6.
-fn entry_time(entry: &Document) -> Option<DateTime> {
-    entry.get_datetime("wall").ok().copied().or_else(|| {
-        entry
-            .get_timestamp("ts")
-            .ok()
-            .map(|ts| DateTime::from_millis(i64::from(ts.time) * 1000))
-    })
-}
-
-fn seconds_between(from: DateTime, to: DateTime) -> f64 {
-    (to.timestamp_millis() - from.timestamp_millis()) as f64 / 1000.0
 }
 
 /// Failed messages of one type.
@@ -543,14 +379,4 @@ fn age(seconds: f64) -> String {
         return format!("{seconds:.1}s");
     }
     humantime::format_duration(std::time::Duration::from_secs(seconds as u64)).to_string()
-}
-
-fn as_rfc3339<S: serde::Serializer>(
-    time: &Option<DateTime>,
-    serializer: S,
-) -> std::result::Result<S::Ok, S::Error> {
-    match time.and_then(|t| t.try_to_rfc3339_string().ok()) {
-        Some(text) => serializer.serialize_some(&text),
-        None => serializer.serialize_none(),
-    }
 }

@@ -1,20 +1,20 @@
 //! The command line: a thin layer over the library. Subcommands and their
 //! flags are here; the relay's settings (`settings`) are built from the
 //! library's declarations, and the benchmark's flags (`bench`) come with
-//! the `bench` feature.
+//! the `bench` feature. A command with more to say than a line (`dlq`,
+//! `replay`) has a module of its own, with what it prints.
 
 #[cfg(feature = "bench")]
 pub mod bench;
+pub mod dlq;
 pub mod replay;
 mod settings;
 
 use std::time::Duration;
 
-use bson::oid::ObjectId;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use outbox_relay::admin::dlq::Selection;
 use outbox_relay::config::Value;
-use outbox_relay::{Error, Result};
+use outbox_relay::{Error, RelayConfig, Result};
 
 pub use settings::RunArgs;
 
@@ -54,7 +54,7 @@ pub enum Command {
     Status(StatusArgs),
     /// List, replay or discard failed messages (the dead letters).
     #[command(subcommand)]
-    Dlq(DlqCommand),
+    Dlq(dlq::DlqCommand),
     /// Send delivered messages again, chosen by time, type, subject or key, to their subjects or a new prefix.
     Replay(Box<replay::ReplayArgs>),
     /// Look into a consumer's inbox (see outbox_relay::inbox).
@@ -112,86 +112,6 @@ pub struct StatusArgs {
     pub settings: RunArgs,
 }
 
-/// `outbox-relay dlq ...`.
-#[derive(Debug, Subcommand)]
-pub enum DlqCommand {
-    /// List the newest failed messages.
-    List {
-        /// Only messages of this type.
-        #[arg(long = "type")]
-        message_type: Option<String>,
-        /// At most this many (at least 1).
-        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
-        limit: u32,
-        /// Print JSON for scripts.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        settings: RunArgs,
-    },
-    /// Put failed messages back to pending, attempts reset, last error kept in errorHistory.
-    Replay {
-        #[command(flatten)]
-        selection: SelectionArgs,
-        /// Show how many would be replayed, and change nothing.
-        #[arg(long)]
-        dry_run: bool,
-        #[command(flatten)]
-        settings: RunArgs,
-    },
-    /// Delete failed messages (asks first unless --yes).
-    Discard {
-        #[command(flatten)]
-        selection: SelectionArgs,
-        /// Show how many would be deleted, and change nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Do not ask for confirmation.
-        #[arg(long)]
-        yes: bool,
-        #[command(flatten)]
-        settings: RunArgs,
-    },
-}
-
-/// Which failed messages a dlq command acts on: exactly one of these.
-#[derive(Debug, Args)]
-#[group(required = true, multiple = false)]
-pub struct SelectionArgs {
-    /// The message with this _id (repeatable).
-    #[arg(long = "id")]
-    pub ids: Vec<String>,
-    /// Every failed message of this type.
-    #[arg(long = "type")]
-    pub message_type: Option<String>,
-    /// Every failed message.
-    #[arg(long)]
-    pub all: bool,
-}
-
-impl SelectionArgs {
-    /// The checked selection.
-    pub fn resolve(self) -> Result<Selection> {
-        if self.all {
-            return Ok(Selection::All);
-        }
-        if let Some(message_type) = self.message_type {
-            return Ok(Selection::Type(message_type));
-        }
-        self.ids
-            .iter()
-            .map(|id| {
-                ObjectId::parse_str(id.trim()).map_err(|_| {
-                    Error::Config(format!(
-                        "--id {id:?} is not an ObjectId (24 hexadecimal digits, as dlq list shows)"
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>>>()
-            .map(Selection::Ids)
-    }
-}
-
 /// Reads a duration flag as the settings are read.
 fn duration(text: &str) -> std::result::Result<Duration, String> {
     Duration::parse(text.trim())
@@ -219,4 +139,20 @@ pub struct SweepArgs {
     pub give_up_after: Duration,
     #[command(flatten)]
     pub settings: RunArgs,
+}
+
+/// The database `config` names, connected to as every command connects.
+pub async fn open_database(config: &RelayConfig) -> Result<mongodb::Database> {
+    let client = outbox_relay::connect::connect_mongodb(&config.mongodb_uri).await?;
+    let database = client.database(&config.database);
+    Ok(outbox_relay::connect::coordinated(
+        &database,
+        config.lease_duration,
+    ))
+}
+
+/// A command's result as JSON, for scripts (`--json`).
+pub fn to_json(value: &impl serde::Serialize) -> Result<String> {
+    serde_json::to_string_pretty(value)
+        .map_err(|e| Error::Internal(format!("cannot write the result as JSON: {e}")))
 }

@@ -1,14 +1,17 @@
-//! `outbox-relay replay`: its flags, and its progress on a terminal.
+//! `outbox-relay replay`: its flags, its progress on a terminal, and its
+//! summary.
 
 use std::io::IsTerminal;
+use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use clap::Args;
-use outbox_relay::replay::{self, parse_moment, Report, Request, Selection};
+use outbox_relay::replay::{self, parse_moment, Report, Request, Selection, State, Summary};
 use outbox_relay::{Error, Result};
+use tokio_util::sync::CancellationToken;
 
-use super::RunArgs;
+use super::{to_json, RunArgs};
 
 /// `outbox-relay replay`.
 #[derive(Debug, Args)]
@@ -95,6 +98,60 @@ impl ReplayArgs {
         };
         Ok((request, options))
     }
+
+    /// Runs the replay until it ends or `stop` is cancelled, and prints
+    /// what it sent; a stopped replay exits 130 and says how to resume it.
+    pub async fn run(self, stop: CancellationToken) -> Result<ExitCode> {
+        let (request, options) = self.resolve()?;
+        let config = self.settings.resolve()?;
+        let shown = Shown::new(self.json);
+        let show = |report: &Report| shown.show(report);
+        let summary = replay::run(&config, request, &options, stop, &show).await;
+        shown.finish();
+        let summary = summary?;
+        if self.json {
+            println!("{}", to_json(&summary)?);
+        } else {
+            print!("{}", render(&summary));
+        }
+        Ok(match summary.state {
+            State::Stopped => ExitCode::from(130),
+            _ => ExitCode::SUCCESS,
+        })
+    }
+}
+
+/// A replay's summary for a reader.
+fn render(summary: &Summary) -> String {
+    use std::fmt::Write;
+    let mut text = String::new();
+    let id = summary.replay_id.as_deref().unwrap_or("-");
+    let verb = if summary.dry_run {
+        "would send"
+    } else {
+        "sent"
+    };
+    let _ = writeln!(
+        text,
+        "replay {id}: {verb} {}, skipped {}, in {:.1} s",
+        summary.sent, summary.skipped, summary.seconds
+    );
+    for counted in &summary.by_type {
+        let _ = writeln!(text, "  {:>10}  {}", counted.sent, counted.message_type);
+    }
+    match summary.state {
+        State::Stopped => {
+            let _ = writeln!(
+                text,
+                "stopped before the end: resume with outbox-relay replay --resume {id}"
+            );
+        }
+        _ if summary.dry_run => {
+            let _ = writeln!(text, "dry run: nothing was sent");
+        }
+        _ => {}
+    }
+    text
 }
 
 /// Shows a replay's progress: a bar on a terminal, else a log line every

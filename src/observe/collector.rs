@@ -39,10 +39,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
-use crate::admin::status::{Checkpoint, Depths, Oplog};
 use crate::checkpoint::CheckpointStore;
 use crate::connect::Deployment;
-use crate::error::{brief, command_code, is_unauthorized};
+use crate::error::{brief, command_code, is_unauthorized, Error, Result};
+use crate::outbox_state::{Checkpoint, Depths, Oplog};
 use crate::partition::Partition;
 use crate::retry::Outage;
 
@@ -227,7 +227,7 @@ impl Collector {
     /// Reads the depths when due and the checkpoint into the metrics (a
     /// standby thereby reports the leader's checkpoint age); returns when
     /// the stored position was reached, if it is known.
-    async fn outbox_state(&self, depths_pace: &mut Pace) -> crate::Result<Option<DateTime>> {
+    async fn outbox_state(&self, depths_pace: &mut Pace) -> Result<Option<DateTime>> {
         if depths_pace.is_due() {
             let began = Instant::now();
             // A read that fails is not paced: how long it took says more
@@ -344,10 +344,10 @@ impl Collector {
 /// permission, a server that refuses the `local` database as mongos does
 /// (one that does not say it is mongos: a proxy in front of one), or a
 /// passing failure.
-fn what_to_do_when_unreadable(error: &crate::Error) -> &'static str {
+fn what_to_do_when_unreadable(error: &Error) -> &'static str {
     /// IllegalOperation: mongos's answer to any command on `local`.
     const ILLEGAL_OPERATION: i32 = 20;
-    let crate::Error::Mongo { source, .. } = error else {
+    let Error::Mongo { source, .. } = error else {
         return "it is read again at each interval";
     };
     if is_unauthorized(source) {
@@ -456,12 +456,12 @@ mod tests {
     }
 
     /// An oplog read the server refused with `code`.
-    fn refused(code: i32, name: &str) -> crate::Error {
+    fn refused(code: i32, name: &str) -> Error {
         let command: mongodb::error::CommandError = bson::from_document(bson::doc! {
             "code": code, "codeName": name, "errmsg": "refused",
         })
         .expect("a command error");
-        crate::Error::mongo(
+        Error::mongo(
             "reading local.oplog.rs failed",
             mongodb::error::ErrorKind::Command(command).into(),
         )

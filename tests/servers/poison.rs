@@ -288,7 +288,7 @@ async fn misfit_fields_neither_hide_nor_wedge_a_message() {
             .await
             .expect("insert");
     }
-    let depths = outbox_relay::admin::status::Depths::read(&outbox)
+    let depths = outbox_relay::outbox_state::Depths::read(&outbox)
         .await
         .expect("depths");
     assert_eq!(depths.pending, 6, "every pending document is counted");
