@@ -55,39 +55,33 @@ pub(crate) struct Work {
 impl Work {
     /// A message from the change stream, committed at `at`.
     pub fn from_stream(message: Decoded, token: ResumeToken, at: Option<DateTime>) -> Self {
-        Work {
-            message: Some(message),
-            token: Some(token),
-            claim: None,
-            at,
-            reserved: None,
-            release: false,
-            park: None,
-            underway: None,
-        }
+        Work::carrying(Some(message), Some(token), None, at)
     }
 
     /// A message read from the collection rather than the stream.
     pub fn from_collection(message: Decoded, claim: Option<ObjectId>) -> Self {
-        Work {
-            message: Some(message),
-            token: None,
-            claim,
-            at: None,
-            reserved: None,
-            release: false,
-            park: None,
-            underway: None,
-        }
+        Work::carrying(Some(message), None, claim, None)
     }
 
     /// A stream position with no message (the stream moved past other events
     /// or was idle), reached at `at`.
     pub fn marker(token: ResumeToken, at: Option<DateTime>) -> Self {
+        Work::carrying(None, Some(token), None, at)
+    }
+
+    /// Work carrying these; what is settled after it is read (its share
+    /// of the budget, whether it releases a key, its park, its place under
+    /// way) starts empty. Every constructor builds its work here.
+    fn carrying(
+        message: Option<Decoded>,
+        token: Option<ResumeToken>,
+        claim: Option<ObjectId>,
+        at: Option<DateTime>,
+    ) -> Self {
         Work {
-            message: None,
-            token: Some(token),
-            claim: None,
+            message,
+            token,
+            claim,
             at,
             reserved: None,
             release: false,

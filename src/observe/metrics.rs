@@ -148,7 +148,7 @@ pub(crate) struct PausedDelivery(Metrics);
 
 impl Drop for PausedDelivery {
     fn drop(&mut self) {
-        self.0 .0.delivery_paused.dec();
+        self.0 .0.exported.delivery_paused.dec();
     }
 }
 
@@ -179,46 +179,12 @@ pub struct Metrics(Arc<Inner>);
 
 struct Inner {
     registry: Registry,
-    published: Family<OriginLabel, Counter>,
-    processed: Counter,
-    retries: Counter,
-    failed: Family<KindLabel, Counter>,
-    duplicates: Counter,
-    reconnects: Family<ServerLabel, Counter>,
-    stream_resumes: Counter,
-    history_lost: Counter,
-    stream_ended: Counter,
-    unmarkable: Counter,
-    dead_letters_held: Counter,
-    republish_avoided: Counter,
-    republished: Counter,
-    resent: Counter,
-    delivery_paused: Gauge,
+    /// The metrics `registry` renders, clones of which it holds.
+    exported: Exported,
     pause_reason: Mutex<Option<String>>,
     /// A new term's stored holds are being read: nothing is delivered yet.
     /// How many terms (one a partition) are reading their held keys.
     holds_unread: AtomicU64,
-    publish_ack: Histogram,
-    commit_to_publish: Histogram,
-    pending: Gauge,
-    failed_depth: Gauge,
-    oldest_pending_age: FloatGauge,
-    /// When the depths were last read, in seconds since the Unix epoch.
-    depths_read: FloatGauge,
-    held_keys: Gauge,
-    oldest_held_age: FloatGauge,
-    stream_lag: FloatGauge,
-    checkpoint_age: FloatGauge,
-    leader: Gauge,
-    term: Gauge,
-    /// How many partitions this relay holds.
-    partitions_held: Gauge,
-    /// 1 for each partition this relay holds, else 0.
-    partition_held: Family<PartitionLabel, Gauge>,
-    /// The term of each partition this relay holds or last held.
-    partition_term: Family<PartitionLabel, Gauge>,
-    oplog_window: FloatGauge,
-    oplog_headroom: FloatGauge,
     /// Milliseconds since the epoch each age counts from; 0 for none.
     oldest_pending_since: AtomicI64,
     oldest_held_since: AtomicI64,
@@ -226,11 +192,124 @@ struct Inner {
     /// Each held partition's stream: the commit time of its last event
     /// (milliseconds), or `None` while it has read all there is.
     streams: Mutex<BTreeMap<u32, Option<i64>>>,
-    /// Each partition's stream lag, as `stream_lag` is the relay's.
-    partition_stream_lag: Family<PartitionLabel, FloatGauge>,
     role: AtomicU8,
     mongodb: AtomicU8,
     nats: Mutex<Option<async_nats::Client>>,
+}
+
+/// Declares the exported metrics, each once: its field, its type (and how
+/// it starts, where not from `Default`), its name after the `outbox_`
+/// prefix, its unit if it has one, and its help text. A metric is
+/// registered, and so rendered, in the order listed.
+macro_rules! exported {
+    (@start) => { Default::default() };
+    (@start $start:expr) => { $start };
+    (@register $registry:ident, $name:literal, $help:literal, $metric:expr) => {
+        $registry.register($name, $help, $metric)
+    };
+    (@register $registry:ident, $name:literal, $help:literal, $metric:expr, $unit:ident) => {
+        $registry.register_with_unit($name, $help, Unit::$unit, $metric)
+    };
+    ($(
+        $(#[$doc:meta])*
+        $field:ident: $kind:ty $(= $start:expr)? => $name:literal $(in $unit:ident)?, $help:literal;
+    )+) => {
+        /// Every metric `/metrics` renders.
+        struct Exported {
+            $($(#[$doc])* $field: $kind,)+
+        }
+
+        impl Exported {
+            /// Fresh metrics, registered in `registry`.
+            fn new(registry: &mut Registry) -> Self {
+                let exported = Exported {
+                    $($field: exported!(@start $($start)?),)+
+                };
+                $(exported!(@register registry, $name, $help, exported.$field.clone() $(, $unit)?);)+
+                exported
+            }
+        }
+    };
+}
+
+exported! {
+    published: Family<OriginLabel, Counter> =>
+        "published", "Messages the broker acknowledged, by where they were read";
+    processed: Counter => "processed", "Messages marked processed";
+    retries: Counter => "retries", "Refused messages scheduled for another attempt";
+    failed: Family<KindLabel, Counter> =>
+        "failed", "Messages marked failed (dead letters), by kind of failure";
+    duplicates: Counter => "jetstream_duplicates",
+        "Publishes JetStream acknowledged as duplicates of a message it already held";
+    reconnects: Family<ServerLabel, Counter> =>
+        "reconnects", "Connections to a server regained after being lost";
+    stream_resumes: Counter => "stream_resumes",
+        "Times the change stream was reopened from a stored position";
+    history_lost: Counter => "history_lost",
+        "Times the stored position could not be resumed and a catch-up pass ran";
+    stream_ended: Counter => "change_stream_ended",
+        "Times the change stream ended (collection or database dropped or renamed, cursor \
+         closed) and was reopened";
+    unmarkable: Counter => "unmarkable",
+        "Messages the relay could not update at all (not even to mark them failed), left \
+         pending and skipped";
+    republish_avoided: Counter => "republish_avoided",
+        "Messages NATS had acknowledged to this relay, read again before their mark was \
+         written (a term lost, then led again), marked without being published again";
+    republished: Counter => "republished",
+        "Messages NATS had acknowledged to this relay, published again because another \
+         relay led in between: repeats JetStream stores twice past its duplicate window";
+    resent: Counter => "resent",
+        "Messages sent again because their first answer was in doubt (a timeout, a lost \
+         connection, an outage): JetStream drops the repeat within its duplicate window";
+    dead_letters_held: Counter => "dead_letters_held",
+        "Messages out of attempts not failed, because the broker took no other message \
+         recently (it may be refusing everything); tried again after the longest retry delay";
+    delivery_paused: Gauge => "delivery_paused",
+        "Publish stages paused because the broker takes no message (0 while delivery flows)";
+    publish_ack: Histogram = Histogram::new(latency_buckets()) => "publish_ack" in Seconds,
+        "Time from sending a message to the broker's acknowledgement";
+    commit_to_publish: Histogram = Histogram::new(latency_buckets()) =>
+        "commit_to_publish" in Seconds,
+        "Time from a message's commit (the change event's wall time) to its acknowledgement";
+    pending: Gauge => "pending_messages", "Messages waiting to be delivered";
+    failed_depth: Gauge => "failed_messages",
+        "Messages marked failed and still kept (dead-letter depth)";
+    oldest_pending_age: FloatGauge => "oldest_pending_age" in Seconds,
+        "Age of the oldest pending message (0 when none is pending)";
+    /// When the depths were last read, in seconds since the Unix epoch.
+    depths_read: FloatGauge => "depths_read_timestamp" in Seconds,
+        "When the pending and failed depths were last read, in Unix time (0 before the \
+         first read, until which those gauges read 0)";
+    held_keys: Gauge => "held_keys",
+        "Keys whose messages wait on a refused or held message of the key (on the leader)";
+    oldest_held_age: FloatGauge => "oldest_held_age" in Seconds,
+        "Age of the oldest message a held key waits on (0 when no key is held)";
+    stream_lag: FloatGauge => "change_stream_lag" in Seconds,
+        "Now minus the commit time of the last change event read (0 when the stream is caught \
+         up); with partitions, the most behind of this relay's";
+    /// Each partition's stream lag, as `stream_lag` is the relay's.
+    partition_stream_lag: Family<PartitionLabel, FloatGauge> =>
+        "partition_change_stream_lag" in Seconds,
+        "The change stream lag of each partition this relay holds (0 once handed over)";
+    checkpoint_age: FloatGauge => "checkpoint_age" in Seconds,
+        "Time since the resume token was last written";
+    leader: Gauge => "leader",
+        "1 while this relay holds a lease (of the outbox, or of any partition), else 0";
+    term: Gauge => "lease_term", "The lease term this relay last held";
+    /// How many partitions this relay holds.
+    partitions_held: Gauge => "partitions_held",
+        "How many of the outbox's partitions this relay holds";
+    /// 1 for each partition this relay holds, else 0.
+    partition_held: Family<PartitionLabel, Gauge> => "partition_held",
+        "1 while this relay holds the partition's lease, else 0";
+    /// The term of each partition this relay holds or last held.
+    partition_term: Family<PartitionLabel, Gauge> => "partition_term",
+        "The lease term of the partition this relay holds or last held";
+    oplog_window: FloatGauge => "oplog_window" in Seconds, "Time spanned by the server's oplog";
+    oplog_headroom: FloatGauge => "oplog_headroom" in Seconds,
+        "How much older than the stored stream position the oplog's first entry is: the time \
+         left before resuming from it fails";
 }
 
 impl Default for Metrics {
@@ -243,55 +322,20 @@ impl Metrics {
     /// A fresh set of metrics, all names prefixed `outbox_`.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("outbox");
-        let inner = Inner {
-            published: Family::default(),
-            processed: Counter::default(),
-            retries: Counter::default(),
-            failed: Family::default(),
-            duplicates: Counter::default(),
-            reconnects: Family::default(),
-            stream_resumes: Counter::default(),
-            history_lost: Counter::default(),
-            stream_ended: Counter::default(),
-            unmarkable: Counter::default(),
-            dead_letters_held: Counter::default(),
-            republish_avoided: Counter::default(),
-            republished: Counter::default(),
-            resent: Counter::default(),
-            delivery_paused: Gauge::default(),
+        let exported = Exported::new(&mut registry);
+        Metrics(Arc::new(Inner {
+            registry,
+            exported,
             pause_reason: Mutex::new(None),
             holds_unread: AtomicU64::new(0),
-            publish_ack: Histogram::new(latency_buckets()),
-            commit_to_publish: Histogram::new(latency_buckets()),
-            pending: Gauge::default(),
-            failed_depth: Gauge::default(),
-            oldest_pending_age: FloatGauge::default(),
-            depths_read: FloatGauge::default(),
-            held_keys: Gauge::default(),
-            oldest_held_age: FloatGauge::default(),
-            stream_lag: FloatGauge::default(),
-            checkpoint_age: FloatGauge::default(),
-            leader: Gauge::default(),
-            term: Gauge::default(),
-            partitions_held: Gauge::default(),
-            partition_held: Family::default(),
-            partition_term: Family::default(),
-            oplog_window: FloatGauge::default(),
-            oplog_headroom: FloatGauge::default(),
             oldest_pending_since: AtomicI64::new(0),
             oldest_held_since: AtomicI64::new(0),
             checkpoint_saved_at: AtomicI64::new(0),
             streams: Mutex::default(),
-            partition_stream_lag: Family::default(),
             role: AtomicU8::new(Role::Starting as u8),
             mongodb: AtomicU8::new(NEVER_REACHED),
             nats: Mutex::new(None),
-            // Filled below: the registry holds clones of the metrics
-            // above, so they must exist first.
-            registry: Registry::default(),
-        };
-        inner.register(&mut registry);
-        Metrics(Arc::new(Inner { registry, ..inner }))
+        }))
     }
 
     /// Renders every metric in the Prometheus text format (version 0.0.4).
@@ -306,10 +350,14 @@ impl Metrics {
     /// A message reached the broker, `waited` after it was sent.
     pub(crate) fn published(&self, origin: Origin, waited: Duration, duplicate: bool) {
         let inner = &self.0;
-        inner.published.get_or_create(&OriginLabel { origin }).inc();
-        inner.publish_ack.observe(waited.as_secs_f64());
+        inner
+            .exported
+            .published
+            .get_or_create(&OriginLabel { origin })
+            .inc();
+        inner.exported.publish_ack.observe(waited.as_secs_f64());
         if duplicate {
-            inner.duplicates.inc();
+            inner.exported.duplicates.inc();
         }
     }
 
@@ -317,25 +365,31 @@ impl Metrics {
     pub(crate) fn delivered_since_commit(&self, committed: DateTime) {
         let elapsed = DateTime::now().timestamp_millis() - committed.timestamp_millis();
         self.0
+            .exported
             .commit_to_publish
             .observe(elapsed.max(0) as f64 / 1000.0);
     }
 
     pub(crate) fn processed(&self, count: u64) {
-        self.0.processed.inc_by(count);
+        self.0.exported.processed.inc_by(count);
     }
 
     pub(crate) fn retried(&self) {
-        self.0.retries.inc();
+        self.0.exported.retries.inc();
     }
 
     pub(crate) fn failed(&self, kind: FailureKind) {
-        self.0.failed.get_or_create(&KindLabel { kind }).inc();
+        self.0
+            .exported
+            .failed
+            .get_or_create(&KindLabel { kind })
+            .inc();
     }
 
     /// A connection to `server` came back after being lost.
     pub(crate) fn reconnected(&self, server: Server) {
         self.0
+            .exported
             .reconnects
             .get_or_create(&ServerLabel { server })
             .inc();
@@ -343,52 +397,52 @@ impl Metrics {
 
     /// The change stream was reopened from a stored position.
     pub(crate) fn stream_resumed(&self) {
-        self.0.stream_resumes.inc();
+        self.0.exported.stream_resumes.inc();
     }
 
     /// The stored position could not be resumed from: a catch-up pass runs.
     pub(crate) fn history_lost(&self) {
-        self.0.history_lost.inc();
+        self.0.exported.history_lost.inc();
     }
 
     /// The change stream ended (the collection or its database was
     /// dropped or renamed, or the server closed the cursor).
     pub(crate) fn stream_ended(&self) {
-        self.0.stream_ended.inc();
+        self.0.exported.stream_ended.inc();
     }
 
     /// A message NATS had acknowledged to this relay, read again before
     /// its mark was written, was marked without being published again.
     pub(crate) fn republish_avoided(&self) {
-        self.0.republish_avoided.inc();
+        self.0.exported.republish_avoided.inc();
     }
 
     /// A message NATS had acknowledged to this relay was published again
     /// (another leader led since; see `work::Acknowledged`).
     pub(crate) fn republished(&self) {
-        self.0.republished.inc();
+        self.0.exported.republished.inc();
     }
 
     /// A message whose answer was in doubt was sent again.
     pub(crate) fn resent(&self) {
-        self.0.resent.inc();
+        self.0.exported.resent.inc();
     }
 
     /// A message could not be written at all (not even marked failed).
     pub(crate) fn unmarkable(&self) {
-        self.0.unmarkable.inc();
+        self.0.exported.unmarkable.inc();
     }
 
     /// A message out of attempts was not failed for lack of evidence that
     /// the broker takes other messages.
     pub(crate) fn dead_letter_held(&self) {
-        self.0.dead_letters_held.inc();
+        self.0.exported.dead_letters_held.inc();
     }
 
     /// Delivery is paused because the broker takes no message, until the
     /// returned guard is dropped. Readiness reports it.
     pub(crate) fn pause_delivery(&self, why: impl Into<String>) -> PausedDelivery {
-        self.0.delivery_paused.inc();
+        self.0.exported.delivery_paused.inc();
         if let Ok(mut reason) = self.0.pause_reason.lock() {
             *reason = Some(why.into());
         }
@@ -438,21 +492,30 @@ impl Metrics {
             if let Ok(mut streams) = inner.streams.lock() {
                 streams.remove(&partition.index());
             }
-            inner.partition_stream_lag.get_or_create(&label).set(0.0);
+            inner
+                .exported
+                .partition_stream_lag
+                .get_or_create(&label)
+                .set(0.0);
         }
         inner
+            .exported
             .partition_held
             .get_or_create(&label)
             .set(i64::from(term.is_some()));
         let held = match term {
             Some(term) => {
-                inner.term.set(term);
-                inner.partition_term.get_or_create(&label).set(term);
-                inner.partitions_held.inc() + 1
+                inner.exported.term.set(term);
+                inner
+                    .exported
+                    .partition_term
+                    .get_or_create(&label)
+                    .set(term);
+                inner.exported.partitions_held.inc() + 1
             }
-            None => inner.partitions_held.dec() - 1,
+            None => inner.exported.partitions_held.dec() - 1,
         };
-        inner.leader.set(i64::from(held > 0));
+        inner.exported.leader.set(i64::from(held > 0));
     }
 
     /// The outbox's depths, from a collection pass: pending and failed
@@ -460,9 +523,11 @@ impl Metrics {
     pub(crate) fn depths(&self, pending: u64, failed: u64, oldest_pending: Option<DateTime>) {
         let inner = &self.0;
         inner
+            .exported
             .pending
             .set(i64::try_from(pending).unwrap_or(i64::MAX));
         inner
+            .exported
             .failed_depth
             .set(i64::try_from(failed).unwrap_or(i64::MAX));
         inner.oldest_pending_since.store(
@@ -470,6 +535,7 @@ impl Metrics {
             Ordering::Relaxed,
         );
         inner
+            .exported
             .depths_read
             .set(DateTime::now().timestamp_millis() as f64 / 1000.0);
     }
@@ -478,7 +544,10 @@ impl Metrics {
     /// message they wait on was created.
     pub(crate) fn held_keys(&self, keys: usize, oldest: Option<DateTime>) {
         let inner = &self.0;
-        inner.held_keys.set(i64::try_from(keys).unwrap_or(i64::MAX));
+        inner
+            .exported
+            .held_keys
+            .set(i64::try_from(keys).unwrap_or(i64::MAX));
         inner.oldest_held_since.store(
             oldest.map_or(0, |t| t.timestamp_millis()),
             Ordering::Relaxed,
@@ -488,9 +557,9 @@ impl Metrics {
     /// The oplog's span, and how far its first entry lies before the
     /// stored position in seconds (negative once the position is lost).
     pub(crate) fn oplog(&self, window: Duration, headroom: Option<f64>) {
-        self.0.oplog_window.set(window.as_secs_f64());
+        self.0.exported.oplog_window.set(window.as_secs_f64());
         if let Some(headroom) = headroom {
-            self.0.oplog_headroom.set(headroom);
+            self.0.exported.oplog_headroom.set(headroom);
         }
     }
 
@@ -546,7 +615,7 @@ impl Metrics {
         });
         let role = self.role();
         let role_ready = matches!(role, Role::Standby | Role::Tailing | Role::Polling);
-        let paused = (inner.delivery_paused.get() > 0)
+        let paused = (inner.exported.delivery_paused.get() > 0)
             .then(|| inner.pause_reason.lock().ok().and_then(|r| r.clone()))
             .map(|reason| format!("delivery: paused: {}", reason.unwrap_or_default()));
         // Not a pause: no broker fault, and `delivery_paused` stays 0.
@@ -587,10 +656,17 @@ impl Metrics {
             millis => (now.timestamp_millis() - millis).max(0) as f64 / 1000.0,
         };
         inner
+            .exported
             .oldest_pending_age
             .set(age(&inner.oldest_pending_since));
-        inner.oldest_held_age.set(age(&inner.oldest_held_since));
-        inner.checkpoint_age.set(age(&inner.checkpoint_saved_at));
+        inner
+            .exported
+            .oldest_held_age
+            .set(age(&inner.oldest_held_since));
+        inner
+            .exported
+            .checkpoint_age
+            .set(age(&inner.checkpoint_saved_at));
         // The relay's lag is its most behind partition's.
         let mut lag: f64 = 0.0;
         if let Ok(streams) = inner.streams.lock() {
@@ -602,199 +678,15 @@ impl Metrics {
                 let label = PartitionLabel {
                     partition: index.to_string(),
                 };
-                inner.partition_stream_lag.get_or_create(&label).set(behind);
+                inner
+                    .exported
+                    .partition_stream_lag
+                    .get_or_create(&label)
+                    .set(behind);
                 lag = lag.max(behind);
             }
         }
-        inner.stream_lag.set(lag);
-    }
-}
-
-impl Inner {
-    fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "published",
-            "Messages the broker acknowledged, by where they were read",
-            self.published.clone(),
-        );
-        registry.register(
-            "processed",
-            "Messages marked processed",
-            self.processed.clone(),
-        );
-        registry.register(
-            "retries",
-            "Refused messages scheduled for another attempt",
-            self.retries.clone(),
-        );
-        registry.register(
-            "failed",
-            "Messages marked failed (dead letters), by kind of failure",
-            self.failed.clone(),
-        );
-        registry.register(
-            "jetstream_duplicates",
-            "Publishes JetStream acknowledged as duplicates of a message it already held",
-            self.duplicates.clone(),
-        );
-        registry.register(
-            "reconnects",
-            "Connections to a server regained after being lost",
-            self.reconnects.clone(),
-        );
-        registry.register(
-            "stream_resumes",
-            "Times the change stream was reopened from a stored position",
-            self.stream_resumes.clone(),
-        );
-        registry.register(
-            "history_lost",
-            "Times the stored position could not be resumed and a catch-up pass ran",
-            self.history_lost.clone(),
-        );
-        registry.register(
-            "change_stream_ended",
-            "Times the change stream ended (collection or database dropped or renamed, cursor \
-             closed) and was reopened",
-            self.stream_ended.clone(),
-        );
-        registry.register(
-            "unmarkable",
-            "Messages the relay could not update at all (not even to mark them failed), left \
-             pending and skipped",
-            self.unmarkable.clone(),
-        );
-        registry.register(
-            "republish_avoided",
-            "Messages NATS had acknowledged to this relay, read again before their mark was \
-             written (a term lost, then led again), marked without being published again",
-            self.republish_avoided.clone(),
-        );
-        registry.register(
-            "republished",
-            "Messages NATS had acknowledged to this relay, published again because another \
-             relay led in between: repeats JetStream stores twice past its duplicate window",
-            self.republished.clone(),
-        );
-        registry.register(
-            "resent",
-            "Messages sent again because their first answer was in doubt (a timeout, a lost \
-             connection, an outage): JetStream drops the repeat within its duplicate window",
-            self.resent.clone(),
-        );
-        registry.register(
-            "dead_letters_held",
-            "Messages out of attempts not failed, because the broker took no other message \
-             recently (it may be refusing everything); tried again after the longest retry delay",
-            self.dead_letters_held.clone(),
-        );
-        registry.register(
-            "delivery_paused",
-            "Publish stages paused because the broker takes no message (0 while delivery flows)",
-            self.delivery_paused.clone(),
-        );
-        registry.register_with_unit(
-            "publish_ack",
-            "Time from sending a message to the broker's acknowledgement",
-            Unit::Seconds,
-            self.publish_ack.clone(),
-        );
-        registry.register_with_unit(
-            "commit_to_publish",
-            "Time from a message's commit (the change event's wall time) to its acknowledgement",
-            Unit::Seconds,
-            self.commit_to_publish.clone(),
-        );
-        registry.register(
-            "pending_messages",
-            "Messages waiting to be delivered",
-            self.pending.clone(),
-        );
-        registry.register(
-            "failed_messages",
-            "Messages marked failed and still kept (dead-letter depth)",
-            self.failed_depth.clone(),
-        );
-        registry.register_with_unit(
-            "oldest_pending_age",
-            "Age of the oldest pending message (0 when none is pending)",
-            Unit::Seconds,
-            self.oldest_pending_age.clone(),
-        );
-        registry.register_with_unit(
-            "depths_read_timestamp",
-            "When the pending and failed depths were last read, in Unix time (0 before the \
-             first read, until which those gauges read 0)",
-            Unit::Seconds,
-            self.depths_read.clone(),
-        );
-        registry.register(
-            "held_keys",
-            "Keys whose messages wait on a refused or held message of the key (on the leader)",
-            self.held_keys.clone(),
-        );
-        registry.register_with_unit(
-            "oldest_held_age",
-            "Age of the oldest message a held key waits on (0 when no key is held)",
-            Unit::Seconds,
-            self.oldest_held_age.clone(),
-        );
-        registry.register_with_unit(
-            "change_stream_lag",
-            "Now minus the commit time of the last change event read (0 when the stream is caught up); with partitions, the most behind of this relay's",
-            Unit::Seconds,
-            self.stream_lag.clone(),
-        );
-        registry.register_with_unit(
-            "partition_change_stream_lag",
-            "The change stream lag of each partition this relay holds (0 once handed over)",
-            Unit::Seconds,
-            self.partition_stream_lag.clone(),
-        );
-        registry.register_with_unit(
-            "checkpoint_age",
-            "Time since the resume token was last written",
-            Unit::Seconds,
-            self.checkpoint_age.clone(),
-        );
-        registry.register(
-            "leader",
-            "1 while this relay holds a lease (of the outbox, or of any partition), else 0",
-            self.leader.clone(),
-        );
-        registry.register(
-            "lease_term",
-            "The lease term this relay last held",
-            self.term.clone(),
-        );
-        registry.register(
-            "partitions_held",
-            "How many of the outbox's partitions this relay holds",
-            self.partitions_held.clone(),
-        );
-        registry.register(
-            "partition_held",
-            "1 while this relay holds the partition's lease, else 0",
-            self.partition_held.clone(),
-        );
-        registry.register(
-            "partition_term",
-            "The lease term of the partition this relay holds or last held",
-            self.partition_term.clone(),
-        );
-        registry.register_with_unit(
-            "oplog_window",
-            "Time spanned by the server's oplog",
-            Unit::Seconds,
-            self.oplog_window.clone(),
-        );
-        registry.register_with_unit(
-            "oplog_headroom",
-            "How much older than the stored stream position the oplog's first entry is: the time \
-             left before resuming from it fails",
-            Unit::Seconds,
-            self.oplog_headroom.clone(),
-        );
+        inner.exported.stream_lag.set(lag);
     }
 }
 
