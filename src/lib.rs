@@ -30,8 +30,9 @@
 //! - [`inbox`]: the consumer's half, applying each message's effects once;
 //! - [`config`]: the settings, each declared once with its default, range
 //!   and help, and the config file;
-//! - [`connect`]: connecting to MongoDB as every command does, and what
-//!   kind of deployment it reaches (a replica set, or mongos);
+//! - [`connect`]: connecting to MongoDB as every command does;
+//! - [`deployment`]: what kind of deployment a connection reaches (a
+//!   replica set, or mongos), from one `hello`;
 //! - [`redact`]: the one rule that masks secrets in connection strings;
 //! - [`setup`]: indexes, retention and the validator of the outbox collection;
 //! - [`lease`]: which of several relays leads, fenced by a term;
@@ -62,6 +63,7 @@ mod complete;
 pub mod config;
 pub mod connect;
 pub mod contract;
+pub mod deployment;
 pub mod error;
 pub mod group;
 pub mod inbox;

@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use crate::checkpoint::CheckpointStore;
 use crate::config::RelayConfig;
-use crate::connect::Deployment;
 use crate::contract::{field, status};
+use crate::deployment::Deployment;
 use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::order::{count_of, held_keys, HeldKey};

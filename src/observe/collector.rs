@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
 use crate::checkpoint::CheckpointStore;
-use crate::connect::Deployment;
+use crate::deployment::Deployment;
 use crate::error::{brief, command_code, is_unauthorized, Error, Result};
 use crate::outbox_state::{Checkpoint, Depths, Oplog};
 use crate::partition::Partition;

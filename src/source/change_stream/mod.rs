@@ -114,7 +114,8 @@ pub(crate) struct ChangeStreamSource {
 }
 
 /// Prepares the outbox collection (indexes, retention, validator).
-pub(crate) type Prepare = Arc<dyn Fn() -> BoxFuture<'static, crate::Result<()>> + Send + Sync>;
+pub(crate) type Prepare =
+    Arc<dyn Fn() -> BoxFuture<'static, crate::error::Result<()>> + Send + Sync>;
 
 impl ChangeStreamSource {
     /// Feeds the pipeline from the stream, starting after `token` (or from

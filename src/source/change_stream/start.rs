@@ -435,7 +435,7 @@ impl ChangeStreamSource {
         batch: u32,
         output: &Feed,
         shutdown: &CancellationToken,
-    ) -> crate::Result<Option<Passed>> {
+    ) -> crate::error::Result<Option<Passed>> {
         self.progress.pass_started();
         let snapshot = match read {
             Some(snapshot) => snapshot,
@@ -484,7 +484,7 @@ impl ChangeStreamSource {
         start: Option<bson::Timestamp>,
         batch: u32,
         shutdown: &CancellationToken,
-    ) -> crate::Result<Option<Events>> {
+    ) -> crate::error::Result<Option<Events>> {
         let opened = match start {
             Some(_) => {
                 self.open_retrying(Position::At(start), batch, shutdown)
@@ -495,8 +495,8 @@ impl ChangeStreamSource {
         let Some(opened) = opened else {
             return Ok(None);
         };
-        let events =
-            opened.map_err(|e| crate::Error::mongo("opening the change stream failed", e))?;
+        let events = opened
+            .map_err(|e| crate::error::Error::mongo("opening the change stream failed", e))?;
         self.metrics.set_role_unless_stopping(Role::Tailing);
         Ok(Some(events))
     }
