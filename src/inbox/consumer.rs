@@ -66,7 +66,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::keep_alive::{keep_alive, KeptAlive, KeptEntry};
+use super::keep_alive::{keep_alive, Keeping, KeptEntry};
 use super::record::{record_failed, record_failing, record_run, Counted, Entry};
 use super::stopping::{self, LastWords, LAST_WORDS_WAIT};
 use super::transaction::{Outcome, Transaction};
@@ -480,8 +480,7 @@ impl Consumer {
             running: Semaphore::new(self.settings.concurrency),
             settings: self.settings,
             lanes: Mutex::default(),
-            kept: Mutex::default(),
-            keep_now: tokio::sync::Notify::new(),
+            keeping: Arc::new(Keeping::default()),
             handed_back: Mutex::default(),
             shutdown: ending,
         });
@@ -489,7 +488,8 @@ impl Consumer {
         let room = Arc::new(Semaphore::new(held_limit.saturating_mul(PENDING_PER_PLACE)));
         let keeper_stop = CancellationToken::new();
         let keeper = tokio::spawn(keep_alive(
-            shared.clone(),
+            shared.keeping.clone(),
+            shared.nats.clone(),
             self.ack_wait,
             keeper_stop.clone(),
         ));
@@ -542,8 +542,8 @@ const RECORD_WRITE_WAIT: Duration = Duration::from_secs(5);
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Ends the keeping alive of a consumer's messages when it is dropped, and
-/// lets go of what it still held (breaking the held messages' references
-/// back to the consumer's shared state).
+/// lets go of what it still held (the shared state may outlive the run in a
+/// task abandoned and not yet dropped, and its held messages with it).
 struct Release {
     shared: Arc<Shared>,
     keeper_stop: CancellationToken,
@@ -734,10 +734,8 @@ pub(super) struct Shared {
     running: Semaphore,
     /// Each key's line, while a task works through it.
     lanes: Mutex<HashMap<String, Line>>,
-    /// The reply subjects of held messages, kept from redelivery.
-    pub(super) kept: Mutex<KeptAlive>,
-    /// Told when an acknowledgement is due before the keeper's next round.
-    pub(super) keep_now: tokio::sync::Notify,
+    /// The held messages kept from redelivery, shared with the keeper.
+    keeping: Arc<Keeping>,
     /// Held messages left as the consumer stops, handed back to JetStream
     /// once nothing more can arrive (see [`Shared::hand_back`]).
     handed_back: Mutex<Vec<Held>>,
@@ -881,7 +879,7 @@ impl Shared {
     }
 
     /// A message just read, held: kept alive, in its place among the held.
-    fn hold(self: &Arc<Self>, message: jetstream::Message, share: Share) -> Held {
+    fn hold(&self, message: jetstream::Message, share: Share) -> Held {
         let delivery = read_delivery(&message);
         tracing::trace!(
             stream_sequence = delivery.stream_sequence,
@@ -889,7 +887,7 @@ impl Shared {
             key = delivery.key.as_deref().unwrap_or(""),
             "received"
         );
-        let kept = self.keep(&message, delivery.key.is_some());
+        let kept = self.keeping.keep(&message, delivery.key.is_some());
         Held {
             message,
             delivered: delivery.attempt,
