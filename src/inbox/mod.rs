@@ -48,10 +48,7 @@
 //!   convenient transaction API does;
 //! - `consumer`: the JetStream pull consumer, concurrency with each key's
 //!   messages one at a time in stream order, retries and dead letters,
-//!   graceful shutdown;
-//! - `keep_alive`: held messages kept from redelivery, in the order they
-//!   came;
-//! - `stopping`: the consumer's stop, bounded whatever the servers do;
+//!   graceful shutdown; a module per job inside (see its layout);
 //! - `metrics`: what the consumer counts, in the Prometheus text format.
 //!
 //! A message without `Nats-Msg-Id` (not from the relay) is handled without
@@ -62,10 +59,8 @@
 
 mod commit;
 mod consumer;
-mod keep_alive;
 mod metrics;
 mod record;
-mod stopping;
 mod transaction;
 
 use std::fmt;
@@ -79,13 +74,13 @@ use mongodb::{ClientSession, Collection, Database};
 
 pub use consumer::{
     AfterCommit, AfterCommitHook, Backlog, Consumer, ConsumerBuilder, DEFAULT_SHUTDOWN_TIMEOUT,
+    LAST_WORDS_WAIT,
 };
 pub use metrics::{InboxCounts, InboxMetrics};
 pub use record::{
     check_consumer, failed_messages, field, status, FailedMessage, DEFAULT_COLLECTION, TTL_INDEX,
     UNIQUE_INDEX,
 };
-pub use stopping::LAST_WORDS_WAIT;
 
 use crate::error::{Error, Result};
 

@@ -2,20 +2,33 @@
 //! each, a third of the ack wait apart, sent in the order the messages came
 //! (each key's stream order), so that after a crash JetStream, which
 //! redelivers as ack waits run out, gives them back in that order.
+//!
+//! What the consumer's tasks and the keeper share of it is its own
+//! [`Keeping`], not the consumer's whole state: a held message's entry
+//! points back to it alone.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
 use async_nats::Subject;
 use bytes::Bytes;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::consumer::Shared;
+/// The held messages kept from redelivery, shared by the consumer's tasks,
+/// which hold them, and its keeper, which sends their acknowledgements.
+#[derive(Default)]
+pub(super) struct Keeping {
+    /// The reply subjects of held messages, kept from redelivery.
+    kept: Mutex<KeptAlive>,
+    /// Told when an acknowledgement is due before the keeper's next round.
+    keep_now: Notify,
+}
 
 #[derive(Default)]
-pub(super) struct KeptAlive {
+struct KeptAlive {
     next: u64,
     /// By the order the messages came in, which is each key's stream
     /// order: JetStream redelivers a dead consumer's messages in the order
@@ -28,18 +41,18 @@ pub(super) struct KeptAlive {
 
 /// A held message's entry among those kept alive.
 pub(super) struct KeptEntry {
-    shared: Arc<Shared>,
+    keeping: Arc<Keeping>,
     number: u64,
 }
 
 impl Drop for KeptEntry {
     fn drop(&mut self) {
-        let mut kept = self.shared.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept = self.keeping.kept.lock().unwrap_or_else(|e| e.into_inner());
         kept.subjects.remove(&self.number);
     }
 }
 
-impl Shared {
+impl Keeping {
     /// Registers a held message to be kept from redelivery. A keyed one is
     /// acknowledged in progress at once, after those already due: its ack
     /// wait runs from its delivery, which JetStream may have made before
@@ -57,7 +70,7 @@ impl Shared {
             }
         }
         KeptEntry {
-            shared: self.clone(),
+            keeping: self.clone(),
             number,
         }
     }
@@ -68,7 +81,12 @@ impl Shared {
 /// they came. After a crash JetStream redelivers them as their ack waits
 /// run out, each from its last acknowledgement: refreshed in any other
 /// order (a map's), a key's later message could come back first.
-pub(super) async fn keep_alive(shared: Arc<Shared>, ack_wait: Duration, stop: CancellationToken) {
+pub(super) async fn keep_alive(
+    keeping: Arc<Keeping>,
+    nats: async_nats::Client,
+    ack_wait: Duration,
+    stop: CancellationToken,
+) {
     let every = (ack_wait / 3).max(Duration::from_millis(100));
     let mut round = tokio::time::interval(every);
     round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -78,16 +96,16 @@ pub(super) async fn keep_alive(shared: Arc<Shared>, ack_wait: Duration, stop: Ca
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = round.tick() => {
-                let mut kept = shared.kept.lock().unwrap_or_else(|e| e.into_inner());
+                let mut kept = keeping.kept.lock().unwrap_or_else(|e| e.into_inner());
                 let every_held: Vec<Subject> = kept.subjects.values().cloned().collect();
                 kept.due.extend(every_held);
             }
-            () = shared.keep_now.notified() => {}
+            () = keeping.keep_now.notified() => {}
         }
-        let due = std::mem::take(&mut shared.kept.lock().unwrap_or_else(|e| e.into_inner()).due);
+        let due = std::mem::take(&mut keeping.kept.lock().unwrap_or_else(|e| e.into_inner()).due);
         for subject in due {
             let progress = Bytes::from(AckKind::Progress);
-            if let Err(error) = shared.nats.publish(subject, progress).await {
+            if let Err(error) = nats.publish(subject, progress).await {
                 tracing::debug!(error = %error, "an in-progress acknowledgement failed");
             }
         }

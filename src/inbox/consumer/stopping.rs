@@ -4,13 +4,20 @@
 //! take at most [`LAST_WORDS_WAIT`] more. So `Consumer::run` returns within
 //! the two once `shutdown` fires, as the relay's stop is bounded by
 //! `--shutdown-timeout` and its release's wait.
+//!
+//! What the consumer holds and has not settled as it stops is handed back
+//! to JetStream here, in stream order, once no pull is open, so the
+//! consumer started next receives each key's messages in their order.
 
 use std::time::Duration;
 
+use async_nats::jetstream::AckKind;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::consumer::Shared;
+use super::held::Held;
+use super::settle::acknowledge;
+use super::shared::Shared;
 
 /// How long a stopping consumer may take, after its transactions, to hand
 /// messages back and send its last acknowledgements (a NATS that does not
@@ -91,6 +98,28 @@ pub(super) async fn last_words(shared: &Shared, finished: Finished) -> LastWords
                  messages after their ack wait"
             );
             LastWords::CutShort
+        }
+    }
+}
+
+impl Shared {
+    /// Keeps messages left as the consumer stops, to be handed back.
+    pub(super) fn keep_for_handing_back(&self, held: impl IntoIterator<Item = Held>) {
+        let mut handed_back = self.handed_back.lock().unwrap_or_else(|e| e.into_inner());
+        handed_back.extend(held);
+    }
+
+    /// Hands every message left back to JetStream (a negative
+    /// acknowledgement without delay) in stream order, so that each key's
+    /// come back in its order, ahead of its later messages. Run once no
+    /// pull is open: a pull still open would take a message handed back
+    /// ahead of those handed back after it.
+    pub(super) async fn hand_back(&self) {
+        let mut left =
+            std::mem::take(&mut *self.handed_back.lock().unwrap_or_else(|e| e.into_inner()));
+        left.sort_by_key(|held| held.delivery.stream_sequence);
+        for held in left {
+            acknowledge(&held.message, AckKind::Nak(None)).await;
         }
     }
 }
