@@ -94,8 +94,10 @@ pub(crate) async fn connect_mongodb_observed(
 /// runs one operation at a time, as SecantusDB does with a slow read, still
 /// makes it wait: see docs/developing.md.)
 ///
-/// One connection a partition beside one of its own: each partition's
-/// lease and checkpoint are written apart from the others'.
+/// One connection a partition, one for the group's rounds and one more:
+/// each partition's lease and checkpoint are written apart from the
+/// others', and a round waiting on a slow server holds no connection a
+/// renewal needs.
 pub(crate) async fn connect_mongodb_for_coordination(uri: &str, partitions: u32) -> Result<Client> {
     let (mut options, shown) = parsed(uri).await?;
     let app_name = options.app_name.as_deref().unwrap_or("outbox-relay");
@@ -103,7 +105,7 @@ pub(crate) async fn connect_mongodb_for_coordination(uri: &str, partitions: u32)
     options
         .server_selection_timeout
         .get_or_insert(Duration::from_secs(10));
-    options.max_pool_size = Some(partitions.saturating_add(1).max(2));
+    options.max_pool_size = Some(partitions.saturating_add(2));
     options.min_pool_size = Some(1);
     Client::with_options(options).map_err(|e| Error::mongo(format!("cannot use {shown}"), e))
 }

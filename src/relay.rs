@@ -655,7 +655,7 @@ impl Relay {
         // The whole outbox, as one partition: a group of relays of another
         // count refuses it, and it refuses such a group while it runs.
         let group = Group::new(
-            &self.database,
+            &self.coordination,
             &config.checkpoint_collection,
             &config.collection,
             lease.owner(),
@@ -770,14 +770,14 @@ impl Relay {
         }
     }
 
-    /// This relay's membership in the group of its outbox. Its reads and
-    /// writes go through the relay's own client, not the coordination
-    /// client's few connections: a round waiting on a slow server must
-    /// not hold a connection a lease renewal needs.
+    /// This relay's membership in the group of its outbox, kept through
+    /// the coordination client as the leases are (see
+    /// `connect_mongodb_for_coordination`: a connection of its own, so
+    /// that a round waiting on a slow server holds none a renewal needs).
     fn group(&self, me: &str) -> Group {
         let config = &self.config;
         Group::new(
-            &self.database,
+            &self.coordination,
             &config.checkpoint_collection,
             &config.collection,
             me,
