@@ -22,7 +22,7 @@
 
 pub mod balance;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use bson::{doc, DateTime, Document, RawBsonRef, RawDocumentBuf};
@@ -325,31 +325,29 @@ impl Group {
     pub async fn view(&self) -> Result<View> {
         let now = server_time(self.database.client()).await?;
         let failed = |e| Error::mongo("reading the group of relays failed", e);
-        let ids: Vec<String> = self
+        let leases: BTreeMap<String, Partition> = self
             .partitions()
-            .map(|p| p.document_id(&self.outbox))
+            .map(|p| (p.document_id(&self.outbox), p))
             .collect();
+        let ids: Vec<&String> = leases.keys().collect();
         let mut documents = self
             .documents
-            .find(doc! { "$or": [{ "_id": { "$in": &ids } }, { "group": &self.outbox }] })
+            .find(doc! { "$or": [{ "_id": { "$in": ids } }, { "group": &self.outbox }] })
             .await
             .map_err(failed)?;
         let mut view = View {
             holders: self.partitions().map(|p| (p, Holder::Free)).collect(),
             members: Vec::new(),
         };
-        let mut holding: BTreeMap<String, u32> = BTreeMap::new();
+        let mut holding: BTreeSet<String> = BTreeSet::new();
         let mut members = Vec::new();
         while let Some(document) = documents.try_next().await.map_err(failed)? {
             let Ok(Some(RawBsonRef::String(id))) = document.get("_id") else {
                 continue;
             };
-            if let Some(partition) = self
-                .partitions()
-                .find(|p| p.document_id(&self.outbox) == id)
-            {
+            if let Some(&partition) = leases.get(id) {
                 if let Some(holder) = live_holder(&document, now) {
-                    *holding.entry(holder.clone()).or_default() += 1;
+                    holding.insert(holder.clone());
                     view.holders.insert(partition, Holder::Relay(holder));
                 }
             } else if let Some(member) = live_member(&document, now, self.timing.duration) {
@@ -359,7 +357,7 @@ impl Group {
         view.members = members
             .into_iter()
             .map(|(name, new)| Member {
-                counts: new || holding.contains_key(&name),
+                counts: new || holding.contains(&name),
                 name,
             })
             .collect();
