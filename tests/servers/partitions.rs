@@ -19,6 +19,26 @@ fn partitions_held(relay: &RunningRelay) -> Option<u32> {
         .and_then(|value| value.trim().parse().ok())
 }
 
+/// Runs a relay with `config` and holds it to a refusal at start: a
+/// configuration error (exit code 2) naming the group's `count`.
+async fn refused_naming(config: outbox_relay::RelayConfig, count: u32) {
+    let refused = Relay::connect(config).await.unwrap();
+    let ran = tokio::time::timeout(
+        WAIT,
+        refused.run(tokio_util::sync::CancellationToken::new()),
+    )
+    .await
+    .expect("a refused relay returns");
+    match ran {
+        Err(error @ Error::Config(_)) => {
+            let named = format!("--partitions {count}");
+            assert!(error.to_string().contains(&named), "{error}");
+            assert_eq!(error.exit_code(), 2);
+        }
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn two_relays_share_two_partitions_and_report_them() {
     let env = TestEnv::new().await;
@@ -113,20 +133,7 @@ async fn a_relay_with_another_count_is_refused_while_the_group_runs() {
     .await;
     let mut other = config.clone();
     other.partitions = 1;
-    let refused = Relay::connect(other).await.unwrap();
-    let ran = tokio::time::timeout(
-        WAIT,
-        refused.run(tokio_util::sync::CancellationToken::new()),
-    )
-    .await
-    .expect("a refused relay returns");
-    match ran {
-        Err(error @ Error::Config(_)) => {
-            assert!(error.to_string().contains("--partitions 3"), "{error}");
-            assert_eq!(error.exit_code(), 2);
-        }
-        other => panic!("expected a configuration error, got {other:?}"),
-    }
+    refused_naming(other, 3).await;
     relay.stop().await.unwrap();
     env.drop().await;
 }
@@ -147,18 +154,6 @@ async fn a_group_is_refused_beside_a_relay_leading_the_whole_outbox_without_a_gr
         .unwrap();
     let mut config = env.replica_config();
     config.partitions = 2;
-    let refused = Relay::connect(config).await.unwrap();
-    let ran = tokio::time::timeout(
-        WAIT,
-        refused.run(tokio_util::sync::CancellationToken::new()),
-    )
-    .await
-    .expect("a refused relay returns");
-    match ran {
-        Err(error @ Error::Config(_)) => {
-            assert!(error.to_string().contains("--partitions 1"), "{error}")
-        }
-        other => panic!("expected a configuration error, got {other:?}"),
-    }
+    refused_naming(config, 1).await;
     env.drop().await;
 }
