@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use clap::Parser;
 use outbox_relay::admin::status::Status;
-use outbox_relay::{Error, Relay, Result};
+use outbox_relay::{Relay, Result};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
-use cli::{open_database, to_json, Cli, Command, InboxCommand, LogFormat};
+use cli::{open_database, to_json, Cli, Command, LogFormat};
 
 /// Every message costs the relay a few dozen small allocations (its
 /// document, subject, headers, futures); the system allocator took a
@@ -91,7 +91,10 @@ async fn execute(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Replay(args) => args.run(stop_on_signal(None)).await,
-        Command::Inbox(command) => inbox(command).await,
+        Command::Inbox(command) => {
+            command.run().await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Sweep(args) => {
             let relay = Relay::connect(args.settings.resolve()?).await?;
             let tally = relay.sweep_once(args.give_up_after).await?;
@@ -102,55 +105,6 @@ async fn execute(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
-}
-
-/// `outbox-relay inbox list`: the newest messages a consumer gave up on.
-async fn inbox(command: InboxCommand) -> Result<ExitCode> {
-    let InboxCommand::List(args) = command;
-    let uri = match (&args.mongodb_uri, &args.mongodb_uri_file) {
-        (_, Some(path)) => outbox_relay::config::read_secret("mongodb-uri-file", path)?,
-        (Some(uri), None) => uri.clone(),
-        (None, None) => {
-            return Err(Error::Config(
-                "give --mongodb-uri or --mongodb-uri-file: where the consumer's inbox is".into(),
-            ))
-        }
-    };
-    let client = outbox_relay::connect::connect_mongodb(&uri).await?;
-    let collection = client
-        .database(&args.database)
-        .collection(&args.inbox_collection);
-    outbox_relay::inbox::check_consumer(&collection, &args.consumer).await?;
-    let limit = i64::from(args.limit);
-    let (total, failed) =
-        outbox_relay::inbox::failed_messages(&collection, &args.consumer, limit).await?;
-    if args.json {
-        let listed = serde_json::json!({ "total": total, "messages": failed });
-        println!("{}", to_json(&listed)?);
-        return Ok(ExitCode::SUCCESS);
-    }
-    for message in &failed {
-        println!(
-            "{}  {}  {}  attempts {}  {}",
-            message.message_id,
-            message.subject.as_deref().unwrap_or("(no subject)"),
-            message.failed_at.as_deref().unwrap_or("-"),
-            message.attempts.unwrap_or(0),
-            message
-                .last_error
-                .as_deref()
-                .unwrap_or("(no error recorded)")
-        );
-    }
-    let consumer = &args.consumer;
-    match total {
-        0 => println!("consumer {consumer:?} has given up on no message"),
-        _ => println!(
-            "{} of {total} failed messages of consumer {consumer:?} shown",
-            failed.len()
-        ),
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// A token cancelled by the first SIGINT or SIGTERM; a second one exits at

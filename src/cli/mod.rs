@@ -2,11 +2,12 @@
 //! flags are here; the relay's settings (`settings`) are built from the
 //! library's declarations, and the benchmark's flags (`bench`) come with
 //! the `bench` feature. A command with more to say than a line (`dlq`,
-//! `replay`) has a module of its own, with what it prints.
+//! `inbox`, `replay`) has a module of its own, with what it prints.
 
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod dlq;
+pub mod inbox;
 pub mod replay;
 mod settings;
 
@@ -59,47 +60,7 @@ pub enum Command {
     Replay(Box<replay::ReplayArgs>),
     /// Look into a consumer's inbox (see outbox_relay::inbox).
     #[command(subcommand)]
-    Inbox(InboxCommand),
-}
-
-/// `outbox-relay inbox ...`.
-#[derive(Debug, Subcommand)]
-pub enum InboxCommand {
-    /// List the newest messages a consumer gave up on (recorded failed).
-    List(InboxListArgs),
-}
-
-/// `outbox-relay inbox list`: where a consumer's inbox is, not the relay's
-/// settings (a consumer's database is its own).
-#[derive(Debug, Args)]
-pub struct InboxListArgs {
-    /// MongoDB connection string of the consumer's deployment.
-    #[arg(
-        long,
-        env = "OUTBOX_MONGODB_URI",
-        hide_env_values = true,
-        required_unless_present = "mongodb_uri_file"
-    )]
-    pub mongodb_uri: Option<String>,
-    /// Read the connection string from this file (a mounted secret).
-    #[arg(long, env = "OUTBOX_MONGODB_URI_FILE", conflicts_with = "mongodb_uri")]
-    pub mongodb_uri_file: Option<std::path::PathBuf>,
-    /// Database holding the consumer's inbox: the one its Inbox was built on.
-    #[arg(long, env = "OUTBOX_INBOX_DATABASE")]
-    pub database: String,
-    /// The inbox collection in --database.
-    #[arg(long, default_value = outbox_relay::inbox::DEFAULT_COLLECTION)]
-    pub inbox_collection: String,
-    /// The consumer's name, as its Inbox was built with.
-    #[arg(long)]
-    pub consumer: String,
-    /// At most this many (at least 1).
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
-    pub limit: u32,
-    /// Print JSON for scripts: {"total", "messages": [{"messageId", "subject",
-    /// "streamSequence", "attempts", "failedAt", "lastError"}]}.
-    #[arg(long)]
-    pub json: bool,
+    Inbox(inbox::InboxCommand),
 }
 
 /// `outbox-relay status`.

@@ -325,7 +325,7 @@ async fn a_failing_handler_is_retried_then_recorded_failed_and_terminated_while_
         Some("this message cannot be handled")
     );
     // And the command line lists it, its fields named as in the document.
-    let list = |consumer: &str, collection: &str| {
+    let list_as = |consumer: &str, collection: &str, format: &[&str]| {
         let mut list = crate::common::relay_command(&env);
         list.args([
             "inbox",
@@ -335,9 +335,11 @@ async fn a_failing_handler_is_retried_then_recorded_failed_and_terminated_while_
             "--consumer",
             consumer,
         ])
-        .args(["--inbox-collection", collection, "--json"]);
+        .args(["--inbox-collection", collection])
+        .args(format);
         crate::common::bounded(list)
     };
+    let list = |consumer: &str, collection: &str| list_as(consumer, collection, &["--json"]);
     let output = list("billing", "inbox").await;
     assert!(output.status.success(), "{output:?}");
     let listed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
@@ -346,6 +348,21 @@ async fn a_failing_handler_is_retried_then_recorded_failed_and_terminated_while_
     assert_eq!(first["messageId"], always.as_str());
     assert_eq!(first["attempts"], 3);
     assert_eq!(first["lastError"], "this message cannot be handled");
+    // For people: a line a message, then how many were shown.
+    let output = list_as("billing", "inbox", &[]).await;
+    assert!(output.status.success(), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].starts_with(always.as_str()), "{text}");
+    assert!(
+        lines[0].contains("attempts 3  this message cannot be handled"),
+        "{text}"
+    );
+    assert_eq!(
+        lines[1],
+        "1 of 1 failed messages of consumer \"billing\" shown"
+    );
     // A name that is not there is told, not listed as nothing.
     let output = list("biling", "inbox").await;
     crate::common::assert_exit(&output, 2, "its consumers include \"billing\"");
