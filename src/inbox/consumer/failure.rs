@@ -80,14 +80,7 @@ impl Shared {
             stream_sequence = held.delivery.stream_sequence,
             "the message's inbox record is held by another transaction; trying again later"
         );
-        if !in_place {
-            acknowledge(&held.message, AckKind::Nak(Some(RECORD_HELD_PAUSE))).await;
-            return Some(Settled::Acknowledged);
-        }
-        if !self.wait_in_line(held, RECORD_HELD_PAUSE).await {
-            return Some(Settled::Left);
-        }
-        None
+        self.later(held, RECORD_HELD_PAUSE, in_place).await
     }
 
     /// Tries a failed message again after a growing delay: here, or by
@@ -110,6 +103,18 @@ impl Shared {
             ?delay,
             "handling failed; trying again later"
         );
+        let settled = self.later(held, delay, in_place).await;
+        if settled.is_none() {
+            held.delivery.attempt += 1;
+        }
+        settled
+    }
+
+    /// The message is tried again after `delay`: here when `in_place`, its
+    /// key's later messages waiting behind it (None: the caller loops;
+    /// Left if the consumer stopped meanwhile), else by JetStream's
+    /// redelivery after that delay.
+    async fn later(&self, held: &Held, delay: Duration, in_place: bool) -> Option<Settled> {
         if !in_place {
             acknowledge(&held.message, AckKind::Nak(Some(delay))).await;
             return Some(Settled::Acknowledged);
@@ -117,7 +122,6 @@ impl Shared {
         if !self.wait_in_line(held, delay).await {
             return Some(Settled::Left);
         }
-        held.delivery.attempt += 1;
         None
     }
 
