@@ -94,6 +94,15 @@ impl Report {
 /// indexes are created where missing, as the relay would on start.
 pub async fn run(config: &RelayConfig) -> Report {
     let mut report = Report::default();
+    let rules = config.subject_rules();
+    report.record("subjects", rules, |rules| {
+        let template = rules.template();
+        format!(
+            "a message that names no subject goes to {:?}, e.g. {:?}",
+            template.as_str(),
+            template.example(rules.prefix())
+        )
+    });
     let mongodb = connect_mongodb_observed(&config.mongodb_uri, None, config.partitions).await;
     let shown = redact::uri(&config.mongodb_uri);
     match report.record("mongodb", mongodb, |(_, deployment)| {

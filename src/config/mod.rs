@@ -18,7 +18,7 @@ pub use file::SettingsFile;
 use setting::{required, settings, within, Named};
 pub use setting::{Bytes, Given, Origin, Problem, Setting, Shape, Value};
 
-use crate::contract::SubjectRules;
+use crate::contract::{SubjectRules, SubjectTemplate};
 use crate::error::{Error, Result};
 
 /// How messages are published.
@@ -127,6 +127,11 @@ settings! {
         /// 'billing.>' (repeatable, or comma-separated); '$...' and
         /// '_INBOX...' subjects never.
         allow_subject: Vec<String> = Vec::new();
+        /// Subject of a message that names none, from {prefix}, {type},
+        /// {key} and {header.NAME}, each a whole token, e.g.
+        /// '{prefix}.{type}.{key}'; a key or header value is escaped into one
+        /// token (see docs/outbox-document.md).
+        subject_template: String = crate::contract::DEFAULT_SUBJECT_TEMPLATE.to_owned();
         /// jetstream (acknowledged, deduplicated) or core (at most once per attempt).
         nats_mode: NatsMode = NatsMode::Jetstream;
         /// Create a JetStream stream of this name for <prefix>.> if no
@@ -396,7 +401,11 @@ impl RelayConfig {
                 .allow(pattern.trim())
                 .map_err(|e| Error::Config(format!("allow-subject: {e}")))?;
         }
-        Ok(rules)
+        let template = SubjectTemplate::parse(&self.subject_template)
+            .map_err(|e| Error::Config(format!("subject-template: {e}")))?;
+        rules
+            .with_template(template)
+            .map_err(|e| Error::Config(format!("subject-template: {e}")))
     }
 }
 

@@ -12,6 +12,7 @@
 mod key_hash;
 mod schema;
 mod subject;
+mod template;
 
 use std::fmt;
 
@@ -22,6 +23,7 @@ pub use key_hash::{key_hash, stored_key_hash};
 pub use schema::contract_schema;
 pub use subject::{pattern_matches, validate_subject, SubjectRules, MAX_SUBJECT_CHARS};
 pub(crate) use subject::{pattern_regex, validate_pattern};
+pub use template::{subject_token, SubjectTemplate, DEFAULT_SUBJECT_TEMPLATE};
 
 use crate::unreadable::RawField;
 
@@ -129,6 +131,9 @@ pub enum Rule {
     ReservedSubject,
     /// A subject outside the relay's prefix and allow-list.
     SubjectNotAllowed,
+    /// No subject of its own, and no key (or an empty one), or not a
+    /// header, that the subject template needs.
+    SubjectTemplate,
     /// A header NATS cannot carry.
     Header,
     /// A header the relay keeps for itself (`Nats-*`, `Outbox-*`).
@@ -150,6 +155,7 @@ impl Rule {
             Rule::Subject => "subject",
             Rule::ReservedSubject => "reserved_subject",
             Rule::SubjectNotAllowed => "subject_not_allowed",
+            Rule::SubjectTemplate => "subject_template",
             Rule::Header => "header",
             Rule::ReservedHeader => "reserved_header",
             Rule::TooLarge => "too_large",
@@ -350,16 +356,22 @@ impl DecodeRules {
         let message_type = message_type(doc)?;
         validate_type(&message_type)?;
         // The type must be able to end a subject even where the document
-        // names its own, so that one type means one thing everywhere (and
-        // the validator, which cannot look at both fields, agrees).
-        let default_subject = self.subjects.default_subject(&message_type);
-        validate_subject(&default_subject)
+        // names its own, or the template leaves it out, so that one type
+        // means one thing everywhere (and the validator, which cannot look
+        // at both fields, agrees).
+        validate_subject(&self.subjects.type_subject(&message_type))
             .map_err(|violation| ContractViolation::new(Rule::Type, violation.message))?;
+        let key = optional_string(doc, field::KEY)?;
+        let own = document_headers(doc)?;
         let subject = match optional_string(doc, field::SUBJECT)? {
-            Some(subject) => subject,
-            None => default_subject,
+            Some(subject) => {
+                self.subjects.check(&subject)?;
+                subject
+            }
+            None => self
+                .subjects
+                .subject_of(&message_type, key.as_deref(), &own)?,
         };
-        self.subjects.check(&subject)?;
         let (body, content_type) = encode_payload(payload)?;
 
         let mut headers = vec![
@@ -369,10 +381,9 @@ impl DecodeRules {
         if let Some(correlation_id) = optional_string(doc, field::CORRELATION_ID)? {
             headers.push((header::CORRELATION_ID.to_owned(), correlation_id));
         }
-        if let Some(key) = optional_string(doc, field::KEY)? {
+        if let Some(key) = key {
             headers.push((header::KEY.to_owned(), key));
         }
-        let own = document_headers(doc)?;
         if !own
             .iter()
             .any(|(name, _)| name.eq_ignore_ascii_case(header::CONTENT_TYPE))

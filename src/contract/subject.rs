@@ -9,6 +9,7 @@
 //! patterns, and never to a subject beginning with `$` or `_INBOX`, whatever
 //! the patterns say.
 
+use super::template::{SubjectFields, SubjectTemplate};
 use super::{ContractViolation, Rule};
 
 /// The longest subject the relay publishes, in characters. A NATS protocol
@@ -26,6 +27,8 @@ const INBOX: &str = "_INBOX";
 pub struct SubjectRules {
     prefix: String,
     allowed: Vec<String>,
+    /// The subject of a message that names none.
+    template: SubjectTemplate,
 }
 
 impl SubjectRules {
@@ -38,6 +41,7 @@ impl SubjectRules {
         Ok(SubjectRules {
             prefix,
             allowed: Vec::new(),
+            template: SubjectTemplate::default(),
         })
     }
 
@@ -57,7 +61,32 @@ impl SubjectRules {
         SubjectRules {
             prefix: super::DEFAULT_SUBJECT_PREFIX.to_owned(),
             allowed: vec![">".to_owned()],
+            template: SubjectTemplate::default(),
         }
+    }
+
+    /// Renders the subjects of messages that name none with `template`.
+    /// Refused if even a message with every field the template reads
+    /// would go where these rules do not publish; call it after
+    /// [`allow`](Self::allow).
+    pub fn with_template(mut self, template: SubjectTemplate) -> Result<Self, ContractViolation> {
+        let example = template.example(&self.prefix);
+        self.check(&example).map_err(|violation| {
+            ContractViolation::new(
+                violation.rule(),
+                format!(
+                    "the subject template {:?} gives subjects like {example:?}, which cannot be                      used: {violation}",
+                    template.as_str()
+                ),
+            )
+        })?;
+        self.template = template;
+        Ok(self)
+    }
+
+    /// The subject template.
+    pub fn template(&self) -> &SubjectTemplate {
+        &self.template
     }
 
     /// The subject prefix.
@@ -70,9 +99,28 @@ impl SubjectRules {
         &self.allowed
     }
 
-    /// The subject of a message of `message_type` that names none.
-    pub fn default_subject(&self, message_type: &str) -> String {
+    /// `<prefix>.<type>`: a subject every type must be able to end, so
+    /// that one type means one thing under any template.
+    pub fn type_subject(&self, message_type: &str) -> String {
         format!("{}.{message_type}", self.prefix)
+    }
+
+    /// The subject of a message that names none, rendered from the
+    /// template and checked as any subject is.
+    pub fn subject_of(
+        &self,
+        message_type: &str,
+        key: Option<&str>,
+        headers: &[(String, String)],
+    ) -> Result<String, ContractViolation> {
+        let subject = self.template.render(&SubjectFields {
+            prefix: &self.prefix,
+            message_type,
+            key,
+            headers,
+        })?;
+        self.check(&subject)?;
+        Ok(subject)
     }
 
     /// Checks a subject the relay is asked to publish to: valid syntax, not

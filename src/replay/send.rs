@@ -86,7 +86,7 @@ pub(super) fn outgoing(
             let message_type = document.get_str(field::TYPE).unwrap_or_default();
             let subject = match document.get_str(field::SUBJECT) {
                 Ok(subject) => subject.to_owned(),
-                Err(_) => rules.subjects.default_subject(message_type),
+                Err(_) => rules.subjects.type_subject(message_type),
             };
             if !selection.matches(message_type, &subject) {
                 return Outgoing::Unselected;

@@ -19,5 +19,6 @@ mod relay;
 mod replay;
 mod secured;
 mod sharded;
+mod subjects;
 mod sweep;
 mod writers;
