@@ -172,9 +172,10 @@ impl Outbox {
         }
     }
 
-    /// Checks messages against a relay's own rules (its subject prefix and
-    /// allow-list, and the broker's largest message) rather than only those
-    /// every relay holds.
+    /// Checks messages against a relay's own rules (its subject prefix,
+    /// allow-list and subject template, and the broker's largest message)
+    /// rather than only those every relay holds: with a template that names
+    /// the key, a message without one is refused here.
     pub fn with_rules(mut self, rules: DecodeRules) -> Self {
         self.rules = rules;
         self

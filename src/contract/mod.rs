@@ -361,17 +361,10 @@ impl DecodeRules {
         // at both fields, agrees).
         validate_subject(&self.subjects.type_subject(&message_type))
             .map_err(|violation| ContractViolation::new(Rule::Type, violation.message))?;
-        let key = optional_string(doc, field::KEY)?;
-        let own = document_headers(doc)?;
-        let subject = match optional_string(doc, field::SUBJECT)? {
-            Some(subject) => {
-                self.subjects.check(&subject)?;
-                subject
-            }
-            None => self
-                .subjects
-                .subject_of(&message_type, key.as_deref(), &own)?,
-        };
+        let named = optional_string(doc, field::SUBJECT)?;
+        if let Some(subject) = &named {
+            self.subjects.check(subject)?;
+        }
         let (body, content_type) = encode_payload(payload)?;
 
         let mut headers = vec![
@@ -381,19 +374,31 @@ impl DecodeRules {
         if let Some(correlation_id) = optional_string(doc, field::CORRELATION_ID)? {
             headers.push((header::CORRELATION_ID.to_owned(), correlation_id));
         }
-        if let Some(key) = key {
-            headers.push((header::KEY.to_owned(), key));
+        let key = optional_string(doc, field::KEY)?;
+        if let Some(key) = &key {
+            headers.push((header::KEY.to_owned(), key.clone()));
         }
+        let own = document_headers(doc)?;
         if !own
             .iter()
             .any(|(name, _)| name.eq_ignore_ascii_case(header::CONTENT_TYPE))
         {
             headers.push((header::CONTENT_TYPE.to_owned(), content_type.to_owned()));
         }
+        let own_from = headers.len();
         headers.extend(own);
         for (name, value) in &headers {
             validate_header(name, value)?;
         }
+        // Rendered last, from fields already found sound: a message that
+        // breaks another rule is refused for it, template or not.
+        let subject = match named {
+            Some(subject) => subject,
+            None => {
+                self.subjects
+                    .subject_of(&message_type, key.as_deref(), &headers[own_from..])?
+            }
+        };
 
         let message = OutboxMessage {
             id,

@@ -11,7 +11,9 @@ use std::process::Command;
 
 use base64::Engine;
 use bson::{doc, oid::ObjectId, Bson, Document};
-use outbox_relay::contract::{field, key_hash, DecodeRules};
+use outbox_relay::contract::{
+    field, key_hash, subject_token, DecodeRules, SubjectRules, SubjectTemplate,
+};
 use outbox_relay::{Error, NewMessage, Outbox, Payload};
 use serde::Deserialize;
 
@@ -208,12 +210,29 @@ fn python() -> PathBuf {
 /// Runs a writer's conformance script on the table; its outcomes, the
 /// last of them its call outside a transaction.
 async fn write_with(program: PathBuf, script: &str, env: &TestEnv, text: &str) -> Vec<Outcome> {
-    let input = std::env::temp_dir().join(format!("{}-{script}.json", env.name));
+    let args = [env.mongodb_uri.as_str(), env.name.as_str()];
+    let lines = run_script(program, script, &args, &env.name, text).await;
+    lines
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}")))
+        .collect()
+}
+
+/// Runs a writer's conformance script with `args`, `text` on its input;
+/// the lines it printed.
+async fn run_script(
+    program: PathBuf,
+    script: &str,
+    args: &[&str],
+    run: &str,
+    text: &str,
+) -> Vec<String> {
+    let input = std::env::temp_dir().join(format!("{run}-{script}.json"));
     std::fs::write(&input, text).expect("write the table");
     let mut command = Command::new(&program);
     command
         .arg(manifest_dir().join("tests/writers").join(script))
-        .args([&env.mongodb_uri, &env.name])
+        .args(args)
         .stdin(std::fs::File::open(&input).expect("the table"));
     let output = bounded(command).await;
     let _ = std::fs::remove_file(&input);
@@ -225,7 +244,7 @@ async fn write_with(program: PathBuf, script: &str, env: &TestEnv, text: &str) -
     );
     String::from_utf8_lossy(&output.stdout)
         .lines()
-        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}")))
+        .map(str::to_owned)
         .collect()
 }
 
@@ -423,4 +442,136 @@ async fn each_order_script_commits_an_order_with_its_message() {
     }
     relay.stop().await.expect("relay stops");
     env.drop().await;
+}
+
+/// The subject-template cases (`tests/writers/templates.json`): what each
+/// writer checks before it writes, against what the relay decides.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Templates {
+    prefix: String,
+    tokens: Vec<TokenVector>,
+    cases: Vec<TemplateCase>,
+    bad_templates: Vec<String>,
+}
+
+#[derive(Debug, Deserialize, PartialEq)]
+struct TokenVector {
+    value: String,
+    token: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TemplateCase {
+    name: String,
+    template: String,
+    #[serde(rename = "type")]
+    message_type: String,
+    key: Option<Bson>,
+    headers: Option<Document>,
+    own_subject: Option<String>,
+    /// The subject it goes to, or the rule it breaks.
+    subject: Option<String>,
+    refused: Option<String>,
+}
+
+/// A template case's outcome, as a writer reports it.
+#[derive(Debug, Deserialize, PartialEq)]
+struct Rendered {
+    name: String,
+    subject: Option<String>,
+    refused: Option<String>,
+}
+
+/// What the relay makes of a template case: its subject, or the rule.
+fn relay_renders(prefix: &str, case: &TemplateCase) -> Rendered {
+    let template = SubjectTemplate::parse(&case.template).expect("a template");
+    let rules = SubjectRules::under(prefix)
+        .and_then(|rules| rules.allow(">"))
+        .and_then(|rules| rules.with_template(template))
+        .expect("rules");
+    let mut document = doc! {
+        "_id": ObjectId::new(), "type": &case.message_type, "payload": {}, "status": "pending",
+    };
+    let fields = [
+        ("key", case.key.clone()),
+        ("headers", case.headers.clone().map(Bson::Document)),
+        ("subject", case.own_subject.clone().map(Bson::String)),
+    ];
+    for (name, value) in fields {
+        if let Some(value) = value {
+            document.insert(name, value);
+        }
+    }
+    let decoded = DecodeRules::new(rules, usize::MAX).decode(&document);
+    let (subject, refused) = match decoded.message {
+        Ok(message) => (Some(message.subject), None),
+        Err(violation) => (None, Some(violation.rule().to_string())),
+    };
+    Rendered {
+        name: case.name.clone(),
+        subject,
+        refused,
+    }
+}
+
+#[tokio::test]
+async fn writers_render_and_refuse_template_subjects_as_the_relay_does() {
+    let path = manifest_dir().join("tests/writers/templates.json");
+    let text = std::fs::read_to_string(&path).expect("the template table");
+    let table: Templates = serde_json::from_str(&text).expect("a valid template table");
+    assert!(
+        table
+            .cases
+            .iter()
+            .filter(|case| case.refused.is_some())
+            .count()
+            >= 8,
+        "a table that tests"
+    );
+    for case in &table.cases {
+        let expected = Rendered {
+            name: case.name.clone(),
+            subject: case.subject.clone(),
+            refused: case.refused.clone(),
+        };
+        assert_eq!(relay_renders(&table.prefix, case), expected, "the relay");
+    }
+    for vector in &table.tokens {
+        assert_eq!(subject_token(&vector.value), vector.token, "{vector:?}");
+    }
+    for template in &table.bad_templates {
+        assert!(SubjectTemplate::parse(template).is_err(), "{template}");
+    }
+
+    let run = format!("templates-{}", ObjectId::new().to_hex());
+    for (writer, program, script) in [
+        ("Python", python(), "conformance.py"),
+        ("Node.js", "node".into(), "conformance.mjs"),
+    ] {
+        let lines = run_script(program, script, &["--templates"], &run, &text).await;
+        let (cases, rest) = lines.split_at(table.cases.len().min(lines.len()));
+        let (tokens, bad) = rest.split_at(table.tokens.len().min(rest.len()));
+        assert_eq!(bad.len(), table.bad_templates.len(), "{writer}: {lines:?}");
+        for (line, case) in cases.iter().zip(&table.cases) {
+            let theirs: Rendered = serde_json::from_str(line).expect("a case's line");
+            assert_eq!(theirs.name, case.name, "{writer}");
+            assert_eq!(
+                (theirs.subject, theirs.refused),
+                (case.subject.clone(), case.refused.clone()),
+                "{writer}, {}",
+                case.name
+            );
+        }
+        for (line, vector) in tokens.iter().zip(&table.tokens) {
+            let theirs: TokenVector = serde_json::from_str(line).expect("a token's line");
+            assert_eq!(&theirs, vector, "{writer}");
+        }
+        for (line, template) in bad.iter().zip(&table.bad_templates) {
+            let theirs: serde_json::Value = serde_json::from_str(line).expect("a template's line");
+            assert_eq!(theirs["template"], template.as_str(), "{writer}");
+            assert!(theirs["error"].is_string(), "{writer} refuses {template}");
+        }
+    }
 }

@@ -1,12 +1,18 @@
 // Writes each case of the shared table with the Node.js writer.
 //
 //     node conformance.mjs MONGODB_URI DATABASE < cases.json
+//     node conformance.mjs --templates < templates.json
 //
 // First the writer's key hash is checked against the table's keyHashes;
 // any difference fails the script. Then each valid case is added in a
 // transaction of its own; a refused one is reported with its rule. One
 // JSON line a case: {name, id} or {name, refused, message}; a last line
 // reports a call outside any transaction.
+//
+// With --templates, each case of the subject-template table is checked as
+// a message is before it is written, without a database: one JSON line a
+// case, {name, subject} or {name, refused}; then {value, token} for each
+// token, and {template, error} for each template that must be refused.
 
 import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
@@ -61,6 +67,38 @@ function write(collection, session, c) {
   });
 }
 
+function templates({ prefix, cases, tokens, badTemplates }) {
+  for (const c of cases) {
+    const line = { name: c.name };
+    const fields = { key: c.key, headers: c.headers, subjectPrefix: prefix };
+    try {
+      outbox.newDocument(c.type, {}, { ...fields, subject: c.ownSubject, subjectTemplate: c.template });
+      line.subject = c.ownSubject ?? outbox.renderSubject(c.template, c.type, fields);
+    } catch (error) {
+      if (!(error instanceof outbox.OutboxViolation)) throw error;
+      Object.assign(line, { refused: error.rule, message: error.message });
+    }
+    console.log(JSON.stringify(line));
+  }
+  for (const { value } of tokens) {
+    console.log(JSON.stringify({ value, token: outbox.subjectToken(value) }));
+  }
+  for (const template of badTemplates) {
+    const line = { template, error: null };
+    try {
+      outbox.renderSubject(template, 't', { key: 'k' });
+    } catch (error) {
+      if (error instanceof outbox.OutboxViolation) throw error;
+      line.error = error.message;
+    }
+    console.log(JSON.stringify(line));
+  }
+}
+
+if (process.argv[2] === '--templates') {
+  templates(JSON.parse(readFileSync(0, 'utf8')));
+  process.exit(0);
+}
 const [uri, database] = process.argv.slice(2);
 const { cases, keyHashes } = JSON.parse(readFileSync(0, 'utf8'));
 checkKeyHashes(keyHashes);

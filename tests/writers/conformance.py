@@ -1,12 +1,19 @@
 """Writes each case of the shared table with the Python writer.
 
     python conformance.py MONGODB_URI DATABASE < cases.json
+    python conformance.py --templates < templates.json
 
 First the writer's key hash is checked against the table's keyHashes;
 any difference fails the script. Then each valid case is added in a
 transaction of its own; a refused one is reported with its rule. One JSON
 line a case: {"name", "id"} or {"name", "refused", "message"}; a last line
 reports a call outside any transaction.
+
+With --templates, each case of the subject-template table is checked as
+a message is before it is written, without a database: one JSON line a
+case, {"name", "subject"} or {"name", "refused"}; then {"value",
+"token"} for each token, and {"template", "error"} for each template
+that must be refused.
 """
 
 import base64
@@ -67,7 +74,36 @@ def write(collection, session, case):
         headers=case.get("headers"), subject=case.get("subject"))
 
 
+def templates(table):
+    prefix = table["prefix"]
+    for case in table["cases"]:
+        line = {"name": case["name"]}
+        fields = dict(key=case.get("key"), headers=case.get("headers"),
+                      subject_prefix=prefix)
+        try:
+            outbox.new_document(case["type"], {}, subject=case.get("ownSubject"),
+                                subject_template=case["template"], **fields)
+            line["subject"] = case.get("ownSubject") or outbox.render_subject(
+                case["template"], case["type"], **fields)
+        except outbox.OutboxViolation as violation:
+            line.update(refused=violation.rule, message=str(violation))
+        print(json.dumps(line), flush=True)
+    for vector in table["tokens"]:
+        print(json.dumps({"value": vector["value"],
+                          "token": outbox.subject_token(vector["value"])}))
+    for template in table["badTemplates"]:
+        line = {"template": template, "error": None}
+        try:
+            outbox.render_subject(template, "t", key="k")
+        except ValueError as error:
+            line["error"] = str(error)
+        print(json.dumps(line), flush=True)
+
+
 def main():
+    if sys.argv[1] == "--templates":
+        templates(json.load(sys.stdin))
+        return
     uri, database = sys.argv[1], sys.argv[2]
     table = json.load(sys.stdin)
     check_key_hashes(table["keyHashes"])

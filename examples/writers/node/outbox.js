@@ -13,6 +13,7 @@ import { Long, ObjectId } from 'mongodb';
 
 export const DEFAULT_COLLECTION = 'outbox';
 export const DEFAULT_SUBJECT_PREFIX = 'outbox';
+export const DEFAULT_SUBJECT_TEMPLATE = '{prefix}.{type}';
 export const MAX_SUBJECT_CHARS = 512;
 const RESERVED_HEADER_PREFIXES = ['nats-', 'outbox-'];
 const FNV_OFFSET_BASIS = 0x811c9dc5;
@@ -43,7 +44,9 @@ export class NoTransaction extends Error {
  *
  * `payload` is a plain object or a Map (sent as JSON), a Buffer or
  * Uint8Array (sent as is) or a string (sent as UTF-8). `subject` overrides
- * the default `<prefix>.<type>`. JavaScript has one kind of number: a whole
+ * the default `<prefix>.<type>`. Give the relay's `--subject-template` as
+ * `subjectTemplate` to have a message it would refuse (one without the key
+ * the template needs, say) refused here. JavaScript has one kind of number: a whole
  * one is stored as an integer (so `1.0` is sent as `1`), any other as a
  * double.
  */
@@ -56,9 +59,12 @@ export async function addMessage(collection, session, type, payload, options = {
   return document._id;
 }
 
-/** The outbox document for a message, checked; throws OutboxViolation. */
+/**
+ * The outbox document for a message, checked; throws OutboxViolation (and
+ * an Error for a `subjectTemplate` that is no template).
+ */
 export function newDocument(type, payload, options = {}) {
-  const { key, correlationId, headers, subject } = options;
+  const { key, correlationId, headers, subject, subjectTemplate } = options;
   const prefix = options.subjectPrefix ?? DEFAULT_SUBJECT_PREFIX;
   // In the relay's order, so a message that breaks two rules is refused
   // for the same one.
@@ -76,6 +82,15 @@ export function newDocument(type, payload, options = {}) {
   // The relay sends these two as headers, which cannot break a line.
   for (const [name, value] of [['Outbox-Correlation-Id', correlationId], ['Outbox-Key', key]]) {
     if (typeof value === 'string' && /[\r\n]/.test(value)) throw lineBreak(name);
+  }
+  if ((subject === undefined || subject === null) && subjectTemplate != null) {
+    const rendered = renderSubject(subjectTemplate, type, {
+      key,
+      headers: checkedHeaders,
+      subjectPrefix: prefix,
+    });
+    checkSubject(rendered);
+    refuseReserved(rendered);
   }
   const document = {
     _id: new ObjectId(),
@@ -107,6 +122,117 @@ export function keyHash(key) {
     hash = Math.imul(hash ^ byte, FNV_PRIME) >>> 0;
   }
   return hash;
+}
+
+/**
+ * The subject the relay gives a message that names none, with
+ * `--subject-template template` (docs/outbox-document.md): `{prefix}`,
+ * `{type}`, and `{key}` and `{header.NAME}` each escaped into one token
+ * (subjectToken). Throws OutboxViolation('subject_template') for a missing
+ * or empty key or header, an Error for a bad template. `headers` is an
+ * object or a Map.
+ */
+export function renderSubject(template, type, options = {}) {
+  const { key, headers } = options;
+  const prefix = options.subjectPrefix ?? DEFAULT_SUBJECT_PREFIX;
+  const headerOf = (name) =>
+    headers instanceof Map ? headers.get(name) : headers && Object.hasOwn(headers, name) ? headers[name] : undefined;
+  return parseTemplate(template)
+    .map(([kind, value]) => {
+      switch (kind) {
+        case 'literal':
+          return value;
+        case 'prefix':
+          return prefix;
+        case 'type':
+          return type;
+        case 'key':
+          return templateToken(template, key, "the message's key");
+        default:
+          return templateToken(template, headerOf(value), `header ${JSON.stringify(value)}`);
+      }
+    })
+    .join('');
+}
+
+/**
+ * `value` as one subject token, as the relay escapes a key or header:
+ * every UTF-8 byte but ASCII letters, digits, '-' and '_' as %XX. Any
+ * percent-decoder (decodeURIComponent) reads the value back.
+ */
+export function subjectToken(value) {
+  let token = '';
+  for (const byte of Buffer.from(value, 'utf8')) {
+    const c = String.fromCharCode(byte);
+    token += /[A-Za-z0-9_-]/.test(c) ? c : `%${byte.toString(16).toUpperCase().padStart(2, '0')}`;
+  }
+  return token;
+}
+
+function templateToken(template, value, what) {
+  if (typeof value === 'string' && value !== '') return subjectToken(value);
+  throw new OutboxViolation(
+    'subject_template',
+    `the subject template ${JSON.stringify(template)} needs ${what}, and the message has ` +
+      `${value === '' ? 'an empty one' : 'none'}; give it one, or a subject of its own`,
+  );
+}
+
+const PLACEHOLDERS = '{prefix}, {type}, {key} and {header.NAME}';
+
+/**
+ * A template's parts, in order: ['literal', text], ['prefix'], ['type'],
+ * ['key'] or ['header', NAME]. Each placeholder is a whole token; the
+ * Error says what is wrong.
+ */
+function parseTemplate(template) {
+  const parts = [];
+  let rest = template;
+  while (rest !== '') {
+    const ends = [rest.indexOf('{'), rest.indexOf('}')].filter((at) => at >= 0);
+    const at = ends.length > 0 ? Math.min(...ends) : -1;
+    if (at < 0) {
+      parts.push(['literal', rest]);
+      break;
+    }
+    if (at > 0) {
+      parts.push(['literal', rest.slice(0, at)]);
+      rest = rest.slice(at);
+      continue;
+    }
+    if (rest[0] === '}') throw new Error(`a '}' opens nothing in ${JSON.stringify(template)}`);
+    const end = rest.indexOf('}');
+    if (end < 0) {
+      throw new Error(`a '{' is never closed in ${JSON.stringify(template)}: placeholders are ${PLACEHOLDERS}`);
+    }
+    parts.push(placeholder(rest.slice(1, end)));
+    rest = rest.slice(end + 1);
+  }
+  parts.forEach(([kind], n) => {
+    if (kind === 'literal') return;
+    const before = parts[n - 1];
+    const after = parts[n + 1];
+    const apart =
+      (before === undefined || (before[0] === 'literal' && before[1].endsWith('.'))) &&
+      (after === undefined || (after[0] === 'literal' && after[1].startsWith('.')));
+    if (!apart) {
+      throw new Error(
+        `in ${JSON.stringify(template)}, each placeholder must be a whole token, ` +
+          "with a '.' or the template's end on each side",
+      );
+    }
+  });
+  return parts;
+}
+
+function placeholder(name) {
+  if (['prefix', 'type', 'key'].includes(name)) return [name];
+  if (name.startsWith('header.')) {
+    const header = name.slice('header.'.length);
+    if (/^[\x21-\x39\x3b-\x7e]+$/.test(header)) return ['header', header];
+    throw new Error(`${JSON.stringify(header)} cannot be a header's name: a name is visible ASCII without ':'`);
+  }
+  throw new Error(`{${name}} is no placeholder: placeholders are ${PLACEHOLDERS}`);
 }
 
 function checkType(type, prefix) {

@@ -18,6 +18,7 @@ from bson.int64 import Int64
 
 DEFAULT_COLLECTION = "outbox"
 DEFAULT_SUBJECT_PREFIX = "outbox"
+DEFAULT_SUBJECT_TEMPLATE = "{prefix}.{type}"
 MAX_SUBJECT_CHARS = 512
 RESERVED_HEADER_PREFIXES = ("nats-", "outbox-")
 FNV_OFFSET_BASIS = 0x811C9DC5
@@ -38,15 +39,18 @@ class NoTransaction(RuntimeError):
 
 def add_message(collection, session, message_type, payload, *, key=None,
                 correlation_id=None, headers=None, subject=None,
-                subject_prefix=DEFAULT_SUBJECT_PREFIX):
+                subject_prefix=DEFAULT_SUBJECT_PREFIX, subject_template=None):
     """Adds one message inside `session`'s transaction and returns its _id.
 
     `payload` is a dict (sent as JSON), bytes (sent as is) or a str (sent
-    as UTF-8). `subject` overrides the default `<prefix>.<type>`.
+    as UTF-8). `subject` overrides the default `<prefix>.<type>`. Give the
+    relay's `--subject-template` as `subject_template` to have a message it
+    would refuse (one without the key the template needs, say) refused here.
     """
     document = new_document(message_type, payload, key=key,
                             correlation_id=correlation_id, headers=headers,
-                            subject=subject, subject_prefix=subject_prefix)
+                            subject=subject, subject_prefix=subject_prefix,
+                            subject_template=subject_template)
     if session is None or not session.in_transaction:
         raise NoTransaction(
             "outbox messages must be added inside a transaction: start one "
@@ -58,8 +62,9 @@ def add_message(collection, session, message_type, payload, *, key=None,
 
 def new_document(message_type, payload, *, key=None, correlation_id=None,
                  headers=None, subject=None,
-                 subject_prefix=DEFAULT_SUBJECT_PREFIX):
-    """The outbox document for a message, checked; raises OutboxViolation."""
+                 subject_prefix=DEFAULT_SUBJECT_PREFIX, subject_template=None):
+    """The outbox document for a message, checked; raises OutboxViolation
+    (and ValueError for a `subject_template` that is no template)."""
     # In the relay's order, so a message that breaks two rules is refused
     # for the same one.
     _check_subject(subject_prefix)
@@ -77,6 +82,12 @@ def new_document(message_type, payload, *, key=None, correlation_id=None,
                         ("Outbox-Key", key)):
         if value is not None and ("\r" in value or "\n" in value):
             raise _line_break(name)
+    if subject is None and subject_template is not None:
+        rendered = render_subject(subject_template, message_type, key=key,
+                                  headers=headers,
+                                  subject_prefix=subject_prefix)
+        _check_subject(rendered)
+        _refuse_reserved(rendered)
     document = {
         "_id": ObjectId(),
         "type": message_type,
@@ -107,6 +118,100 @@ def key_hash(key):
     for byte in key.encode("utf-8"):
         hash_ = ((hash_ ^ byte) * FNV_PRIME) & 0xFFFFFFFF
     return hash_
+
+
+def render_subject(template, message_type, *, key=None, headers=None,
+                   subject_prefix=DEFAULT_SUBJECT_PREFIX):
+    """The subject the relay gives a message that names none, with
+    `--subject-template template` (docs/outbox-document.md): `{prefix}`,
+    `{type}`, and `{key}` and `{header.NAME}` each escaped into one token
+    (subject_token). Raises OutboxViolation("subject_template") for a
+    missing or empty key or header, ValueError for a bad template."""
+    parts = []
+    for kind, value in _parse_template(template):
+        if kind == "literal":
+            parts.append(value)
+        elif kind == "prefix":
+            parts.append(subject_prefix)
+        elif kind == "type":
+            parts.append(message_type)
+        elif kind == "key":
+            parts.append(_template_token(template, key, "the message's key"))
+        else:
+            found = (headers or {}).get(value)
+            parts.append(_template_token(template, found, f"header {value!r}"))
+    return "".join(parts)
+
+
+def subject_token(value):
+    """`value` as one subject token, as the relay escapes a key or header:
+    every UTF-8 byte but ASCII letters, digits, '-' and '_' as %XX. Any
+    percent-decoder (urllib.parse.unquote) reads the value back."""
+    return "".join(
+        chr(byte) if chr(byte).isascii() and (chr(byte).isalnum() or byte in b"-_")
+        else f"%{byte:02X}"
+        for byte in value.encode("utf-8"))
+
+
+def _template_token(template, value, what):
+    if value:
+        return subject_token(value)
+    raise OutboxViolation(
+        "subject_template",
+        f"the subject template {template!r} needs {what}, and the message "
+        f"has {'an empty one' if value == '' else 'none'}; give it one, or a "
+        "subject of its own")
+
+
+_PLACEHOLDERS = "{prefix}, {type}, {key} and {header.NAME}"
+
+
+def _parse_template(template):
+    """A template's parts, in order: ("literal", text), ("prefix", None),
+    ("type", None), ("key", None) or ("header", NAME). Each placeholder is
+    a whole token; ValueError says what is wrong."""
+    parts, rest = [], template
+    while rest:
+        ends = [at for at in (rest.find("{"), rest.find("}")) if at >= 0]
+        at = min(ends, default=-1)
+        if at < 0:
+            parts.append(("literal", rest))
+            break
+        if at > 0:
+            parts.append(("literal", rest[:at]))
+            rest = rest[at:]
+            continue
+        if rest[0] == "}":
+            raise ValueError(f"a '}}' opens nothing in {template!r}")
+        end = rest.find("}")
+        if end < 0:
+            raise ValueError(f"a '{{' is never closed in {template!r}: "
+                             f"placeholders are {_PLACEHOLDERS}")
+        parts.append(_placeholder(rest[1:end]))
+        rest = rest[end + 1:]
+    for n, (kind, _) in enumerate(parts):
+        if kind == "literal":
+            continue
+        before = parts[n - 1] if n > 0 else None
+        after = parts[n + 1] if n + 1 < len(parts) else None
+        apart = ((before is None or (before[0] == "literal" and before[1].endswith(".")))
+                 and (after is None or (after[0] == "literal" and after[1].startswith("."))))
+        if not apart:
+            raise ValueError(f"in {template!r}, each placeholder must be a whole "
+                             "token, with a '.' or the template's end on each side")
+    return parts
+
+
+def _placeholder(name):
+    if name in ("prefix", "type", "key"):
+        return (name, None)
+    if name.startswith("header."):
+        header = name[len("header."):]
+        if header and all(0x21 <= ord(c) <= 0x7E and c != ":" for c in header):
+            return ("header", header)
+        raise ValueError(f"{header!r} cannot be a header's name: a name is "
+                         "visible ASCII without ':'")
+    raise ValueError(f"{{{name}}} is no placeholder: placeholders are {_PLACEHOLDERS}")
 
 
 def _check_type(message_type, subject_prefix):
