@@ -7,7 +7,10 @@
 //! a test holds the two to the same verdicts on a table of documents. One
 //! field is stricter here than in the relay: `keyHash`, which decides no
 //! delivery, so the relay delivers a document whatever it holds there,
-//! while the validator refuses a value no writer stores.
+//! while the validator refuses a value no writer stores. One is looser: a
+//! subject template's rendered length, which a schema cannot compute (the
+//! validator requires the key and headers the template reads; the relay
+//! also fails a message whose escaped key makes its subject too long).
 
 use bson::{doc, Bson, Document};
 
@@ -47,7 +50,7 @@ pub fn contract_schema(subjects: &SubjectRules) -> Document {
     // The default subject is `<prefix>.<type>`, so a type may take what
     // the prefix and its dot leave of the subject's length.
     let type_chars = MAX_SUBJECT_CHARS.saturating_sub(subjects.prefix().chars().count() + 1);
-    doc! {
+    let mut schema = doc! {
         "bsonType": "object",
         "required": [field::ID, field::TYPE, field::PAYLOAD, field::STATUS],
         "properties": {
@@ -98,7 +101,38 @@ pub fn contract_schema(subjects: &SubjectRules) -> Document {
             field::LAST_ERROR: string,
             field::HOLDS_KEY: { "bsonType": "bool" },
         },
+    };
+    if let Some(needs) = template_needs(subjects) {
+        schema.insert("anyOf", vec![doc! { "required": [field::SUBJECT] }, needs]);
     }
+    schema
+}
+
+/// What a document that names no subject must hold for the template: a
+/// non-empty key, and each header it reads, non-empty. None for a
+/// template that reads neither.
+fn template_needs(subjects: &SubjectRules) -> Option<Document> {
+    let template = subjects.template();
+    let headers: Vec<&str> = template.headers().collect();
+    let mut required = Vec::new();
+    let mut properties = Document::new();
+    let filled = doc! { "bsonType": "string", "minLength": 1 };
+    if template.uses_key() {
+        required.push(field::KEY);
+        properties.insert(field::KEY, filled.clone());
+    }
+    if !headers.is_empty() {
+        let mut each = Document::new();
+        for name in &headers {
+            each.insert(*name, filled.clone());
+        }
+        required.push(field::HEADERS);
+        properties.insert(
+            field::HEADERS,
+            doc! { "bsonType": "object", "required": headers, "properties": each },
+        );
+    }
+    (!required.is_empty()).then(|| doc! { "required": required, "properties": properties })
 }
 
 fn bson_len(chars: usize) -> i64 {

@@ -5,7 +5,7 @@
 use crate::common::TestEnv;
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use mongodb::Collection;
-use outbox_relay::contract::{field, key_hash, DecodeRules, SubjectRules};
+use outbox_relay::contract::{field, key_hash, DecodeRules, SubjectRules, SubjectTemplate};
 use outbox_relay::{Error, NewMessage, Outbox, Payload};
 
 fn message(message_type: &str) -> NewMessage {
@@ -284,5 +284,65 @@ async fn a_writer_without_a_relays_rules_still_refuses_what_every_relay_refuses(
         .await;
     assert!(accepted.is_ok(), "{accepted:?}");
     session.abort_transaction().await.expect("abort");
+    env.drop().await;
+}
+
+/// With a template that reads the key and a header, the validator and the
+/// relay both refuse a document naming no subject that lacks either; the
+/// validator cannot compute the rendered subject's length, so a key too
+/// long once escaped passes it and is failed by the relay alone.
+#[tokio::test]
+async fn with_a_template_the_validator_requires_the_key_and_headers_it_reads() {
+    let env = TestEnv::new().await;
+    let template =
+        SubjectTemplate::parse("{prefix}.{type}.{header.X-Tenant}.{key}").expect("a template");
+    let subjects = SubjectRules::under(&env.prefix)
+        .and_then(|rules| rules.with_template(template))
+        .expect("valid rules");
+    let rules = DecodeRules::new(subjects.clone(), usize::MAX);
+    outbox_relay::setup::install_validator(&env.db, "validated", &subjects)
+        .await
+        .expect("install the validator");
+    let validated = env.db.collection::<Document>("validated");
+    let tenant = |message: NewMessage| message.header("X-Tenant", "acme");
+    let rows = [
+        (
+            "key and header",
+            tenant(message("t").key("o-1")),
+            true,
+            true,
+        ),
+        ("no key", tenant(message("t")), false, false),
+        ("an empty key", tenant(message("t").key("")), false, false),
+        ("no header", message("t").key("o-1"), false, false),
+        (
+            "an empty header",
+            message("t").key("o-1").header("X-Tenant", ""),
+            false,
+            false,
+        ),
+        (
+            "a subject of its own",
+            message("t").subject(format!("{}.x", env.prefix)),
+            true,
+            true,
+        ),
+        (
+            "a key too long once escaped",
+            tenant(message("t").key("é".repeat(100))),
+            false,
+            true,
+        ),
+    ];
+    for (what, message, decoded, taken) in rows {
+        let document = message.into_document(ObjectId::new(), DateTime::now());
+        let decoder = rules.decode(&document).message.is_ok();
+        let schema = validator_takes(&validated, &document, what).await;
+        assert_eq!(
+            (decoder, schema),
+            (decoded, taken),
+            "{what}: decoder and validator on {document}"
+        );
+    }
     env.drop().await;
 }
