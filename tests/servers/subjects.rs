@@ -8,19 +8,24 @@ use bson::{doc, oid::ObjectId, Bson};
 use futures::StreamExt;
 
 use crate::common::{
-    assert_exit, bounded, relay_command, stored_header, stream_messages, RunningRelay, TestEnv,
+    assert_exit, bounded, relay_command, stored_header, stream_messages, wait_until, RunningRelay,
+    TestEnv,
 };
+use outbox_relay::contract::key_hash;
 
 const BY_KEY: &str = "{prefix}.{type}.{key}";
 
 /// Inserts a pending `order.placed` message; `key` as given (absent when
-/// None, any BSON otherwise).
+/// None, any BSON otherwise), with its hash where it is a string.
 async fn insert(env: &TestEnv, key: Option<Bson>, n: i64) -> ObjectId {
     let id = ObjectId::new();
     let mut message = doc! {
         "_id": id, "type": "order.placed", "payload": { "n": n }, "status": "pending",
     };
     if let Some(key) = key {
+        if let Bson::String(key) = &key {
+            message.insert("keyHash", i64::from(key_hash(key)));
+        }
         message.insert("key", key);
     }
     env.outbox()
@@ -198,6 +203,8 @@ async fn a_template_with_the_key_gives_each_key_its_subjects_and_hostile_keys_fa
     env.drop().await;
 }
 
+/// Two relays sharing two partitions: each key's messages are in one
+/// partition, so under one subject and in order whoever delivers them.
 #[tokio::test]
 async fn a_stream_keeping_the_last_message_of_each_subject_holds_each_keys_latest() {
     let env = TestEnv::new().await;
@@ -208,19 +215,32 @@ async fn a_stream_keeping_the_last_message_of_each_subject_holds_each_keys_lates
         .update_stream(&kept)
         .await
         .expect("keep one message a subject");
-    let mut config = env.config();
+    let mut config = env.replica_config();
     config.subject_template = BY_KEY.to_owned();
-    let relay = RunningRelay::start_tailing(config).await;
+    config.partitions = 2;
+    let relays = [
+        RunningRelay::start(config.clone()).await,
+        RunningRelay::start(config).await,
+    ];
+    wait_until("each relay to hold one partition", || async {
+        relays.iter().all(|relay| {
+            let text = relay.metrics.render();
+            text.lines().any(|line| line == "outbox_partitions_held 1")
+        })
+    })
+    .await;
     let mut latest: HashMap<String, String> = HashMap::new();
     for n in 0..3 {
-        for order in 0..5 {
+        for order in 0..6 {
             let key = format!("o-{order}");
             let id = insert(&env, Some(key.as_str().into()), n).await;
             latest.insert(key, id.to_hex());
         }
     }
-    env.wait_count(doc! { "status": "processed" }, 15).await;
-    relay.stop().await.expect("the relay stops");
+    env.wait_count(doc! { "status": "processed" }, 18).await;
+    for relay in relays {
+        relay.stop().await.expect("the relay stops");
+    }
     let held: Vec<(String, String)> = stream_messages(&mut stream)
         .await
         .iter()
@@ -232,7 +252,7 @@ async fn a_stream_keeping_the_last_message_of_each_subject_holds_each_keys_lates
             )
         })
         .collect();
-    assert_eq!(held.len(), 5, "{held:?}");
+    assert_eq!(held.len(), 6, "{held:?}");
     for (key, id) in held {
         assert_eq!(latest.get(&key), Some(&id), "the latest of {key}");
     }
