@@ -33,12 +33,21 @@ pub(crate) struct Work {
     pub message: Option<Decoded>,
     /// The change-stream position just after this work, if it came from the stream.
     pub token: Option<ResumeToken>,
-    /// The claim (`lockId`) a sweep holds on the message; completion must match it.
+    /// The claim (`lockId`) a sweep holds on the message; completion must
+    /// match it. Only a sweep's message has one, and only once the sweep
+    /// has claimed it (a document that cannot take a claim has none).
     pub claim: Option<ObjectId>,
     /// When the stream position was reached: the event's commit time, or
     /// when the server reported the position. Kept with the token, it tells
     /// how much oplog history remains before the token is lost.
     pub at: Option<DateTime>,
+    /// Where the work was read, decided once, by the constructor that
+    /// made it: [`Origin::Stream`] ([`Work::from_stream`], [`Work::marker`]),
+    /// [`Origin::CatchUp`] ([`Work::from_catch_up`]), [`Origin::Sweep`]
+    /// ([`Work::from_sweep`]). Neither the token, taken away once the
+    /// position waits for earlier work, nor the claim, which a sweep's
+    /// message may lack, says it.
+    origin: Origin,
     /// This work's share of the relay's byte budget, given back when the
     /// work is dropped (after its verdict is recorded).
     pub reserved: Option<OwnedSemaphorePermit>,
@@ -55,34 +64,42 @@ pub(crate) struct Work {
 impl Work {
     /// A message from the change stream, committed at `at`.
     pub fn from_stream(message: Decoded, token: ResumeToken, at: Option<DateTime>) -> Self {
-        Work::carrying(Some(message), Some(token), None, at)
+        Work::carrying(Origin::Stream, Some(message), Some(token), at)
     }
 
-    /// A message read from the collection rather than the stream.
-    pub fn from_collection(message: Decoded, claim: Option<ObjectId>) -> Self {
-        Work::carrying(Some(message), None, claim, None)
+    /// A message from the catch-up pass's snapshot of the collection.
+    pub fn from_catch_up(message: Decoded) -> Self {
+        Work::carrying(Origin::CatchUp, Some(message), None, None)
+    }
+
+    /// A message a sweep read from the collection; its claim is set once
+    /// the sweep has taken it.
+    pub fn from_sweep(message: Decoded) -> Self {
+        Work::carrying(Origin::Sweep, Some(message), None, None)
     }
 
     /// A stream position with no message (the stream moved past other events
     /// or was idle), reached at `at`.
     pub fn marker(token: ResumeToken, at: Option<DateTime>) -> Self {
-        Work::carrying(None, Some(token), None, at)
+        Work::carrying(Origin::Stream, None, Some(token), at)
     }
 
-    /// Work carrying these; what is settled after it is read (its share
-    /// of the budget, whether it releases a key, its park, its place under
-    /// way) starts empty. Every constructor builds its work here.
+    /// Work read at `origin` carrying these; what is settled after it is
+    /// read (its claim, its share of the budget, whether it releases a key,
+    /// its park, its place under way) starts empty. Every constructor
+    /// builds its work here.
     fn carrying(
+        origin: Origin,
         message: Option<Decoded>,
         token: Option<ResumeToken>,
-        claim: Option<ObjectId>,
         at: Option<DateTime>,
     ) -> Self {
         Work {
             message,
             token,
-            claim,
+            claim: None,
             at,
+            origin,
             reserved: None,
             release: false,
             park: None,
@@ -104,11 +121,7 @@ impl Work {
 
     /// Where the message was read, for the metrics.
     pub fn origin(&self) -> Origin {
-        match (&self.token, &self.claim) {
-            (Some(_), _) => Origin::Stream,
-            (None, Some(_)) => Origin::Sweep,
-            (None, None) => Origin::CatchUp,
-        }
+        self.origin
     }
 }
 

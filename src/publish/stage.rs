@@ -886,7 +886,7 @@ mod tests {
         let document = doc! {
             "_id": ObjectId::new(), "type": "t", "payload": "x", "subject": subject,
         };
-        Work::from_collection(DecodeRules::any_relay().decode(&document), None)
+        Work::from_catch_up(DecodeRules::any_relay().decode(&document))
     }
 
     impl Running {
