@@ -27,6 +27,31 @@ use crate::order::{KeyOrder, ParkTicket};
 
 /// One unit of work: a message to deliver, a resume token to record once all
 /// earlier work is done, or both.
+///
+/// # Its end
+///
+/// A message ends when its work is dropped, and dropping it does all of
+/// this, in field order:
+/// - its share of the byte budget is given back (`reserved`), so a source
+///   waiting for room may read on;
+/// - its park, if it was parked, counts as settled (`park`, a
+///   [`ParkTicket`]), so a release that reads the collection from now on
+///   may free its key: the park is written, or will never be;
+/// - it leaves the messages under way (`underway`, an [`UnderwayEntry`]),
+///   so the sweep no longer keeps away from it, nor from later messages
+///   of its key.
+///
+/// Ordinarily the completion stage drops it, once the batch holding its
+/// verdict is recorded; a bare position the publish stage has taken the
+/// token of is dropped there. On every other path (the relay stops or
+/// loses its term with work in a channel or a stage, a task is cancelled,
+/// a sweep leaves a candidate out) the drop does the same, so that no
+/// share of the budget, no key and no place under way stays held: the
+/// message has no verdict recorded, stays pending, and is read again.
+///
+/// Its turn in its key's line (a [`Turn`](crate::order::Turn)) is not part
+/// of it: the publish stage ends that with the message's answer, before
+/// the verdict is recorded.
 #[derive(Debug)]
 pub(crate) struct Work {
     /// The message, if this work carries one.
@@ -49,15 +74,14 @@ pub(crate) struct Work {
     /// message may lack, says it.
     origin: Origin,
     /// This work's share of the relay's byte budget, given back when the
-    /// work is dropped (after its verdict is recorded).
+    /// work ends (see [its end](Work#its-end)).
     pub reserved: Option<OwnedSemaphorePermit>,
     /// A parked message read back to release its key (see `order`).
     pub release: bool,
-    /// The park decided for this work, settled when the work is dropped
-    /// (after its verdict is recorded).
+    /// The park decided for this work, settled when the work ends.
     pub park: Option<ParkTicket>,
     /// The message's place among those under way, given up when the work
-    /// is dropped (after its verdict is recorded).
+    /// ends.
     pub underway: Option<UnderwayEntry>,
 }
 
@@ -462,7 +486,8 @@ impl Underway {
     }
 }
 
-/// A copy of a message under way, given up when dropped.
+/// A copy of a message under way, given up when dropped: with the
+/// [`Work`] that carries it (see [its end](Work#its-end)).
 #[derive(Debug)]
 pub(crate) struct UnderwayEntry {
     underway: Underway,

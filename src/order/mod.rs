@@ -142,10 +142,11 @@ pub(crate) enum Admission {
     Park(ParkTicket),
 }
 
-/// A park decided: counts as settled when dropped, once the verdict is
-/// recorded (the park written, or found impossible) or given up with the
-/// relay's stop. Until then its key cannot be freed, since a release might
-/// read the collection before the park is in it.
+/// A park decided: counts as settled when dropped with the work that
+/// carries it (see [its end](crate::work::Work#its-end)), once the verdict
+/// is recorded (the park written, or found impossible) or given up with
+/// the relay's stop. Until then its key cannot be freed, since a release
+/// might read the collection before the park is in it.
 #[derive(Debug)]
 pub(crate) struct ParkTicket {
     order: KeyOrder,
