@@ -27,62 +27,103 @@ use crate::order::{KeyOrder, ParkTicket};
 
 /// One unit of work: a message to deliver, a resume token to record once all
 /// earlier work is done, or both.
+///
+/// # Its end
+///
+/// A message ends when its work is dropped, and dropping it does all of
+/// this, in field order:
+/// - its share of the byte budget is given back (`reserved`), so a source
+///   waiting for room may read on;
+/// - its park, if it was parked, counts as settled (`park`, a
+///   [`ParkTicket`]), so a release that reads the collection from now on
+///   may free its key: the park is written, or will never be;
+/// - it leaves the messages under way (`underway`, an [`UnderwayEntry`]),
+///   so the sweep no longer keeps away from it, nor from later messages
+///   of its key.
+///
+/// Ordinarily the completion stage drops it, once the batch holding its
+/// verdict is recorded; a bare position the publish stage has taken the
+/// token of is dropped there. On every other path (the relay stops or
+/// loses its term with work in a channel or a stage, a task is cancelled,
+/// a sweep leaves a candidate out) the drop does the same, so that no
+/// share of the budget, no key and no place under way stays held: the
+/// message has no verdict recorded, stays pending, and is read again.
+///
+/// Its turn in its key's line (a [`Turn`](crate::order::Turn)) is not part
+/// of it: the publish stage ends that with the message's answer, before
+/// the verdict is recorded.
 #[derive(Debug)]
 pub(crate) struct Work {
     /// The message, if this work carries one.
     pub message: Option<Decoded>,
     /// The change-stream position just after this work, if it came from the stream.
     pub token: Option<ResumeToken>,
-    /// The claim (`lockId`) a sweep holds on the message; completion must match it.
+    /// The claim (`lockId`) a sweep holds on the message; completion must
+    /// match it. Only a sweep's message has one, and only once the sweep
+    /// has claimed it (a document that cannot take a claim has none).
     pub claim: Option<ObjectId>,
     /// When the stream position was reached: the event's commit time, or
     /// when the server reported the position. Kept with the token, it tells
     /// how much oplog history remains before the token is lost.
     pub at: Option<DateTime>,
+    /// Where the work was read, decided once, by the constructor that
+    /// made it: [`Origin::Stream`] ([`Work::from_stream`], [`Work::marker`]),
+    /// [`Origin::CatchUp`] ([`Work::from_catch_up`]), [`Origin::Sweep`]
+    /// ([`Work::from_sweep`]). Neither the token, taken away once the
+    /// position waits for earlier work, nor the claim, which a sweep's
+    /// message may lack, says it.
+    origin: Origin,
     /// This work's share of the relay's byte budget, given back when the
-    /// work is dropped (after its verdict is recorded).
+    /// work ends (see [its end](Work#its-end)).
     pub reserved: Option<OwnedSemaphorePermit>,
     /// A parked message read back to release its key (see `order`).
     pub release: bool,
-    /// The park decided for this work, settled when the work is dropped
-    /// (after its verdict is recorded).
+    /// The park decided for this work, settled when the work ends.
     pub park: Option<ParkTicket>,
     /// The message's place among those under way, given up when the work
-    /// is dropped (after its verdict is recorded).
+    /// ends.
     pub underway: Option<UnderwayEntry>,
 }
 
 impl Work {
     /// A message from the change stream, committed at `at`.
     pub fn from_stream(message: Decoded, token: ResumeToken, at: Option<DateTime>) -> Self {
-        Work::carrying(Some(message), Some(token), None, at)
+        Work::carrying(Origin::Stream, Some(message), Some(token), at)
     }
 
-    /// A message read from the collection rather than the stream.
-    pub fn from_collection(message: Decoded, claim: Option<ObjectId>) -> Self {
-        Work::carrying(Some(message), None, claim, None)
+    /// A message from the catch-up pass's snapshot of the collection.
+    pub fn from_catch_up(message: Decoded) -> Self {
+        Work::carrying(Origin::CatchUp, Some(message), None, None)
+    }
+
+    /// A message a sweep read from the collection; its claim is set once
+    /// the sweep has taken it.
+    pub fn from_sweep(message: Decoded) -> Self {
+        Work::carrying(Origin::Sweep, Some(message), None, None)
     }
 
     /// A stream position with no message (the stream moved past other events
     /// or was idle), reached at `at`.
     pub fn marker(token: ResumeToken, at: Option<DateTime>) -> Self {
-        Work::carrying(None, Some(token), None, at)
+        Work::carrying(Origin::Stream, None, Some(token), at)
     }
 
-    /// Work carrying these; what is settled after it is read (its share
-    /// of the budget, whether it releases a key, its park, its place under
-    /// way) starts empty. Every constructor builds its work here.
+    /// Work read at `origin` carrying these; what is settled after it is
+    /// read (its claim, its share of the budget, whether it releases a key,
+    /// its park, its place under way) starts empty. Every constructor
+    /// builds its work here.
     fn carrying(
+        origin: Origin,
         message: Option<Decoded>,
         token: Option<ResumeToken>,
-        claim: Option<ObjectId>,
         at: Option<DateTime>,
     ) -> Self {
         Work {
             message,
             token,
-            claim,
+            claim: None,
             at,
+            origin,
             reserved: None,
             release: false,
             park: None,
@@ -104,11 +145,7 @@ impl Work {
 
     /// Where the message was read, for the metrics.
     pub fn origin(&self) -> Origin {
-        match (&self.token, &self.claim) {
-            (Some(_), _) => Origin::Stream,
-            (None, Some(_)) => Origin::Sweep,
-            (None, None) => Origin::CatchUp,
-        }
+        self.origin
     }
 }
 
@@ -449,7 +486,8 @@ impl Underway {
     }
 }
 
-/// A copy of a message under way, given up when dropped.
+/// A copy of a message under way, given up when dropped: with the
+/// [`Work`] that carries it (see [its end](Work#its-end)).
 #[derive(Debug)]
 pub(crate) struct UnderwayEntry {
     underway: Underway,

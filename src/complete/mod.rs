@@ -136,6 +136,8 @@ impl CompletionStage {
                 self.save(&mut unsaved).await.ok_or_else(Vec::new)?;
                 saved_at = Instant::now();
             }
+            // The batch's messages end here: see `Work`'s end.
+            drop(batch);
         }
         self.save(&mut unsaved).await.ok_or_else(Vec::new)?;
         Ok(())

@@ -63,7 +63,7 @@ async fn until_counted(outbox: &Collection<Document>, filter: Document, n: u64, 
 fn verdict_on(id: ObjectId, verdict: Verdict) -> Finished {
     let document = doc! { "_id": id, "type": "t", "payload": 1 };
     Finished {
-        work: Work::from_collection(DecodeRules::any_relay().decode(&document), None),
+        work: Work::from_catch_up(DecodeRules::any_relay().decode(&document)),
         verdict,
     }
 }
@@ -95,7 +95,7 @@ async fn as_unreadable(outbox: &Collection<Document>, id: ObjectId) -> Work {
         id: RawField::of(&raw, "_id"),
         attempts: RawField::of(&raw, "attempts"),
     });
-    Work::from_collection(decoded, None)
+    Work::from_catch_up(decoded)
 }
 
 #[tokio::test]
@@ -402,7 +402,7 @@ async fn decided_where_the_document_refuses(
     let metrics = stage.metrics.clone();
     let (input, running) = running(stage);
     let finished = Finished {
-        work: Work::from_collection(DecodeRules::any_relay().decode(&message), None),
+        work: Work::from_catch_up(DecodeRules::any_relay().decode(&message)),
         verdict,
     };
     input.send(finished).await.unwrap();

@@ -131,17 +131,22 @@ impl std::fmt::Debug for KeyOrder {
     }
 }
 
-/// Whether a message goes out, or is parked behind its key's holder.
-#[derive(Debug)]
+/// Whether a message goes out, or is parked behind its key's holder (see
+/// [`Turn::admit`]).
 pub(crate) enum Admission {
-    Send,
+    /// It goes: its turn goes on until its answer ends it.
+    Send(Turn),
+    /// It is parked: its turn is over (the key is held already, and the
+    /// next message of the key may take its own), and what is left of it
+    /// is the park, to be settled once written.
     Park(ParkTicket),
 }
 
-/// A park decided: counts as settled when dropped, once the verdict is
-/// recorded (the park written, or found impossible) or given up with the
-/// relay's stop. Until then its key cannot be freed, since a release might
-/// read the collection before the park is in it.
+/// A park decided: counts as settled when dropped with the work that
+/// carries it (see [its end](crate::work::Work#its-end)), once the verdict
+/// is recorded (the park written, or found impossible) or given up with
+/// the relay's stop. Until then its key cannot be freed, since a release
+/// might read the collection before the park is in it.
 #[derive(Debug)]
 pub(crate) struct ParkTicket {
     order: KeyOrder,
@@ -313,23 +318,29 @@ impl KeyOrder {
     /// holding it or older than all that do (then it came first, and either
     /// is stored already, a repeat JetStream drops, or must go first), or
     /// the key is releasing and this is a parked message.
-    fn admit(&self, turn: &Turn) -> Admission {
-        let mut keys = self.keys();
-        let admitted = match keys.holds.get(&turn.key) {
+    fn admits(keys: &Keys, turn: &Turn) -> bool {
+        match keys.holds.get(&turn.key) {
             None => true,
             Some(hold) => match (hold.holders.first(), &turn.id) {
                 (None, _) => turn.release,
                 (Some((first, _)), Bson::ObjectId(id)) => id < first || hold.position(id).is_ok(),
                 (Some(_), _) => false,
             },
-        };
-        if admitted {
-            return Admission::Send;
+        }
+    }
+
+    /// Parks the message of `turn` unless [`KeyOrder::admits`] it; `None`
+    /// if it goes. Decided and counted under one lock, so that no release
+    /// comes between the decision and the park it must wait for. A parked
+    /// message's turn ends here: its key is held already.
+    fn park_unless_admitted(&self, turn: &Turn) -> Option<ParkTicket> {
+        let mut keys = self.keys();
+        if Self::admits(&keys, turn) {
+            return None;
         }
         keys.parks.entry(turn.key.clone()).or_default().decided += 1;
-        // A parked message's turn ends here: its key is held already.
         Self::pass_on(&mut keys, turn);
-        Admission::Park(ParkTicket {
+        Some(ParkTicket {
             order: self.clone(),
             key: turn.key.clone(),
         })
@@ -515,10 +526,14 @@ impl KeyOrder {
     }
 }
 
-/// A message's place in its key's line. Ended by [`Turn::finish`] with the
-/// message's answer; dropped without one (the relay stopped while the
-/// message was in doubt or still waiting), it holds its key for the rest of
-/// the term, since the message may yet be stored, or must go first.
+/// A message's place in its key's line. Ended on purpose in one of two
+/// ways, each taking the turn: [`Turn::admit`] parks the message (its key
+/// is held already), or [`Turn::finish`] records the message's answer.
+/// Dropped without either (the relay stopped at once while the message was
+/// in doubt or still waiting, a task was cancelled), it holds its key for
+/// the rest of the term, since the message may yet be stored, or must go
+/// first: the key is never left free behind a message whose fate is not
+/// known.
 pub(crate) struct Turn {
     order: KeyOrder,
     key: String,
@@ -527,6 +542,8 @@ pub(crate) struct Turn {
     number: u64,
     /// Ends when the message before it of its key has its answer.
     before: Option<oneshot::Receiver<()>>,
+    /// Set as the turn is ended on purpose, just before it is dropped, so
+    /// that the drop has nothing left to do.
     ended: bool,
 }
 
@@ -553,12 +570,17 @@ impl Turn {
         }
     }
 
-    /// Whether the message goes out or is parked; asked once the wait is
-    /// over. A parked message's turn ends with it.
-    pub fn admit(&mut self) -> Admission {
-        let admission = self.order.admit(self);
-        self.ended |= matches!(admission, Admission::Park(_));
-        admission
+    /// Sends the message or parks it; asked once the wait is over. Sent,
+    /// the turn is handed back, for its answer to end; parked, the turn
+    /// ends here and becomes the park's ticket (see [`Admission`]).
+    pub fn admit(mut self) -> Admission {
+        match self.order.park_unless_admitted(&self) {
+            None => Admission::Send(self),
+            Some(ticket) => {
+                self.ended = true;
+                Admission::Park(ticket)
+            }
+        }
     }
 
     /// The message's answer is final: updates its key and lets the next go.
@@ -568,6 +590,7 @@ impl Turn {
     }
 }
 
+/// The safety net for a turn not ended on purpose (see [`Turn`]).
 impl Drop for Turn {
     fn drop(&mut self) {
         if !self.ended {

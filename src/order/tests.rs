@@ -27,21 +27,28 @@ fn id(name: &str) -> Bson {
 const SEND: Option<()> = None;
 const PARK: Option<()> = Some(());
 
-/// Lets a message in, waits its turn, and says whether it may go: the
-/// park's ticket if it is parked.
-async fn admit(
-    order: &KeyOrder,
-    key: &str,
-    name: &str,
-    release: bool,
-) -> (Turn, Option<ParkTicket>) {
+/// Lets a message in, waits its turn, and sends or parks it.
+async fn admit(order: &KeyOrder, key: &str, name: &str, release: bool) -> Admission {
     let mut turn = order.enter(key, &id(name), release);
     tokio::time::timeout(Duration::from_secs(5), turn.wait())
         .await
         .expect("the turn before ends");
-    match turn.admit() {
-        Admission::Send => (turn, None),
-        Admission::Park(ticket) => (turn, Some(ticket)),
+    turn.admit()
+}
+
+/// The turn of a message that goes, as it should, `why`.
+fn sent(admission: Admission, why: &str) -> Turn {
+    match admission {
+        Admission::Send(turn) => turn,
+        Admission::Park(_) => panic!("parked, though {why}"),
+    }
+}
+
+/// The ticket of a message parked, as it should be, `why`.
+fn parked_ticket(admission: Admission, why: &str) -> ParkTicket {
+    match admission {
+        Admission::Send(_) => panic!("sent, though {why}"),
+        Admission::Park(ticket) => ticket,
     }
 }
 
@@ -61,8 +68,10 @@ fn holders(order: &KeyOrder) -> Vec<(String, Bson)> {
     holders.map(|(key, id, _)| (key, id)).collect()
 }
 
-fn parked(ticket: &Option<ParkTicket>) -> Option<()> {
-    ticket.as_ref().map(|_| ())
+/// Whether the message was parked. The admission goes with the answer:
+/// a message sent is left unanswered, and its turn, dropped, holds its key.
+fn parked(admission: Admission) -> Option<()> {
+    matches!(admission, Admission::Park(_)).then_some(())
 }
 
 /// The kind of each held key.
@@ -77,35 +86,39 @@ fn kinds(order: &KeyOrder) -> std::collections::HashMap<String, HoldKind> {
 #[tokio::test]
 async fn a_held_key_admits_its_holder_and_parks_the_rest_until_released() {
     let order = order(Vec::new(), DeadLetters::Release);
-    let (turn, admission) = admit(&order, "k", "m1", false).await;
-    assert_eq!(parked(&admission), SEND);
+    let turn = sent(admit(&order, "k", "m1", false).await, "it may go");
     turn.finish(Outcome::Refused);
-    let (_, admission) = admit(&order, "k", "m2", false).await;
-    assert_eq!(parked(&admission), PARK);
-    let (_, admission) = admit(&order, "other", "o1", false).await;
-    assert_eq!(parked(&admission), SEND, "other keys go on");
+    assert_eq!(parked(admit(&order, "k", "m2", false).await), PARK);
+    assert_eq!(
+        parked(admit(&order, "other", "o1", false).await),
+        SEND,
+        "other keys go on"
+    );
 
-    let (turn, admission) = admit(&order, "k", "m1", false).await;
-    assert_eq!(parked(&admission), SEND, "the holder's retry goes");
+    let turn = sent(
+        admit(&order, "k", "m1", false).await,
+        "the holder's retry goes",
+    );
     turn.finish(Outcome::Delivered);
     assert_eq!(order.held()[0].2, HoldKind::Releasing);
-    let (_, admission) = admit(&order, "k", "m3", false).await;
     assert_eq!(
-        parked(&admission),
+        parked(admit(&order, "k", "m3", false).await),
         PARK,
         "newer messages wait for the parked"
     );
-    let (_, admission) = admit(&order, "k", "m2", true).await;
-    assert_eq!(parked(&admission), SEND, "parked messages are released");
+    assert_eq!(
+        parked(admit(&order, "k", "m2", true).await),
+        SEND,
+        "parked messages are released"
+    );
 }
 
 #[tokio::test]
 async fn a_releasing_key_is_free_only_once_every_park_is_written_and_read() {
     let order = order(Vec::new(), DeadLetters::Release);
-    let (turn, _) = admit(&order, "k", "m1", false).await;
+    let turn = sent(admit(&order, "k", "m1", false).await, "it may go");
     turn.finish(Outcome::Refused);
-    let (_, ticket) = admit(&order, "k", "m2", false).await;
-    assert_eq!(parked(&ticket), PARK);
+    let ticket = parked_ticket(admit(&order, "k", "m2", false).await, "its key is held");
     let_go(&order, "k", "m1");
 
     // A read that began before m2's park was written proves nothing.
@@ -119,12 +132,11 @@ async fn a_releasing_key_is_free_only_once_every_park_is_written_and_read() {
     assert!(order.held().is_empty(), "nothing parked is left unread");
 
     // A park decided while a read ran keeps the key.
-    let (turn, _) = admit(&order, "k", "m3", false).await;
+    let turn = sent(admit(&order, "k", "m3", false).await, "it may go");
     turn.finish(Outcome::Refused);
     let_go(&order, "k", "m3");
     let before = order.releasing(10)[0].1;
-    let (_, ticket) = admit(&order, "k", "m4", false).await;
-    assert_eq!(parked(&ticket), PARK);
+    let ticket = parked_ticket(admit(&order, "k", "m4", false).await, "its key is held");
     drop(ticket);
     assert!(!order.released("k", before));
     assert_eq!(order.held().len(), 1);
@@ -133,17 +145,16 @@ async fn a_releasing_key_is_free_only_once_every_park_is_written_and_read() {
 #[tokio::test]
 async fn a_dead_letter_releases_its_key_or_holds_it() {
     let release = order(Vec::new(), DeadLetters::Release);
-    let (turn, _) = admit(&release, "k", "m1", false).await;
+    let turn = sent(admit(&release, "k", "m1", false).await, "it may go");
     turn.finish(Outcome::Refused);
     release.dead_letter("k", &id("m1"), false);
     assert_eq!(release.held()[0].2, HoldKind::Releasing);
 
     let hold = order(Vec::new(), DeadLetters::Hold);
-    let (turn, _) = admit(&hold, "k", "m1", false).await;
+    let turn = sent(admit(&hold, "k", "m1", false).await, "it may go");
     turn.finish(Outcome::Failed);
     assert_eq!(hold.held()[0].2, HoldKind::DeadLetter);
-    let (_, admission) = admit(&hold, "k", "m2", false).await;
-    assert_eq!(parked(&admission), PARK);
+    assert_eq!(parked(admit(&hold, "k", "m2", false).await), PARK);
     let_go(&hold, "k", "m1");
     assert_eq!(
         hold.held()[0].2,
@@ -185,8 +196,7 @@ async fn a_new_term_starts_from_the_holds_the_collection_records() {
     );
     assert!(!found.contains_key("dead, nothing parked"));
     assert_eq!(found["parked"], HoldKind::Releasing);
-    let (_, admission) = admit(&order, "retrying", "zz", false).await;
-    assert_eq!(parked(&admission), PARK);
+    assert_eq!(parked(admit(&order, "retrying", "zz", false).await), PARK);
 
     let hold = KeyOrder::new(held, DeadLetters::Hold, true, Metrics::new());
     assert_eq!(kinds(&hold)["dead"], HoldKind::DeadLetter);
@@ -195,22 +205,19 @@ async fn a_new_term_starts_from_the_holds_the_collection_records() {
 #[tokio::test]
 async fn a_key_with_two_holders_releases_only_once_both_have_gone() {
     let order = order(Vec::new(), DeadLetters::Release);
-    let (turn, _) = admit(&order, "k", "m2", false).await;
+    let turn = sent(admit(&order, "k", "m2", false).await, "it may go");
     turn.finish(Outcome::Refused);
     // An older message turns up (a replay, say): it came first, so it goes,
     // and it is refused too.
-    let (turn, admission) = admit(&order, "k", "m1", false).await;
-    assert_eq!(parked(&admission), SEND, "it came first");
+    let turn = sent(admit(&order, "k", "m1", false).await, "it came first");
     turn.finish(Outcome::Refused);
     assert_eq!(holders(&order).len(), 2);
 
     let_go(&order, "k", "m1");
     assert_eq!(order.held()[0].2, HoldKind::Retrying, "m2 still holds");
     assert!(order.releasing(10).is_empty());
-    let (_, admission) = admit(&order, "k", "m3", false).await;
-    assert_eq!(parked(&admission), PARK);
-    let (turn, admission) = admit(&order, "k", "m2", false).await;
-    assert_eq!(parked(&admission), SEND, "a holder goes");
+    assert_eq!(parked(admit(&order, "k", "m3", false).await), PARK);
+    let turn = sent(admit(&order, "k", "m2", false).await, "a holder goes");
     turn.finish(Outcome::Delivered);
     assert_eq!(order.held()[0].2, HoldKind::Releasing);
 }
@@ -230,8 +237,7 @@ async fn a_turn_dropped_without_an_answer_lets_the_next_wait_end_but_holds_its_k
     assert!(matches!(second.admit(), Admission::Park(_)));
     assert_eq!(holders(&order), [("k".to_owned(), id("m1"))]);
 
-    let (turn, admission) = admit(&order, "k", "m1", false).await;
-    assert_eq!(parked(&admission), SEND);
+    let turn = sent(admit(&order, "k", "m1", false).await, "it may go");
     turn.finish(Outcome::Delivered);
     assert_eq!(order.held()[0].2, HoldKind::Releasing);
 }
@@ -239,21 +245,20 @@ async fn a_turn_dropped_without_an_answer_lets_the_next_wait_end_but_holds_its_k
 #[tokio::test]
 async fn a_parked_turn_passes_the_key_on_without_holding_it() {
     let order = order(Vec::new(), DeadLetters::Release);
-    let (turn, _) = admit(&order, "k", "m1", false).await;
+    let turn = sent(admit(&order, "k", "m1", false).await, "it may go");
     turn.finish(Outcome::Refused);
-    let (parked_turn, ticket) = admit(&order, "k", "m2", false).await;
-    assert_eq!(parked(&ticket), PARK);
+    let ticket = parked_ticket(admit(&order, "k", "m2", false).await, "its key is held");
     let mut next = order.enter("k", &id("m3"), false);
     assert!(next.first(), "nothing of k is on the wire");
-    drop(parked_turn);
+    drop(ticket);
     assert_eq!(holders(&order), [("k".to_owned(), id("m1"))]);
 }
 
 #[tokio::test]
 async fn only_an_object_id_holds_a_key() {
     let order = order(Vec::new(), DeadLetters::Hold);
-    let mut turn = order.enter("k", &Bson::String("not an ObjectId".into()), false);
-    assert!(matches!(turn.admit(), Admission::Send));
+    let turn = order.enter("k", &Bson::String("not an ObjectId".into()), false);
+    let turn = sent(turn.admit(), "its key is free");
     turn.finish(Outcome::Failed);
     assert!(
         order.held().is_empty(),
@@ -264,7 +269,7 @@ async fn only_an_object_id_holds_a_key() {
 #[tokio::test]
 async fn holds_found_later_are_adopted_for_keys_not_held_already() {
     let order = order(Vec::new(), DeadLetters::Release);
-    let (turn, _) = admit(&order, "known", "k1", false).await;
+    let turn = sent(admit(&order, "known", "k1", false).await, "it may go");
     turn.finish(Outcome::Refused);
     let adopted = order.adopt(vec![
         stored("known", &[("k0", false)], 3),
@@ -283,11 +288,11 @@ async fn holds_found_later_are_adopted_for_keys_not_held_already() {
 #[tokio::test]
 async fn a_check_lets_go_of_no_holder_taken_on_again_since_it_read() {
     let order = order(Vec::new(), DeadLetters::Release);
-    let (turn, _) = admit(&order, "k", "m1", false).await;
+    let turn = sent(admit(&order, "k", "m1", false).await, "it may go");
     turn.finish(Outcome::Refused);
     let (_, _, read_at) = order.holders().remove(0);
     // Another copy of m1 is refused after the check read the collection.
-    let (turn, _) = admit(&order, "k", "m1", false).await;
+    let turn = sent(admit(&order, "k", "m1", false).await, "it may go");
     turn.finish(Outcome::Refused);
     order.let_go_of("k", &id("m1"), read_at);
     assert_eq!(holders(&order), [("k".to_owned(), id("m1"))]);

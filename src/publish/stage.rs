@@ -404,8 +404,8 @@ impl Flight {
             // Stopping at once: nothing more goes on the wire, and without
             // a verdict the work stays as it is (its turn, dropped, holds
             // its key).
-            Admission::Send if self.abandon.is_cancelled() => None,
-            Admission::Send => {
+            Admission::Send(_) if self.abandon.is_cancelled() => None,
+            Admission::Send(turn) => {
                 let sent = self.put_first(work, started).await?;
                 self.land(sent, Some(turn)).await
             }
@@ -757,12 +757,12 @@ impl PublishStage {
                 let waiting = flight.after_turn(work, turn, started, slot);
                 return future::ready(Life::of(place, waiting)).boxed();
             }
-            Some((true, mut turn)) => match turn.admit() {
+            Some((true, turn)) => match turn.admit() {
                 Admission::Park(ticket) => {
                     let parked = Some(Attempt::parked(work, ticket));
                     return future::ready(Life::landed(place, parked)).boxed();
                 }
-                Admission::Send => Some(turn),
+                Admission::Send(turn) => Some(turn),
             },
         };
         async move {
@@ -886,7 +886,7 @@ mod tests {
         let document = doc! {
             "_id": ObjectId::new(), "type": "t", "payload": "x", "subject": subject,
         };
-        Work::from_collection(DecodeRules::any_relay().decode(&document), None)
+        Work::from_catch_up(DecodeRules::any_relay().decode(&document))
     }
 
     impl Running {

@@ -324,16 +324,13 @@ fn message(subject: &str) -> Work {
         headers: Vec::new(),
         body: Bytes::from_static(b"{}"),
     };
-    Work::from_collection(
-        Decoded {
-            id: Bson::ObjectId(named(subject)),
-            message: Ok(message),
-            attempts: None,
-            key: None,
-            stored: None,
-        },
-        None,
-    )
+    Work::from_catch_up(Decoded {
+        id: Bson::ObjectId(named(subject)),
+        message: Ok(message),
+        attempts: None,
+        key: None,
+        stored: None,
+    })
 }
 
 /// A message named `subject` (its subject too) with the key `key`.
@@ -362,16 +359,13 @@ fn three_of_a_one_of_b() -> [Work; 4] {
 
 /// A document that failed decoding, known by `name`.
 fn broken(name: &str, why: &str) -> Work {
-    Work::from_collection(
-        Decoded {
-            id: Bson::ObjectId(named(name)),
-            message: Err(ContractViolation::new(Rule::Document, why)),
-            attempts: None,
-            key: None,
-            stored: None,
-        },
-        None,
-    )
+    Work::from_catch_up(Decoded {
+        id: Bson::ObjectId(named(name)),
+        message: Err(ContractViolation::new(Rule::Document, why)),
+        attempts: None,
+        key: None,
+        stored: None,
+    })
 }
 
 /// A bare stream position.

@@ -335,11 +335,7 @@ impl Snapshot {
                         queued.push_back(id);
                     }
                 }
-                if output
-                    .send(Work::from_collection(decoded, None))
-                    .await
-                    .is_err()
-                {
+                if output.send(Work::from_catch_up(decoded)).await.is_err() {
                     return Ok(None);
                 }
                 count += 1;

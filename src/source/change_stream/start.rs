@@ -50,7 +50,8 @@ enum Plan {
     /// open the stream at the snapshot's cluster time.
     CatchUp {
         /// The snapshot, if one was read while deciding and may be fed as
-        /// read (see [`ChangeStreamSource::usable`]); else the pass reads it.
+        /// read (see [`ChangeStreamSource::claim_for_pass`]); else the pass
+        /// reads it.
         snapshot: Option<Box<catch_up::Snapshot>>,
         batch: u32,
     },
@@ -62,7 +63,8 @@ struct Answers {
     /// More is pending than a replay should read.
     behind: bool,
     batch: u32,
-    /// The pass's snapshot, if it may be fed.
+    /// The pass's snapshot, if it may be fed: claimed for the pass
+    /// already (see [`ChangeStreamSource::claim_for_pass`]).
     snapshot: Option<catch_up::Snapshot>,
 }
 
@@ -75,7 +77,15 @@ enum Replayed {
     Stopped,
 }
 
-/// What a catch-up pass leaves the stream (see [`ChangeStreamSource::catch_up`]).
+/// How a catch-up pass ended (see [`ChangeStreamSource::catch_up`]).
+enum PassEnd {
+    /// Fed, with the stream open where the snapshot starts.
+    Passed(Passed),
+    /// The relay stopped first.
+    Stopped,
+}
+
+/// What a catch-up pass leaves the stream.
 struct Passed {
     events: Events,
     /// The snapshot's cluster time, as the server reported it.
@@ -212,12 +222,15 @@ impl ChangeStreamSource {
             Plan::CatchUp { snapshot, batch } => (snapshot.map(|snapshot| *snapshot), batch),
         };
         let mut snapshot = snapshot;
-        let passed = until_ok("MongoDB catch-up pass", shutdown, || {
+        // A stop between tries ends the pass as a stop in it does.
+        let end = until_ok("MongoDB catch-up pass", shutdown, || {
             self.catch_up(snapshot.take(), batch, output, shutdown)
         })
-        .await;
-        // None: the relay stopped, between tries or in the pass.
-        let Passed { events, upto, fed } = passed.flatten()?;
+        .await
+        .unwrap_or(PassEnd::Stopped);
+        let PassEnd::Passed(Passed { events, upto, fed }) = end else {
+            return None;
+        };
         tracing::info!(found = fed.count, "{}", said::PASS_QUEUED);
         // Once the pass's messages are done, the stream's starting position
         // is a safe checkpoint: everything before it was in the pass.
@@ -253,8 +266,8 @@ impl ChangeStreamSource {
     /// first documents) says they are larger, it is read again at their
     /// batch. A snapshot the start does not use is dropped, its cursor
     /// killed: one a replay does not need (a replay does not wait for it,
-    /// if the count and the size come first), and one [`Self::usable`]
-    /// refuses.
+    /// if the count and the size come first), and one
+    /// [`Self::claim_for_pass`] does not keep.
     async fn ask(&self, counting: bool) -> Answers {
         let counted = async { counting && self.too_far_behind().await };
         let sizing = catch_up::read_batch(&self.outbox);
@@ -292,7 +305,7 @@ impl ChangeStreamSource {
             .or_else(|| snapshot.as_ref().ok()?.judged_batch())
             .unwrap_or(catch_up::READ_BATCH);
         let snapshot = match snapshot {
-            Ok(snapshot) => self.usable(snapshot, behind || !counting, batch),
+            Ok(snapshot) => self.claim_for_pass(snapshot, behind || !counting, batch),
             Err(error) => {
                 tracing::debug!(%error, "reading the catch-up pass's snapshot at the start failed");
                 None
@@ -305,9 +318,13 @@ impl ChangeStreamSource {
         }
     }
 
-    /// A snapshot read at the start, if the pass is `needed` and may feed
-    /// it as read (see [`Fit`]), and the sweep has not overtaken it.
-    fn usable(
+    /// Keeps a snapshot read at the start for the pass, or drops it (the
+    /// pass reads again). First decided, changing nothing: whether the
+    /// pass is `needed` and may feed it as read ([`fit`]). Then, for one
+    /// that fits, the one step that changes anything: the pass claims it
+    /// from the sweep ([`StreamProgress::claim_snapshot`]), which refuses
+    /// if the sweep has read in this term.
+    fn claim_for_pass(
         &self,
         snapshot: catch_up::Snapshot,
         needed: bool,
@@ -316,10 +333,14 @@ impl ChangeStreamSource {
         let timed = snapshot.start().is_some();
         let again = match fit(needed, timed, snapshot.batch(), batch) {
             Fit::Unneeded => return None,
-            Fit::Fits if self.progress.claim_snapshot() => return Some(snapshot),
-            Fit::Fits => "the pass could not claim it (the sweep may have read past it)",
             Fit::Untimed => "the server did not say when it was taken",
             Fit::BatchTooLarge => "the outbox's documents are large, and read in smaller batches",
+            Fit::Fits => {
+                if self.progress.claim_snapshot() {
+                    return Some(snapshot);
+                }
+                "the pass could not claim it (the sweep may have read past it)"
+            }
         };
         tracing::debug!(
             batch,
@@ -428,19 +449,19 @@ impl ChangeStreamSource {
 
     /// The catch-up pass: a snapshot of what is pending (`read` already,
     /// or read now), fed to the pipeline, and the stream opened at the
-    /// snapshot's time. `None` if the relay stopped first.
+    /// snapshot's time, unless the relay stopped first.
     async fn catch_up(
         &self,
         read: Option<catch_up::Snapshot>,
         batch: u32,
         output: &Feed,
         shutdown: &CancellationToken,
-    ) -> crate::error::Result<Option<Passed>> {
+    ) -> crate::error::Result<PassEnd> {
         self.progress.pass_started();
         let snapshot = match read {
             Some(snapshot) => snapshot,
             None => tokio::select! {
-                _ = shutdown.cancelled() => return Ok(None),
+                _ = shutdown.cancelled() => return Ok(PassEnd::Stopped),
                 snapshot = catch_up::Snapshot::read(&self.outbox, self.partition, batch) => snapshot?,
             },
         };
@@ -470,9 +491,10 @@ impl ChangeStreamSource {
             }
         };
         self.progress.pass_ended(taken);
-        Ok(fed
-            .zip(events)
-            .map(|(fed, events)| Passed { events, upto, fed }))
+        Ok(match fed.zip(events) {
+            Some((fed, events)) => PassEnd::Passed(Passed { events, upto, fed }),
+            None => PassEnd::Stopped,
+        })
     }
 
     /// Opens the stream where a catch-up pass's snapshot starts, retrying

@@ -189,7 +189,7 @@ impl Sweeper {
             if unmarkable.contains(&id) || gate.leaves(&self.pipeline.underway, &id, key) {
                 continue;
             }
-            let mut work = Work::from_collection(self.rules.decode_raw(&document), None);
+            let mut work = Work::from_sweep(self.rules.decode_raw(&document));
             drop(document);
             let budget = &self.pipeline.budget;
             work.reserved = match holding || !works.is_empty() {
