@@ -52,63 +52,66 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::{Ack, AckFuture, Health, PublishError, Publisher};
+use crate::contract::{ContractViolation, OutboxMessage};
 use crate::lease::Term;
 use crate::observe::{Metrics, Origin, PausedDelivery};
-use crate::order::{Admission, KeyOrder, Outcome, ParkTicket, Turn};
+use crate::order::{self, Admission, KeyOrder, ParkTicket, Turn};
 use crate::retry::{pause, reconnect_backoff, Outage};
 use crate::work::{Acknowledged, Again, Finished, LastDelivery, Tenure, Verdict, Work};
 
-/// One try at publishing a unit of work.
+/// What one try at publishing a unit of work came to, once nothing about
+/// it is in doubt. Each case says the verdict it gives, how the metrics
+/// count it, and how it ends the message's turn in its key's line.
+enum Outcome {
+    /// Nothing to send, a bare stream position: passed on, uncounted. It
+    /// has no key, so no turn.
+    Passed,
+    /// Not sent: an earlier message of its key holds the key. Parked,
+    /// uncounted; its turn ended as it was parked. (A broken message
+    /// parked so is failed in its turn, once the key is released.)
+    Parked,
+    /// The message breaks the contract, as decoding or the broker found
+    /// (too large, say): rejected, as no retry can mend it; uncounted;
+    /// fails its turn.
+    Rejected(ContractViolation),
+    /// Not sent: NATS acknowledged it to this relay before, and nothing
+    /// has touched it since (see `Acknowledged`). Delivered, counted as a
+    /// republish avoided; ends its turn as delivered.
+    StoredBefore,
+    /// The broker acknowledged it `waited` after sending. Delivered,
+    /// counted as published and taken as evidence that the broker takes
+    /// messages (see [`LastDelivery`]); ends its turn as delivered.
+    Acked { ack: Ack, waited: Duration },
+    /// The broker refused it: refused, an attempt charged; holds its key.
+    /// `own` where the broker was seen taking other messages meanwhile,
+    /// which is what lets completion dead-letter it.
+    Refused { reason: String, own: bool },
+}
+
+impl Outcome {
+    fn refused(error: &PublishError, own: bool) -> Self {
+        Outcome::Refused {
+            reason: error.to_string(),
+            own,
+        }
+    }
+
+    /// How it ends the message's turn in its key's line; `None` where it
+    /// has no turn to end (see [`Outcome::Passed`], [`Outcome::Parked`]).
+    fn for_key(&self) -> Option<order::Outcome> {
+        match self {
+            Outcome::Passed | Outcome::Parked => None,
+            Outcome::Rejected(_) => Some(order::Outcome::Failed),
+            Outcome::StoredBefore | Outcome::Acked { .. } => Some(order::Outcome::Delivered),
+            Outcome::Refused { .. } => Some(order::Outcome::Refused),
+        }
+    }
+}
+
+/// One try at publishing a unit of work, and what it came to.
 struct Attempt {
     work: Work,
-    result: Result<Ack, PublishError>,
-    /// From sending to the acknowledgement.
-    waited: Duration,
-    /// The failure was found to be the message's own (the broker took
-    /// others meanwhile), so it says nothing about the broker.
-    own: bool,
-    /// Not sent: an earlier message of its key holds the key.
-    parked: bool,
-    /// Not sent: NATS acknowledged it to this relay before, and nothing
-    /// has touched it since (see `Acknowledged`).
-    stored_before: bool,
-}
-
-/// Work handed to the broker, its answer still to come (see
-/// [`Flight::put`]); or work whose answer is known without the broker (it
-/// carries nothing to send, the send failed, or NATS stored it before).
-struct Sent {
-    work: Work,
-    answer: AckFuture,
-    started: Instant,
-    /// Not sent after all: see [`Attempt::stored_before`].
-    stored_before: bool,
-}
-
-impl Sent {
-    /// Work whose answer is known without asking the broker: it carries
-    /// no message to send, or the send failed.
-    fn known(work: Work, result: Result<Ack, PublishError>, started: Instant) -> Self {
-        Sent {
-            work,
-            answer: future::ready(result).boxed(),
-            started,
-            stored_before: false,
-        }
-    }
-
-    /// Waits for the broker's answer.
-    async fn answer(self) -> Attempt {
-        let result = self.answer.await;
-        Attempt {
-            work: self.work,
-            result,
-            waited: self.started.elapsed(),
-            own: false,
-            parked: false,
-            stored_before: self.stored_before,
-        }
-    }
+    outcome: Outcome,
 }
 
 impl Attempt {
@@ -117,71 +120,143 @@ impl Attempt {
         work.park = Some(ticket);
         Attempt {
             work,
-            result: Ok(Ack::default()),
-            waited: Duration::ZERO,
-            own: false,
-            parked: true,
-            stored_before: false,
+            outcome: Outcome::Parked,
         }
     }
 
-    /// The failure may be the broker's: find out before charging anyone.
-    fn in_doubt(&self) -> bool {
-        matches!(
-            self.result,
-            Err(PublishError::Unavailable(_) | PublishError::Uncaptured(_))
-        )
-    }
-
-    fn delivered(&self) -> bool {
-        !self.parked
-            && matches!(
-                (self.work.message.as_ref().map(|m| &m.message), &self.result),
-                (Some(Ok(_)), Ok(_))
-            )
-    }
-
-    /// What the answer, once final, means for the message's key.
-    fn outcome(&self) -> Outcome {
-        let broken = matches!(self.work.message.as_ref().map(|m| &m.message), Some(Err(_)));
-        match &self.result {
-            _ if broken => Outcome::Failed,
-            Ok(_) => Outcome::Delivered,
-            Err(PublishError::Invalid(_)) => Outcome::Failed,
-            Err(_) => Outcome::Refused,
-        }
-    }
-
-    /// The verdict, recorded in the metrics if the broker took the message.
+    /// The verdict, with the outcome counted as its case says.
     fn finish(self, metrics: &Metrics, deliveries: &LastDelivery) -> Finished {
-        match (self.delivered(), &self.result) {
-            (true, Ok(_)) if self.stored_before => metrics.republish_avoided(),
-            (true, Ok(ack)) => {
+        let Attempt { work, outcome } = self;
+        let verdict = match outcome {
+            Outcome::Passed => Verdict::Passed,
+            Outcome::Parked => Verdict::Parked,
+            Outcome::Rejected(violation) => Verdict::Rejected(violation),
+            Outcome::Refused { reason, own } => Verdict::Refused { reason, own },
+            Outcome::StoredBefore => {
+                metrics.republish_avoided();
+                Verdict::Delivered
+            }
+            Outcome::Acked { ack, waited } => {
                 deliveries.now();
-                let origin = self.work.origin();
-                metrics.published(origin, self.waited, ack.duplicate);
-                if let (Origin::Stream, Some(committed)) = (origin, self.work.at) {
+                let origin = work.origin();
+                metrics.published(origin, waited, ack.duplicate);
+                if let (Origin::Stream, Some(committed)) = (origin, work.at) {
                     metrics.delivered_since_commit(committed);
                 }
+                Verdict::Delivered
             }
-            _ => {}
-        }
-        let verdict = match (self.work.message.as_ref().map(|m| &m.message), self.result) {
-            (None, _) => Verdict::Passed,
-            // A broken message parked behind its key's holder is failed in
-            // its turn, when the key is released.
-            (Some(_), _) if self.parked => Verdict::Parked,
-            (Some(Err(violation)), _) => Verdict::Rejected(violation.clone()),
-            (Some(Ok(_)), Ok(_)) => Verdict::Delivered,
-            (Some(Ok(_)), Err(PublishError::Invalid(violation))) => Verdict::Rejected(violation),
-            (Some(Ok(_)), Err(error)) => Verdict::Refused {
-                reason: error.to_string(),
-                own: self.own,
-            },
         };
-        Finished {
+        Finished { work, verdict }
+    }
+}
+
+/// The message the work carries, if it carries one that keeps the contract.
+fn message_of(work: &Work) -> Option<&OutboxMessage> {
+    work.message.as_ref()?.message.as_ref().ok()
+}
+
+/// Work handed to the broker (see [`Flight::put`]).
+enum Sent {
+    /// On the wire: the broker's answer to await (or the send's failure),
+    /// timed from `since`.
+    Awaiting {
+        work: Work,
+        answer: AckFuture,
+        since: Instant,
+    },
+    /// Not on the wire: what it comes to is known without the broker.
+    Known(Attempt),
+}
+
+impl Sent {
+    /// Waits for the broker's answer, and sorts it.
+    async fn answer(self) -> Answer {
+        let (work, result, waited) = match self {
+            Sent::Known(attempt) => return Answer::Known(attempt),
+            Sent::Awaiting {
+                work,
+                answer,
+                since,
+            } => (work, answer.await, since.elapsed()),
+        };
+        let outcome = match result {
+            Ok(ack) => Outcome::Acked { ack, waited },
+            Err(PublishError::Invalid(violation)) => Outcome::Rejected(violation),
+            Err(error @ PublishError::Refused(_)) => Outcome::refused(&error, false),
+            Err(error @ (PublishError::Unavailable(_) | PublishError::Uncaptured(_))) => {
+                return Answer::InDoubt(Doubt { work, error });
+            }
+        };
+        Answer::Known(Attempt { work, outcome })
+    }
+}
+
+/// The broker's answer to a send, sorted by whose it is.
+enum Answer {
+    /// What the attempt came to.
+    Known(Attempt),
+    /// A failure that may be the broker's or the message's (the broker is
+    /// unavailable, or nothing took the subject): settled
+    /// ([`Flight::settle`]) before anyone is charged.
+    InDoubt(Doubt),
+}
+
+/// A message whose failure may be the broker's or its own.
+struct Doubt {
+    work: Work,
+    error: PublishError,
+}
+
+impl Doubt {
+    /// Settled as a refusal of the message (see [`Outcome::Refused`]).
+    fn refused(self, error: &PublishError, own: bool) -> Attempt {
+        Attempt {
             work: self.work,
-            verdict,
+            outcome: Outcome::refused(error, own),
+        }
+    }
+}
+
+/// What the broker's answer to a probe means for a message in doubt.
+enum Finding {
+    /// Settled as a refusal (see [`Finding::of`] for whose).
+    Refused { error: PublishError, own: bool },
+    /// The broker takes messages there: the message is sent once more, as
+    /// a failure from before (an acknowledgement in flight when the broker
+    /// went away) says nothing about it.
+    BrokerTakes,
+    /// The broker takes nothing, or the publisher cannot tell: delivery
+    /// pauses (readiness says `why`; the log, `logged`), and the message
+    /// is sent again after a backoff step, still in doubt.
+    BrokerAway { why: String, logged: String },
+}
+
+impl Finding {
+    /// What `health` means for a message that failed with `error`, sent
+    /// again or not since the broker was last seen taking messages.
+    fn of(health: Health, error: &PublishError, resent_while_taken: bool) -> Self {
+        match health {
+            // Failing again where the broker takes messages: its own.
+            Health::Takes if resent_while_taken => Finding::Refused {
+                error: PublishError::Refused(format!(
+                    "{error}, while the broker takes other messages"
+                )),
+                own: true,
+            },
+            Health::Takes => Finding::BrokerTakes,
+            // Its destination's fault, which says nothing about the message.
+            Health::TakesOthers(why) => Finding::Refused {
+                error: PublishError::Refused(format!("{error} ({why})")),
+                own: false,
+            },
+            Health::TakesNone(why) => Finding::BrokerAway {
+                logged: format!("{error} ({why})"),
+                why,
+            },
+            Health::Unknown => Finding::BrokerAway {
+                why: error.to_string(),
+                logged: error.to_string(),
+            },
         }
     }
 }
@@ -333,16 +408,14 @@ impl Flight {
     /// NATS already acknowledged to this relay is not sent again where
     /// nothing has touched it since (see `Acknowledged`).
     async fn put_first(&self, work: Work, started: Instant) -> Option<Sent> {
-        let id = match work.message.as_ref().map(|m| &m.message) {
-            Some(Ok(message)) => message.id,
-            _ => return self.put(work, started).await,
+        let Some(message) = message_of(&work) else {
+            return self.put(work, started).await;
         };
-        match self.acknowledged.again(&id, self.term) {
-            Again::Stored => {
-                let mut known = Sent::known(work, Ok(Ack::default()), started);
-                known.stored_before = true;
-                Some(known)
-            }
+        match self.acknowledged.again(&message.id, self.term) {
+            Again::Stored => Some(Sent::Known(Attempt {
+                work,
+                outcome: Outcome::StoredBefore,
+            })),
             Again::Republish => {
                 self.metrics.republished();
                 self.put(work, started).await
@@ -354,36 +427,40 @@ impl Flight {
     /// Puts the work's message (if any) on the wire now; `None` if the
     /// relay stopped at once first.
     async fn put(&self, work: Work, started: Instant) -> Option<Sent> {
-        let sent = match work.message.as_ref().map(|m| &m.message) {
-            Some(Ok(message)) => tokio::select! {
-                biased;
-                _ = self.abandon.cancelled() => return None,
-                sent = self.publisher.send(message) => sent,
-            },
-            _ => return Some(Sent::known(work, Ok(Ack::default()), started)),
+        let message = match work.message.as_ref().map(|m| &m.message) {
+            Some(Ok(message)) => message,
+            Some(Err(violation)) => {
+                let outcome = Outcome::Rejected(violation.clone());
+                return Some(Sent::Known(Attempt { work, outcome }));
+            }
+            None => {
+                let outcome = Outcome::Passed;
+                return Some(Sent::Known(Attempt { work, outcome }));
+            }
         };
-        Some(match sent {
-            Ok(answer) => Sent {
-                work,
-                answer,
-                started,
-                stored_before: false,
-            },
-            Err(error) => Sent::known(work, Err(error), started),
+        let answer = tokio::select! {
+            biased;
+            _ = self.abandon.cancelled() => return None,
+            sent = self.publisher.send(message) => sent,
+        };
+        Some(Sent::Awaiting {
+            work,
+            answer: answer.unwrap_or_else(|error| future::ready(Err(error)).boxed()),
+            since: started,
         })
     }
 
     /// The rest of a sent message's life: its answer, settled if it is in
-    /// doubt, then its turn (if it has one) ended with that answer. The
-    /// one place a sent message's turn ends; should the relay stop at
+    /// doubt, then its turn (if it has one) ended with what it came to.
+    /// The one place a sent message's turn ends; should the relay stop at
     /// once first, the turn is dropped instead, and holds its key.
     async fn land(self, sent: Sent, turn: Option<Turn>) -> Landed {
-        let mut attempt = sent.answer().await;
-        if attempt.in_doubt() {
-            attempt = self.settle(attempt).await?;
-        }
-        if let Some(turn) = turn {
-            turn.finish(attempt.outcome());
+        let attempt = match sent.answer().await {
+            Answer::Known(attempt) => attempt,
+            Answer::InDoubt(doubt) => self.settle(doubt).await?,
+        };
+        if let (Some(turn), Some(outcome)) = (turn, attempt.outcome.for_key()) {
+            turn.finish(outcome);
         }
         Some(attempt)
     }
@@ -412,34 +489,31 @@ impl Flight {
         }
     }
 
-    /// Tries one attempt again until its failure is no longer in doubt:
-    /// delivered, refused, or found to be its own. `None` if the relay
-    /// stopped first. Aside from the window meanwhile.
+    /// Settles a doubt: sends the message again until its failure is no
+    /// longer in doubt (delivered, refused, or found to be its own).
+    /// `None` if the relay stopped first. Aside from the window meanwhile.
     ///
-    /// A failure is the message's own only if it fails again after the
-    /// probe found its destination taking messages: a failure from before
-    /// (the acknowledgements in flight when the broker went away) says
-    /// nothing about the message, so the message is first sent again.
-    /// Where the broker is away, this message keeps asking, and sending
-    /// again, at every backoff step, and holds the [`Pause`] until the
-    /// broker is back: the others wait for it.
-    async fn settle(&self, mut attempt: Attempt) -> Landed {
+    /// Each failure in doubt asks the broker ([`Finding`]). Where the
+    /// broker is away, this message keeps asking, and sending again, at
+    /// every backoff step, and holds the [`Pause`] until the broker is
+    /// back: the others wait for it.
+    async fn settle(&self, mut doubt: Doubt) -> Landed {
         let _aside = self.aside.take();
+        let Some(subject) = message_of(&doubt.work).map(|m| m.subject.clone()) else {
+            // Only a message is sent, so only a message is in doubt.
+            let error = doubt.error.clone();
+            return Some(doubt.refused(&error, false));
+        };
         let mut backoff = reconnect_backoff();
+        // Held from an answer that the broker is away until it is back.
         let mut asking = None;
-        let mut sent_while_taken = false;
-        while attempt.in_doubt() {
+        // Sent again since the broker was seen taking messages.
+        let mut resent_while_taken = false;
+        loop {
             // Stopping at once: what is in doubt stays so, and pending.
             if self.abandon.is_cancelled() {
                 return None;
             }
-            let (Err(error), Some(Ok(message))) = (
-                &attempt.result,
-                attempt.work.message.as_ref().map(|m| &m.message),
-            ) else {
-                break;
-            };
-            let (error, subject) = (error.clone(), message.subject.clone());
             let mut held = match asking.take() {
                 Some(held) => held,
                 None => tokio::select! {
@@ -448,55 +522,41 @@ impl Flight {
                     held = self.pause.asking.lock() => held,
                 },
             };
-            match self.publisher.probe(&subject).await {
-                Health::Takes if sent_while_taken => {
+            let health = self.publisher.probe(&subject).await;
+            match Finding::of(health, &doubt.error, resent_while_taken) {
+                Finding::Refused { error, own } => {
                     held.broker_back(&self.pause);
-                    attempt.result = Err(PublishError::Refused(format!(
-                        "{error}, while the broker takes other messages"
-                    )));
-                    attempt.own = true;
-                    break;
+                    return Some(doubt.refused(&error, own));
                 }
-                Health::Takes => {
+                Finding::BrokerTakes => {
                     held.broker_back(&self.pause);
-                    sent_while_taken = true;
+                    // The others need not wait for this one's second answer.
+                    drop(held);
+                    resent_while_taken = true;
                 }
-                Health::TakesOthers(why) => {
-                    held.broker_back(&self.pause);
-                    attempt.result = Err(PublishError::Refused(format!("{error} ({why})")));
-                    break;
-                }
-                Health::TakesNone(why) => {
-                    sent_while_taken = false;
-                    let logged = format!("{error} ({why})");
+                Finding::BrokerAway { why, logged } => {
                     held.broker_away(&why, &logged, &self.metrics, &self.pause);
+                    if !self.wait(&mut backoff).await {
+                        return None;
+                    }
+                    // Keep asking, the others waiting.
+                    asking = Some(held);
+                    resent_while_taken = false;
                 }
-                Health::Unknown => {
-                    sent_while_taken = false;
-                    let error = error.to_string();
-                    held.broker_away(&error, &error, &self.metrics, &self.pause);
-                }
-            }
-            if sent_while_taken {
-                // The broker takes messages: the others need not wait for
-                // this one's second answer.
-                drop(held);
-            } else {
-                if !self.wait(&mut backoff).await {
-                    return None;
-                }
-                // The broker is away: keep asking, the others waiting.
-                asking = Some(held);
             }
             self.metrics.resent();
-            let sent = self.put(attempt.work, Instant::now()).await?;
-            attempt = sent.answer().await;
+            let sent = self.put(doubt.work, Instant::now()).await?;
+            doubt = match sent.answer().await {
+                Answer::InDoubt(again) => again,
+                Answer::Known(attempt) => {
+                    // Settled after the broker was found away: it answers again.
+                    if let Some(mut held) = asking {
+                        held.broker_back(&self.pause);
+                    }
+                    return Some(attempt);
+                }
+            };
         }
-        // Settled after the broker was found away: it answers again.
-        if let Some(mut held) = asking {
-            held.broker_back(&self.pause);
-        }
-        Some(attempt)
     }
 
     /// Waits the next backoff step. False if the relay must stop publishing.
