@@ -25,7 +25,7 @@
 //! [`Publisher::probe`] about the stream of its subject: if the broker
 //! takes messages there, the message is sent once more, and a second
 //! failure is its own; if not, it is an outage and delivery pauses,
-//! reported to readiness. One message at a time asks ([`Pause`]), so an
+//! reported to readiness. One message at a time asks ([`Probing`]), so an
 //! outage is probed by one message while the others wait for its answer,
 //! and the stage takes no new work until the broker is back. A message in
 //! doubt keeps its turn until it is settled, so no later message of its key
@@ -56,7 +56,7 @@ use crate::contract::{ContractViolation, OutboxMessage};
 use crate::lease::Term;
 use crate::observe::{Metrics, Origin, PausedDelivery};
 use crate::order::{self, Admission, KeyOrder, ParkTicket, Turn};
-use crate::retry::{pause, reconnect_backoff, Outage};
+use crate::retry::{back_off, reconnect_backoff, Outage};
 use crate::work::{Acknowledged, Again, Finished, LastDelivery, Tenure, Verdict, Work};
 
 /// What one try at publishing a unit of work came to, once nothing about
@@ -322,57 +322,87 @@ impl Drop for AsideSlot {
     }
 }
 
-/// A pause of delivery while the broker takes nothing, shared by the
-/// messages of one stage.
-///
-/// Rules: one message at a time asks the broker (it holds the lock while
-/// it asks, and while it waits out a backoff step after an outage answer);
-/// the others wait for the lock rather than each ask and send again, so an
-/// outage costs one probe and one send a step, not one a message. The
-/// stage is paused from an answer that the broker takes nothing until an
-/// answer that it takes messages: meanwhile it takes no new work, and
-/// readiness says why.
-struct Pause {
-    asking: tokio::sync::Mutex<Paused>,
-    /// Whether delivery is paused, for the stage's loop.
-    paused: watch::Sender<bool>,
+/// Whether delivery flows. While it is paused the stage takes no new
+/// work, and readiness says why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    Flowing,
+    /// The broker was found taking nothing, and not yet found back.
+    Paused,
 }
 
-/// The state the asking message holds.
-struct Paused {
-    outage: Outage,
-    /// Reported to readiness while delivery is paused.
+/// The asking of the broker about messages in doubt, shared by the
+/// messages of one stage.
+///
+/// Rules: one message at a time asks: it holds [`Asking`] while
+/// it asks, and while it waits out a backoff step after an answer that
+/// the broker takes nothing; the others wait for the turn rather than
+/// each ask and send again, so an outage costs one probe and one send a
+/// step, not one a message. Delivery is paused from an answer that the
+/// broker takes nothing until an answer that it takes messages, and only
+/// the message holding the turn changes it.
+struct Probing {
+    /// The outage as found, held by the message asking.
+    outage: tokio::sync::Mutex<FoundOutage>,
+    /// Whether delivery flows, for the stage's loop, which does not ask.
+    delivery: watch::Sender<Delivery>,
+}
+
+/// An outage as the asking messages find it: logged as it starts and
+/// ends, and reported to readiness while delivery is paused.
+struct FoundOutage {
+    log: Outage,
+    /// Held while delivery is paused: readiness reports it until dropped.
     reported: Option<PausedDelivery>,
 }
 
-impl Pause {
+/// The right to ask the broker, held by one message at a time.
+struct Asking<'a> {
+    outage: tokio::sync::MutexGuard<'a, FoundOutage>,
+    delivery: &'a watch::Sender<Delivery>,
+}
+
+impl Probing {
     fn new() -> Self {
-        Pause {
-            asking: tokio::sync::Mutex::new(Paused {
-                outage: Outage::new("NATS publishing"),
+        Probing {
+            outage: tokio::sync::Mutex::new(FoundOutage {
+                log: Outage::new("NATS publishing"),
                 reported: None,
             }),
-            paused: watch::Sender::new(false),
+            delivery: watch::Sender::new(Delivery::Flowing),
+        }
+    }
+
+    /// Waits for the right to ask; `None` if the relay stops at once first.
+    async fn wait_to_ask(&self, abandon: &CancellationToken) -> Option<Asking<'_>> {
+        tokio::select! {
+            biased;
+            _ = abandon.cancelled() => None,
+            outage = self.outage.lock() => Some(Asking {
+                outage,
+                delivery: &self.delivery,
+            }),
         }
     }
 }
 
-impl Paused {
-    /// The broker takes nothing (`why`, as readiness says it; `error`, as
+impl Asking<'_> {
+    /// The broker takes nothing (`why`, as readiness says it; `logged`, as
     /// the log does): delivery pauses.
-    fn broker_away(&mut self, why: &str, error: &str, metrics: &Metrics, pause: &Pause) {
-        self.outage.failed(&error);
-        self.reported
+    fn broker_away(&mut self, why: &str, logged: &str, metrics: &Metrics) {
+        self.outage.log.failed(&logged);
+        self.outage
+            .reported
             .get_or_insert_with(|| metrics.pause_delivery(why));
-        pause.paused.send_replace(true);
+        self.delivery.send_replace(Delivery::Paused);
     }
 
     /// The broker takes messages: delivery goes on.
-    fn broker_back(&mut self, pause: &Pause) {
-        if self.reported.take().is_some() {
-            self.outage.recovered();
+    fn broker_back(&mut self) {
+        if self.outage.reported.take().is_some() {
+            self.outage.log.recovered();
         }
-        pause.paused.send_replace(false);
+        self.delivery.send_replace(Delivery::Flowing);
     }
 }
 
@@ -389,7 +419,7 @@ impl std::ops::Deref for Flight {
 }
 
 /// Where messages go, when to stop, the window they may step aside from,
-/// and the pause they wait out together.
+/// and their asking of the broker when in doubt.
 struct FlightShared {
     publisher: Arc<dyn Publisher>,
     term: Option<Term>,
@@ -398,7 +428,7 @@ struct FlightShared {
     shutdown: CancellationToken,
     abandon: CancellationToken,
     aside: Aside,
-    pause: Pause,
+    probing: Probing,
 }
 
 impl Flight {
@@ -495,7 +525,7 @@ impl Flight {
     ///
     /// Each failure in doubt asks the broker ([`Finding`]). Where the
     /// broker is away, this message keeps asking, and sending again, at
-    /// every backoff step, and holds the [`Pause`] until the broker is
+    /// every backoff step, and holds [`Asking`] until the broker is
     /// back: the others wait for it.
     async fn settle(&self, mut doubt: Doubt) -> Landed {
         let _aside = self.aside.take();
@@ -506,7 +536,7 @@ impl Flight {
         };
         let mut backoff = reconnect_backoff();
         // Held from an answer that the broker is away until it is back.
-        let mut asking = None;
+        let mut kept = None;
         // Sent again since the broker was seen taking messages.
         let mut resent_while_taken = false;
         loop {
@@ -514,33 +544,29 @@ impl Flight {
             if self.abandon.is_cancelled() {
                 return None;
             }
-            let mut held = match asking.take() {
-                Some(held) => held,
-                None => tokio::select! {
-                    biased;
-                    _ = self.abandon.cancelled() => return None,
-                    held = self.pause.asking.lock() => held,
-                },
+            let mut asking = match kept.take() {
+                Some(asking) => asking,
+                None => self.probing.wait_to_ask(&self.abandon).await?,
             };
             let health = self.publisher.probe(&subject).await;
             match Finding::of(health, &doubt.error, resent_while_taken) {
                 Finding::Refused { error, own } => {
-                    held.broker_back(&self.pause);
+                    asking.broker_back();
                     return Some(doubt.refused(&error, own));
                 }
                 Finding::BrokerTakes => {
-                    held.broker_back(&self.pause);
+                    asking.broker_back();
                     // The others need not wait for this one's second answer.
-                    drop(held);
+                    drop(asking);
                     resent_while_taken = true;
                 }
                 Finding::BrokerAway { why, logged } => {
-                    held.broker_away(&why, &logged, &self.metrics, &self.pause);
-                    if !self.wait(&mut backoff).await {
+                    asking.broker_away(&why, &logged, &self.metrics);
+                    if !self.back_off(&mut backoff).await {
                         return None;
                     }
                     // Keep asking, the others waiting.
-                    asking = Some(held);
+                    kept = Some(asking);
                     resent_while_taken = false;
                 }
             }
@@ -550,8 +576,8 @@ impl Flight {
                 Answer::InDoubt(again) => again,
                 Answer::Known(attempt) => {
                     // Settled after the broker was found away: it answers again.
-                    if let Some(mut held) = asking {
-                        held.broker_back(&self.pause);
+                    if let Some(mut asking) = kept {
+                        asking.broker_back();
                     }
                     return Some(attempt);
                 }
@@ -559,12 +585,13 @@ impl Flight {
         }
     }
 
-    /// Waits the next backoff step. False if the relay must stop publishing.
-    async fn wait(&self, backoff: &mut ExponentialBackoff) -> bool {
+    /// Waits out the next backoff step. False if the relay must stop
+    /// publishing.
+    async fn back_off(&self, backoff: &mut ExponentialBackoff) -> bool {
         tokio::select! {
             biased;
             _ = self.abandon.cancelled() => false,
-            resumed = pause(backoff, &self.shutdown) => resumed,
+            waited = back_off(backoff, &self.shutdown) => waited,
         }
     }
 }
@@ -669,7 +696,7 @@ impl PublishStage {
             return;
         }
         let flight = self.flight();
-        let mut paused = flight.pause.paused.subscribe();
+        let mut delivery = flight.probing.delivery.subscribe();
         let mut in_flight = InFlight::new();
         let mut sending: Option<Sending> = None;
         let mut positions = Positions::default();
@@ -677,7 +704,7 @@ impl PublishStage {
         while input_open || sending.is_some() || !in_flight.is_empty() {
             let under_way = in_flight.len() + usize::from(sending.is_some());
             let room = flight.aside.room(under_way, self.max_in_flight);
-            let paused_now = *paused.borrow_and_update();
+            let flowing = *delivery.borrow_and_update() == Delivery::Flowing;
             tokio::select! {
                 biased;
                 // Stopping at once: a send not yet on the wire is dropped,
@@ -688,7 +715,7 @@ impl PublishStage {
                 }
                 // A message that stepped aside, or came back, changed the room.
                 _ = flight.aside.changed(), if input_open && !room => {}
-                _ = paused.changed(), if input_open && paused_now => {}
+                _ = delivery.changed(), if input_open && !flowing => {}
                 Some((place, landed)) = in_flight.next(), if !in_flight.is_empty() => {
                     let Some(attempt) = landed else { break };
                     if !self.forward(attempt, place, &mut positions, &output).await {
@@ -704,7 +731,7 @@ impl PublishStage {
                     sending = None;
                     in_flight.push(life);
                 }
-                work = input.recv(), if input_open && room && !paused_now && sending.is_none() => {
+                work = input.recv(), if input_open && room && flowing && sending.is_none() => {
                     match work {
                         Some(work) => {
                             let place = positions.enter();
@@ -747,7 +774,7 @@ impl PublishStage {
             shutdown: self.shutdown.clone(),
             abandon: self.abandon.clone(),
             aside: Aside::default(),
-            pause: Pause::new(),
+            probing: Probing::new(),
         }))
     }
 

@@ -193,7 +193,7 @@ impl Shared {
                 ),
             };
             outage.failed(&problem);
-            if !retry::pause(&mut backoff, &self.shutdown).await {
+            if !retry::back_off(&mut backoff, &self.shutdown).await {
                 return Written::Stopped;
             }
         }
