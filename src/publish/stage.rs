@@ -12,11 +12,14 @@
 //! every work before it has its verdict ([`Positions`]), so the checkpoint
 //! never passes a message that is not done.
 //!
-//! The stage's loop never waits on the broker. A send that must wait (for
-//! room in the client, say) is one branch of the loop beside the answers
-//! of what is in flight, which are what make that room; everything a
-//! message does after its first send (its answer, a second try) happens in
-//! its own future, beside the others.
+//! The stage's loop never waits on the broker. A message's send has two
+//! steps: its [`Put`] on the wire, which keeps the order the stage reads
+//! work in, and its [`Life`] in flight: its answer, a second try, the end
+//! of its key's turn, in its own future beside the others. A put that must
+//! wait (for room in the client, say) is one branch of the loop, beside
+//! the answers in flight, which are what make that room.
+//! What a message comes to is one [`Outcome`], which gives its verdict,
+//! how the metrics count it, and how its key's turn ends.
 //!
 //! A failure is either the broker's (it takes no message: delivery pauses,
 //! no attempt is charged) or the message's (it is refused: an attempt is
@@ -261,13 +264,96 @@ impl Finding {
     }
 }
 
-/// What became of a message in flight: its attempt, or `None` if the relay
-/// stopped at once while its answer was in doubt (it gets no verdict and
-/// stays pending; its turn, dropped, holds its key).
-type Landed = Option<Attempt>;
+/// A message's life in flight, from its put on the wire (or from when it
+/// was taken, for one that waits for its key's turn) to what it came to,
+/// with its work's place in the stage's input. No attempt if the relay
+/// stopped at once while its answer was in doubt: it gets no verdict and
+/// stays pending, and its turn, dropped, holds its key.
+type Life = BoxFuture<'static, (u64, Option<Attempt>)>;
 
-/// Messages in flight, each with its work's place in the stage's input.
-type InFlight = FuturesUnordered<BoxFuture<'static, (u64, Landed)>>;
+/// The messages in flight, whose lives end in any order.
+type InFlight = FuturesUnordered<Life>;
+
+/// The life in flight of the work at `place`, which `landing` ends.
+fn life(place: u64, landing: impl Future<Output = Option<Attempt>> + Send + 'static) -> Life {
+    landing.map(move |attempt| (place, attempt)).boxed()
+}
+
+/// Work going on the wire: the first of a sent message's two steps, the
+/// one that keeps the order the stage reads work in. The stage puts one
+/// message at a time and takes no more work until the put is done; a put
+/// that must wait (for room in the client) waits in [`Wire`], beside the
+/// answers in flight, which make that room. The second step, awaiting the
+/// answer, is the message's [`Life`] in flight, beside the others. Ends
+/// `None` if the relay stopped at once first: nothing went on the wire,
+/// and the work stays pending (its turn, dropped, holds its key).
+type Put = BoxFuture<'static, Option<OnTheWire>>;
+
+/// What a [`Put`] handed to the broker, ready for its life in flight.
+struct OnTheWire {
+    place: u64,
+    sent: Sent,
+    /// Its turn in its key's line, ended with what it comes to.
+    turn: Option<Turn>,
+}
+
+impl OnTheWire {
+    /// Its life in flight (see [`Flight::land`]).
+    fn in_flight(self, flight: &Flight) -> Life {
+        life(self.place, flight.clone().land(self.sent, self.turn))
+    }
+}
+
+/// The put under way, if any.
+#[derive(Default)]
+struct Wire(Option<Put>);
+
+impl Wire {
+    fn is_busy(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Starts `put`, and returns what it handed to the broker if the
+    /// client took the message at once, as it nearly always does: then it
+    /// costs the stage's loop no extra turn. A put that must wait is under
+    /// way until [`Wire::done`].
+    fn start(&mut self, mut put: Put) -> Option<OnTheWire> {
+        match (&mut put).now_or_never() {
+            Some(on_the_wire) => on_the_wire,
+            None => {
+                self.0 = Some(put);
+                None
+            }
+        }
+    }
+
+    /// Waits for the put under way to be done; for ever if none is.
+    async fn done(&mut self) -> Option<OnTheWire> {
+        let Some(put) = self.0.as_mut() else {
+            return std::future::pending().await;
+        };
+        let on_the_wire = put.await;
+        self.0 = None;
+        on_the_wire
+    }
+
+    /// Stopping at once: a put not yet done is dropped, and nothing of it
+    /// goes on the wire.
+    fn stop(&mut self) {
+        self.0 = None;
+    }
+}
+
+/// What becomes of work as the stage takes it (see [`PublishStage::take`]).
+enum Taken {
+    /// It goes on the wire now, before any work read after it.
+    Put(Put),
+    /// Its life is in flight from now on: it is parked at once behind its
+    /// key's holder, or it waits for its key's turn, aside from the window,
+    /// and goes on the wire when its turn comes, in its key's order rather
+    /// than the input's.
+    InFlight(Life),
+}
 
 /// How many messages in flight are aside from the window: waiting, unsent,
 /// for their key's turn, or settling an answer in doubt.
@@ -432,6 +518,16 @@ struct FlightShared {
 }
 
 impl Flight {
+    /// The first send of work the stage takes now (see [`Put`]).
+    fn put_now(&self, place: u64, work: Work, turn: Option<Turn>, started: Instant) -> Put {
+        let flight = self.clone();
+        async move {
+            let sent = flight.put_first(work, started).await?;
+            Some(OnTheWire { place, sent, turn })
+        }
+        .boxed()
+    }
+
     /// Puts the work's message (if any) on the wire now; `None` if the
     /// relay stopped at once first (a send may wait for room in the
     /// client, and nothing may go on the wire after the stop). A message
@@ -484,7 +580,7 @@ impl Flight {
     /// doubt, then its turn (if it has one) ended with what it came to.
     /// The one place a sent message's turn ends; should the relay stop at
     /// once first, the turn is dropped instead, and holds its key.
-    async fn land(self, sent: Sent, turn: Option<Turn>) -> Landed {
+    async fn land(self, sent: Sent, turn: Option<Turn>) -> Option<Attempt> {
         let attempt = match sent.answer().await {
             Answer::Known(attempt) => attempt,
             Answer::InDoubt(doubt) => self.settle(doubt).await?,
@@ -503,7 +599,7 @@ impl Flight {
         mut turn: Turn,
         started: Instant,
         slot: AsideSlot,
-    ) -> Landed {
+    ) -> Option<Attempt> {
         turn.wait().await;
         drop(slot);
         match turn.admit() {
@@ -527,7 +623,7 @@ impl Flight {
     /// broker is away, this message keeps asking, and sending again, at
     /// every backoff step, and holds [`Asking`] until the broker is
     /// back: the others wait for it.
-    async fn settle(&self, mut doubt: Doubt) -> Landed {
+    async fn settle(&self, mut doubt: Doubt) -> Option<Attempt> {
         let _aside = self.aside.take();
         let Some(subject) = message_of(&doubt.work).map(|m| m.subject.clone()) else {
             // Only a message is sent, so only a message is in doubt.
@@ -636,26 +732,6 @@ impl Positions {
     }
 }
 
-/// A message's life in flight once it is on the wire (or, for one that
-/// waits for its key's turn, once it is taken): its answer and whatever
-/// settling it takes, with its work's place in the stage's input.
-struct Life(BoxFuture<'static, (u64, Landed)>);
-
-impl Life {
-    /// The life of the work at `place` that `landing` leads to its end.
-    fn of(place: u64, landing: impl Future<Output = Landed> + Send + 'static) -> Self {
-        Life(async move { (place, landing.await) }.boxed())
-    }
-
-    /// The life of the work at `place` that has ended already.
-    fn landed(place: u64, landed: Landed) -> Self {
-        Life(future::ready((place, landed)).boxed())
-    }
-}
-
-/// The send of the newest work under way, which ends in its [`Life`].
-type Sending = BoxFuture<'static, Life>;
-
 /// Drives a [`Publisher`] from a channel of work to a channel of verdicts.
 pub(crate) struct PublishStage {
     pub publisher: Arc<dyn Publisher>,
@@ -698,20 +774,19 @@ impl PublishStage {
         let flight = self.flight();
         let mut delivery = flight.probing.delivery.subscribe();
         let mut in_flight = InFlight::new();
-        let mut sending: Option<Sending> = None;
+        let mut wire = Wire::default();
         let mut positions = Positions::default();
         let mut input_open = true;
-        while input_open || sending.is_some() || !in_flight.is_empty() {
-            let under_way = in_flight.len() + usize::from(sending.is_some());
+        while input_open || wire.is_busy() || !in_flight.is_empty() {
+            let under_way = in_flight.len() + usize::from(wire.is_busy());
             let room = flight.aside.room(under_way, self.max_in_flight);
             let flowing = *delivery.borrow_and_update() == Delivery::Flowing;
             tokio::select! {
                 biased;
-                // Stopping at once: a send not yet on the wire is dropped,
-                // and its work stays pending.
-                _ = self.abandon.cancelled(), if input_open || sending.is_some() => {
+                // Stopping at once: the work not yet on the wire stays pending.
+                _ = self.abandon.cancelled(), if input_open || wire.is_busy() => {
                     input_open = false;
-                    sending = None;
+                    wire.stop();
                 }
                 // A message that stepped aside, or came back, changed the room.
                 _ = flight.aside.changed(), if input_open && !room => {}
@@ -722,28 +797,23 @@ impl PublishStage {
                         break;
                     }
                 }
-                Life(life) = async {
-                    match sending.as_mut() {
-                        Some(send) => send.await,
-                        None => std::future::pending().await,
+                done = wire.done(), if wire.is_busy() => {
+                    if let Some(on_the_wire) = done {
+                        in_flight.push(on_the_wire.in_flight(&flight));
                     }
-                }, if sending.is_some() => {
-                    sending = None;
-                    in_flight.push(life);
                 }
-                work = input.recv(), if input_open && room && flowing && sending.is_none() => {
-                    match work {
-                        Some(work) => {
-                            let place = positions.enter();
-                            let mut send = self.start(&flight, place, work);
-                            // A send nearly always goes at once; one that
-                            // must wait for room waits in its branch.
-                            match (&mut send).now_or_never() {
-                                Some(Life(life)) => in_flight.push(life),
-                                None => sending = Some(send),
+                work = input.recv(), if input_open && room && flowing && !wire.is_busy() => {
+                    let Some(work) = work else {
+                        input_open = false;
+                        continue;
+                    };
+                    match self.take(&flight, positions.enter(), work) {
+                        Taken::InFlight(life) => in_flight.push(life),
+                        Taken::Put(put) => {
+                            if let Some(on_the_wire) = wire.start(put) {
+                                in_flight.push(on_the_wire.in_flight(&flight));
                             }
                         }
-                        None => input_open = false,
                     }
                 }
             }
@@ -826,39 +896,31 @@ impl PublishStage {
         }
     }
 
-    /// Takes the work's turn in its key's line, and returns its send: the
-    /// message goes on the wire now if nothing of its key is before it
+    /// Takes the work's turn in its key's line, and decides what becomes
+    /// of it: it goes on the wire now if nothing of its key is before it
     /// (sends keep the input's order), and later, in its life in flight,
     /// if something is. The turn goes with the work: to
     /// [`Flight::after_turn`] if it waits, else to [`Flight::land`], which
-    /// ends it with the message's answer; a parked message's ends as it
-    /// is parked.
-    fn start(&self, flight: &Flight, place: u64, work: Work) -> Sending {
+    /// ends it with what the message comes to; a parked message's ends as
+    /// it is parked.
+    fn take(&self, flight: &Flight, place: u64, work: Work) -> Taken {
         let started = Instant::now();
-        let flight = flight.clone();
-        let turn = match self.turn(&work).map(|mut turn| (turn.first(), turn)) {
-            None => None,
-            Some((false, turn)) => {
-                // Aside from now on, so the stage's room counts it at once.
-                let slot = flight.aside.take();
-                let waiting = flight.after_turn(work, turn, started, slot);
-                return future::ready(Life::of(place, waiting)).boxed();
-            }
-            Some((true, mut turn)) => match turn.admit() {
-                Admission::Park(ticket) => {
-                    let parked = Some(Attempt::parked(work, ticket));
-                    return future::ready(Life::landed(place, parked)).boxed();
-                }
-                Admission::Send => Some(turn),
-            },
+        let Some(mut turn) = self.turn(&work) else {
+            return Taken::Put(flight.put_now(place, work, None, started));
         };
-        async move {
-            match flight.put_first(work, started).await {
-                Some(sent) => Life::of(place, flight.land(sent, turn)),
-                None => Life::landed(place, None),
-            }
+        if !turn.first() {
+            // Aside from now on, so the stage's room counts it at once.
+            let slot = flight.aside.take();
+            let waiting = flight.clone().after_turn(work, turn, started, slot);
+            return Taken::InFlight(life(place, waiting));
         }
-        .boxed()
+        match turn.admit() {
+            Admission::Park(ticket) => {
+                let parked = Attempt::parked(work, ticket);
+                Taken::InFlight(life(place, future::ready(Some(parked))))
+            }
+            Admission::Send => Taken::Put(flight.put_now(place, work, Some(turn), started)),
+        }
     }
 
     /// The work's place in its key's line, if it carries a keyed message
