@@ -104,7 +104,10 @@ impl Outage {
 }
 
 /// Sleeps for the next backoff interval. Returns false if `shutdown` fires first.
-pub(crate) async fn pause(backoff: &mut ExponentialBackoff, shutdown: &CancellationToken) -> bool {
+pub(crate) async fn back_off(
+    backoff: &mut ExponentialBackoff,
+    shutdown: &CancellationToken,
+) -> bool {
     let wait = backoff.next_backoff().unwrap_or(Duration::from_secs(5));
     tokio::select! {
         _ = shutdown.cancelled() => false,
@@ -192,7 +195,7 @@ where
             }
             Err(error) => {
                 outage.failed(&error);
-                if !pause(&mut backoff, stop).await {
+                if !back_off(&mut backoff, stop).await {
                     return None;
                 }
             }

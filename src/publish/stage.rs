@@ -12,11 +12,14 @@
 //! every work before it has its verdict ([`Positions`]), so the checkpoint
 //! never passes a message that is not done.
 //!
-//! The stage's loop never waits on the broker. A send that must wait (for
-//! room in the client, say) is one branch of the loop beside the answers
-//! of what is in flight, which are what make that room; everything a
-//! message does after its first send (its answer, a second try) happens in
-//! its own future, beside the others.
+//! The stage's loop never waits on the broker. A message's send has two
+//! steps: its [`Put`] on the wire, which keeps the order the stage reads
+//! work in, and its [`Life`] in flight: its answer, a second try, the end
+//! of its key's turn, in its own future beside the others. A put that must
+//! wait (for room in the client, say) is one branch of the loop, beside
+//! the answers in flight, which are what make that room.
+//! What a message comes to is one [`Outcome`], which gives its verdict,
+//! how the metrics count it, and how its key's turn ends.
 //!
 //! A failure is either the broker's (it takes no message: delivery pauses,
 //! no attempt is charged) or the message's (it is refused: an attempt is
@@ -25,7 +28,7 @@
 //! [`Publisher::probe`] about the stream of its subject: if the broker
 //! takes messages there, the message is sent once more, and a second
 //! failure is its own; if not, it is an outage and delivery pauses,
-//! reported to readiness. One message at a time asks ([`Pause`]), so an
+//! reported to readiness. One message at a time asks ([`Probing`]), so an
 //! outage is probed by one message while the others wait for its answer,
 //! and the stage takes no new work until the broker is back. A message in
 //! doubt keeps its turn until it is settled, so no later message of its key
@@ -52,63 +55,66 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::{Ack, AckFuture, Health, PublishError, Publisher};
+use crate::contract::{ContractViolation, OutboxMessage};
 use crate::lease::Term;
 use crate::observe::{Metrics, Origin, PausedDelivery};
-use crate::order::{Admission, KeyOrder, Outcome, ParkTicket, Turn};
-use crate::retry::{pause, reconnect_backoff, Outage};
+use crate::order::{self, Admission, KeyOrder, ParkTicket, Turn};
+use crate::retry::{back_off, reconnect_backoff, Outage};
 use crate::work::{Acknowledged, Again, Finished, LastDelivery, Tenure, Verdict, Work};
 
-/// One try at publishing a unit of work.
+/// What one try at publishing a unit of work came to, once nothing about
+/// it is in doubt. Each case says the verdict it gives, how the metrics
+/// count it, and how it ends the message's turn in its key's line.
+enum Outcome {
+    /// Nothing to send, a bare stream position: passed on, uncounted. It
+    /// has no key, so no turn.
+    Passed,
+    /// Not sent: an earlier message of its key holds the key. Parked,
+    /// uncounted; its turn ended as it was parked. (A broken message
+    /// parked so is failed in its turn, once the key is released.)
+    Parked,
+    /// The message breaks the contract, as decoding or the broker found
+    /// (too large, say): rejected, as no retry can mend it; uncounted;
+    /// fails its turn.
+    Rejected(ContractViolation),
+    /// Not sent: NATS acknowledged it to this relay before, and nothing
+    /// has touched it since (see `Acknowledged`). Delivered, counted as a
+    /// republish avoided; ends its turn as delivered.
+    StoredBefore,
+    /// The broker acknowledged it `waited` after sending. Delivered,
+    /// counted as published and taken as evidence that the broker takes
+    /// messages (see [`LastDelivery`]); ends its turn as delivered.
+    Acked { ack: Ack, waited: Duration },
+    /// The broker refused it: refused, an attempt charged; holds its key.
+    /// `own` where the broker was seen taking other messages meanwhile,
+    /// which is what lets completion dead-letter it.
+    Refused { reason: String, own: bool },
+}
+
+impl Outcome {
+    fn refused(error: &PublishError, own: bool) -> Self {
+        Outcome::Refused {
+            reason: error.to_string(),
+            own,
+        }
+    }
+
+    /// How it ends the message's turn in its key's line; `None` where it
+    /// has no turn to end (see [`Outcome::Passed`], [`Outcome::Parked`]).
+    fn for_key(&self) -> Option<order::Outcome> {
+        match self {
+            Outcome::Passed | Outcome::Parked => None,
+            Outcome::Rejected(_) => Some(order::Outcome::Failed),
+            Outcome::StoredBefore | Outcome::Acked { .. } => Some(order::Outcome::Delivered),
+            Outcome::Refused { .. } => Some(order::Outcome::Refused),
+        }
+    }
+}
+
+/// One try at publishing a unit of work, and what it came to.
 struct Attempt {
     work: Work,
-    result: Result<Ack, PublishError>,
-    /// From sending to the acknowledgement.
-    waited: Duration,
-    /// The failure was found to be the message's own (the broker took
-    /// others meanwhile), so it says nothing about the broker.
-    own: bool,
-    /// Not sent: an earlier message of its key holds the key.
-    parked: bool,
-    /// Not sent: NATS acknowledged it to this relay before, and nothing
-    /// has touched it since (see `Acknowledged`).
-    stored_before: bool,
-}
-
-/// Work handed to the broker, its answer still to come (see
-/// [`Flight::put`]); or work whose answer is known without the broker (it
-/// carries nothing to send, the send failed, or NATS stored it before).
-struct Sent {
-    work: Work,
-    answer: AckFuture,
-    started: Instant,
-    /// Not sent after all: see [`Attempt::stored_before`].
-    stored_before: bool,
-}
-
-impl Sent {
-    /// Work whose answer is known without asking the broker: it carries
-    /// no message to send, or the send failed.
-    fn known(work: Work, result: Result<Ack, PublishError>, started: Instant) -> Self {
-        Sent {
-            work,
-            answer: future::ready(result).boxed(),
-            started,
-            stored_before: false,
-        }
-    }
-
-    /// Waits for the broker's answer.
-    async fn answer(self) -> Attempt {
-        let result = self.answer.await;
-        Attempt {
-            work: self.work,
-            result,
-            waited: self.started.elapsed(),
-            own: false,
-            parked: false,
-            stored_before: self.stored_before,
-        }
-    }
+    outcome: Outcome,
 }
 
 impl Attempt {
@@ -117,82 +123,237 @@ impl Attempt {
         work.park = Some(ticket);
         Attempt {
             work,
-            result: Ok(Ack::default()),
-            waited: Duration::ZERO,
-            own: false,
-            parked: true,
-            stored_before: false,
+            outcome: Outcome::Parked,
         }
     }
 
-    /// The failure may be the broker's: find out before charging anyone.
-    fn in_doubt(&self) -> bool {
-        matches!(
-            self.result,
-            Err(PublishError::Unavailable(_) | PublishError::Uncaptured(_))
-        )
-    }
-
-    fn delivered(&self) -> bool {
-        !self.parked
-            && matches!(
-                (self.work.message.as_ref().map(|m| &m.message), &self.result),
-                (Some(Ok(_)), Ok(_))
-            )
-    }
-
-    /// What the answer, once final, means for the message's key.
-    fn outcome(&self) -> Outcome {
-        let broken = matches!(self.work.message.as_ref().map(|m| &m.message), Some(Err(_)));
-        match &self.result {
-            _ if broken => Outcome::Failed,
-            Ok(_) => Outcome::Delivered,
-            Err(PublishError::Invalid(_)) => Outcome::Failed,
-            Err(_) => Outcome::Refused,
-        }
-    }
-
-    /// The verdict, recorded in the metrics if the broker took the message.
+    /// The verdict, with the outcome counted as its case says.
     fn finish(self, metrics: &Metrics, deliveries: &LastDelivery) -> Finished {
-        match (self.delivered(), &self.result) {
-            (true, Ok(_)) if self.stored_before => metrics.republish_avoided(),
-            (true, Ok(ack)) => {
+        let Attempt { work, outcome } = self;
+        let verdict = match outcome {
+            Outcome::Passed => Verdict::Passed,
+            Outcome::Parked => Verdict::Parked,
+            Outcome::Rejected(violation) => Verdict::Rejected(violation),
+            Outcome::Refused { reason, own } => Verdict::Refused { reason, own },
+            Outcome::StoredBefore => {
+                metrics.republish_avoided();
+                Verdict::Delivered
+            }
+            Outcome::Acked { ack, waited } => {
                 deliveries.now();
-                let origin = self.work.origin();
-                metrics.published(origin, self.waited, ack.duplicate);
-                if let (Origin::Stream, Some(committed)) = (origin, self.work.at) {
+                let origin = work.origin();
+                metrics.published(origin, waited, ack.duplicate);
+                if let (Origin::Stream, Some(committed)) = (origin, work.at) {
                     metrics.delivered_since_commit(committed);
                 }
+                Verdict::Delivered
             }
-            _ => {}
-        }
-        let verdict = match (self.work.message.as_ref().map(|m| &m.message), self.result) {
-            (None, _) => Verdict::Passed,
-            // A broken message parked behind its key's holder is failed in
-            // its turn, when the key is released.
-            (Some(_), _) if self.parked => Verdict::Parked,
-            (Some(Err(violation)), _) => Verdict::Rejected(violation.clone()),
-            (Some(Ok(_)), Ok(_)) => Verdict::Delivered,
-            (Some(Ok(_)), Err(PublishError::Invalid(violation))) => Verdict::Rejected(violation),
-            (Some(Ok(_)), Err(error)) => Verdict::Refused {
-                reason: error.to_string(),
-                own: self.own,
-            },
         };
-        Finished {
+        Finished { work, verdict }
+    }
+}
+
+/// The message the work carries, if it carries one that keeps the contract.
+fn message_of(work: &Work) -> Option<&OutboxMessage> {
+    work.message.as_ref()?.message.as_ref().ok()
+}
+
+/// Work handed to the broker (see [`Flight::put`]).
+enum Sent {
+    /// On the wire: the broker's answer to await (or the send's failure),
+    /// timed from `since`.
+    Awaiting {
+        work: Work,
+        answer: AckFuture,
+        since: Instant,
+    },
+    /// Not on the wire: what it comes to is known without the broker.
+    Known(Attempt),
+}
+
+impl Sent {
+    /// Waits for the broker's answer, and sorts it.
+    async fn answer(self) -> Answer {
+        let (work, result, waited) = match self {
+            Sent::Known(attempt) => return Answer::Known(attempt),
+            Sent::Awaiting {
+                work,
+                answer,
+                since,
+            } => (work, answer.await, since.elapsed()),
+        };
+        let outcome = match result {
+            Ok(ack) => Outcome::Acked { ack, waited },
+            Err(PublishError::Invalid(violation)) => Outcome::Rejected(violation),
+            Err(error @ PublishError::Refused(_)) => Outcome::refused(&error, false),
+            Err(error @ (PublishError::Unavailable(_) | PublishError::Uncaptured(_))) => {
+                return Answer::InDoubt(Doubt { work, error });
+            }
+        };
+        Answer::Known(Attempt { work, outcome })
+    }
+}
+
+/// The broker's answer to a send, sorted by whose it is.
+enum Answer {
+    /// What the attempt came to.
+    Known(Attempt),
+    /// A failure that may be the broker's or the message's (the broker is
+    /// unavailable, or nothing took the subject): settled
+    /// ([`Flight::settle`]) before anyone is charged.
+    InDoubt(Doubt),
+}
+
+/// A message whose failure may be the broker's or its own.
+struct Doubt {
+    work: Work,
+    error: PublishError,
+}
+
+impl Doubt {
+    /// Settled as a refusal of the message (see [`Outcome::Refused`]).
+    fn refused(self, error: &PublishError, own: bool) -> Attempt {
+        Attempt {
             work: self.work,
-            verdict,
+            outcome: Outcome::refused(error, own),
         }
     }
 }
 
-/// What became of a message in flight: its attempt, or `None` if the relay
-/// stopped at once while its answer was in doubt (it gets no verdict and
-/// stays pending; its turn, dropped, holds its key).
-type Landed = Option<Attempt>;
+/// What the broker's answer to a probe means for a message in doubt.
+enum Finding {
+    /// Settled as a refusal (see [`Finding::of`] for whose).
+    Refused { error: PublishError, own: bool },
+    /// The broker takes messages there: the message is sent once more, as
+    /// a failure from before (an acknowledgement in flight when the broker
+    /// went away) says nothing about it.
+    BrokerTakes,
+    /// The broker takes nothing, or the publisher cannot tell: delivery
+    /// pauses (readiness says `why`; the log, `logged`), and the message
+    /// is sent again after a backoff step, still in doubt.
+    BrokerAway { why: String, logged: String },
+}
 
-/// Messages in flight, each with its work's place in the stage's input.
-type InFlight = FuturesUnordered<BoxFuture<'static, (u64, Landed)>>;
+impl Finding {
+    /// What `health` means for a message that failed with `error`, sent
+    /// again or not since the broker was last seen taking messages.
+    fn of(health: Health, error: &PublishError, resent_while_taken: bool) -> Self {
+        match health {
+            // Failing again where the broker takes messages: its own.
+            Health::Takes if resent_while_taken => Finding::Refused {
+                error: PublishError::Refused(format!(
+                    "{error}, while the broker takes other messages"
+                )),
+                own: true,
+            },
+            Health::Takes => Finding::BrokerTakes,
+            // Its destination's fault, which says nothing about the message.
+            Health::TakesOthers(why) => Finding::Refused {
+                error: PublishError::Refused(format!("{error} ({why})")),
+                own: false,
+            },
+            Health::TakesNone(why) => Finding::BrokerAway {
+                logged: format!("{error} ({why})"),
+                why,
+            },
+            Health::Unknown => Finding::BrokerAway {
+                why: error.to_string(),
+                logged: error.to_string(),
+            },
+        }
+    }
+}
+
+/// A message's life in flight, from its put on the wire (or from when it
+/// was taken, for one that waits for its key's turn) to what it came to,
+/// with its work's place in the stage's input. No attempt if the relay
+/// stopped at once while its answer was in doubt: it gets no verdict and
+/// stays pending, and its turn, dropped, holds its key.
+type Life = BoxFuture<'static, (u64, Option<Attempt>)>;
+
+/// The messages in flight, whose lives end in any order.
+type InFlight = FuturesUnordered<Life>;
+
+/// The life in flight of the work at `place`, which `landing` ends.
+fn life(place: u64, landing: impl Future<Output = Option<Attempt>> + Send + 'static) -> Life {
+    landing.map(move |attempt| (place, attempt)).boxed()
+}
+
+/// Work going on the wire: the first of a sent message's two steps, the
+/// one that keeps the order the stage reads work in. The stage puts one
+/// message at a time and takes no more work until the put is done; a put
+/// that must wait (for room in the client) waits in [`Wire`], beside the
+/// answers in flight, which make that room. The second step, awaiting the
+/// answer, is the message's [`Life`] in flight, beside the others. Ends
+/// `None` if the relay stopped at once first: nothing went on the wire,
+/// and the work stays pending (its turn, dropped, holds its key).
+type Put = BoxFuture<'static, Option<OnTheWire>>;
+
+/// What a [`Put`] handed to the broker, ready for its life in flight.
+struct OnTheWire {
+    place: u64,
+    sent: Sent,
+    /// Its turn in its key's line, ended with what it comes to.
+    turn: Option<Turn>,
+}
+
+impl OnTheWire {
+    /// Its life in flight (see [`Flight::land`]).
+    fn in_flight(self, flight: &Flight) -> Life {
+        life(self.place, flight.clone().land(self.sent, self.turn))
+    }
+}
+
+/// The put under way, if any.
+#[derive(Default)]
+struct Wire(Option<Put>);
+
+impl Wire {
+    fn is_busy(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Starts `put`, and returns what it handed to the broker if the
+    /// client took the message at once, as it nearly always does: then it
+    /// costs the stage's loop no extra turn. A put that must wait is under
+    /// way until [`Wire::done`].
+    fn start(&mut self, mut put: Put) -> Option<OnTheWire> {
+        match (&mut put).now_or_never() {
+            Some(on_the_wire) => on_the_wire,
+            None => {
+                self.0 = Some(put);
+                None
+            }
+        }
+    }
+
+    /// Waits for the put under way to be done; for ever if none is.
+    async fn done(&mut self) -> Option<OnTheWire> {
+        let Some(put) = self.0.as_mut() else {
+            return std::future::pending().await;
+        };
+        let on_the_wire = put.await;
+        self.0 = None;
+        on_the_wire
+    }
+
+    /// Stopping at once: a put not yet done is dropped, and nothing of it
+    /// goes on the wire.
+    fn stop(&mut self) {
+        self.0 = None;
+    }
+}
+
+/// What becomes of work as the stage takes it (see [`PublishStage::take`]).
+enum Taken {
+    /// It goes on the wire now, before any work read after it.
+    Put(Put),
+    /// Its life is in flight from now on: it is parked at once behind its
+    /// key's holder, or it waits for its key's turn, aside from the window,
+    /// and goes on the wire when its turn comes, in its key's order rather
+    /// than the input's.
+    InFlight(Life),
+}
 
 /// How many messages in flight are aside from the window: waiting, unsent,
 /// for their key's turn, or settling an answer in doubt.
@@ -247,57 +408,87 @@ impl Drop for AsideSlot {
     }
 }
 
-/// A pause of delivery while the broker takes nothing, shared by the
-/// messages of one stage.
-///
-/// Rules: one message at a time asks the broker (it holds the lock while
-/// it asks, and while it waits out a backoff step after an outage answer);
-/// the others wait for the lock rather than each ask and send again, so an
-/// outage costs one probe and one send a step, not one a message. The
-/// stage is paused from an answer that the broker takes nothing until an
-/// answer that it takes messages: meanwhile it takes no new work, and
-/// readiness says why.
-struct Pause {
-    asking: tokio::sync::Mutex<Paused>,
-    /// Whether delivery is paused, for the stage's loop.
-    paused: watch::Sender<bool>,
+/// Whether delivery flows. While it is paused the stage takes no new
+/// work, and readiness says why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    Flowing,
+    /// The broker was found taking nothing, and not yet found back.
+    Paused,
 }
 
-/// The state the asking message holds.
-struct Paused {
-    outage: Outage,
-    /// Reported to readiness while delivery is paused.
+/// The asking of the broker about messages in doubt, shared by the
+/// messages of one stage.
+///
+/// Rules: one message at a time asks: it holds [`Asking`] while
+/// it asks, and while it waits out a backoff step after an answer that
+/// the broker takes nothing; the others wait for the turn rather than
+/// each ask and send again, so an outage costs one probe and one send a
+/// step, not one a message. Delivery is paused from an answer that the
+/// broker takes nothing until an answer that it takes messages, and only
+/// the message holding the turn changes it.
+struct Probing {
+    /// The outage as found, held by the message asking.
+    outage: tokio::sync::Mutex<FoundOutage>,
+    /// Whether delivery flows, for the stage's loop, which does not ask.
+    delivery: watch::Sender<Delivery>,
+}
+
+/// An outage as the asking messages find it: logged as it starts and
+/// ends, and reported to readiness while delivery is paused.
+struct FoundOutage {
+    log: Outage,
+    /// Held while delivery is paused: readiness reports it until dropped.
     reported: Option<PausedDelivery>,
 }
 
-impl Pause {
+/// The right to ask the broker, held by one message at a time.
+struct Asking<'a> {
+    outage: tokio::sync::MutexGuard<'a, FoundOutage>,
+    delivery: &'a watch::Sender<Delivery>,
+}
+
+impl Probing {
     fn new() -> Self {
-        Pause {
-            asking: tokio::sync::Mutex::new(Paused {
-                outage: Outage::new("NATS publishing"),
+        Probing {
+            outage: tokio::sync::Mutex::new(FoundOutage {
+                log: Outage::new("NATS publishing"),
                 reported: None,
             }),
-            paused: watch::Sender::new(false),
+            delivery: watch::Sender::new(Delivery::Flowing),
+        }
+    }
+
+    /// Waits for the right to ask; `None` if the relay stops at once first.
+    async fn wait_to_ask(&self, abandon: &CancellationToken) -> Option<Asking<'_>> {
+        tokio::select! {
+            biased;
+            _ = abandon.cancelled() => None,
+            outage = self.outage.lock() => Some(Asking {
+                outage,
+                delivery: &self.delivery,
+            }),
         }
     }
 }
 
-impl Paused {
-    /// The broker takes nothing (`why`, as readiness says it; `error`, as
+impl Asking<'_> {
+    /// The broker takes nothing (`why`, as readiness says it; `logged`, as
     /// the log does): delivery pauses.
-    fn broker_away(&mut self, why: &str, error: &str, metrics: &Metrics, pause: &Pause) {
-        self.outage.failed(&error);
-        self.reported
+    fn broker_away(&mut self, why: &str, logged: &str, metrics: &Metrics) {
+        self.outage.log.failed(&logged);
+        self.outage
+            .reported
             .get_or_insert_with(|| metrics.pause_delivery(why));
-        pause.paused.send_replace(true);
+        self.delivery.send_replace(Delivery::Paused);
     }
 
     /// The broker takes messages: delivery goes on.
-    fn broker_back(&mut self, pause: &Pause) {
-        if self.reported.take().is_some() {
-            self.outage.recovered();
+    fn broker_back(&mut self) {
+        if self.outage.reported.take().is_some() {
+            self.outage.log.recovered();
         }
-        pause.paused.send_replace(false);
+        self.delivery.send_replace(Delivery::Flowing);
     }
 }
 
@@ -314,7 +505,7 @@ impl std::ops::Deref for Flight {
 }
 
 /// Where messages go, when to stop, the window they may step aside from,
-/// and the pause they wait out together.
+/// and their asking of the broker when in doubt.
 struct FlightShared {
     publisher: Arc<dyn Publisher>,
     term: Option<Term>,
@@ -323,26 +514,34 @@ struct FlightShared {
     shutdown: CancellationToken,
     abandon: CancellationToken,
     aside: Aside,
-    pause: Pause,
+    probing: Probing,
 }
 
 impl Flight {
+    /// The first send of work the stage takes now (see [`Put`]).
+    fn put_now(&self, place: u64, work: Work, turn: Option<Turn>, started: Instant) -> Put {
+        let flight = self.clone();
+        async move {
+            let sent = flight.put_first(work, started).await?;
+            Some(OnTheWire { place, sent, turn })
+        }
+        .boxed()
+    }
+
     /// Puts the work's message (if any) on the wire now; `None` if the
     /// relay stopped at once first (a send may wait for room in the
     /// client, and nothing may go on the wire after the stop). A message
     /// NATS already acknowledged to this relay is not sent again where
     /// nothing has touched it since (see `Acknowledged`).
     async fn put_first(&self, work: Work, started: Instant) -> Option<Sent> {
-        let id = match work.message.as_ref().map(|m| &m.message) {
-            Some(Ok(message)) => message.id,
-            _ => return self.put(work, started).await,
+        let Some(message) = message_of(&work) else {
+            return self.put(work, started).await;
         };
-        match self.acknowledged.again(&id, self.term) {
-            Again::Stored => {
-                let mut known = Sent::known(work, Ok(Ack::default()), started);
-                known.stored_before = true;
-                Some(known)
-            }
+        match self.acknowledged.again(&message.id, self.term) {
+            Again::Stored => Some(Sent::Known(Attempt {
+                work,
+                outcome: Outcome::StoredBefore,
+            })),
             Again::Republish => {
                 self.metrics.republished();
                 self.put(work, started).await
@@ -354,36 +553,40 @@ impl Flight {
     /// Puts the work's message (if any) on the wire now; `None` if the
     /// relay stopped at once first.
     async fn put(&self, work: Work, started: Instant) -> Option<Sent> {
-        let sent = match work.message.as_ref().map(|m| &m.message) {
-            Some(Ok(message)) => tokio::select! {
-                biased;
-                _ = self.abandon.cancelled() => return None,
-                sent = self.publisher.send(message) => sent,
-            },
-            _ => return Some(Sent::known(work, Ok(Ack::default()), started)),
+        let message = match work.message.as_ref().map(|m| &m.message) {
+            Some(Ok(message)) => message,
+            Some(Err(violation)) => {
+                let outcome = Outcome::Rejected(violation.clone());
+                return Some(Sent::Known(Attempt { work, outcome }));
+            }
+            None => {
+                let outcome = Outcome::Passed;
+                return Some(Sent::Known(Attempt { work, outcome }));
+            }
         };
-        Some(match sent {
-            Ok(answer) => Sent {
-                work,
-                answer,
-                started,
-                stored_before: false,
-            },
-            Err(error) => Sent::known(work, Err(error), started),
+        let answer = tokio::select! {
+            biased;
+            _ = self.abandon.cancelled() => return None,
+            sent = self.publisher.send(message) => sent,
+        };
+        Some(Sent::Awaiting {
+            work,
+            answer: answer.unwrap_or_else(|error| future::ready(Err(error)).boxed()),
+            since: started,
         })
     }
 
     /// The rest of a sent message's life: its answer, settled if it is in
-    /// doubt, then its turn (if it has one) ended with that answer. The
-    /// one place a sent message's turn ends; should the relay stop at
+    /// doubt, then its turn (if it has one) ended with what it came to.
+    /// The one place a sent message's turn ends; should the relay stop at
     /// once first, the turn is dropped instead, and holds its key.
-    async fn land(self, sent: Sent, turn: Option<Turn>) -> Landed {
-        let mut attempt = sent.answer().await;
-        if attempt.in_doubt() {
-            attempt = self.settle(attempt).await?;
-        }
-        if let Some(turn) = turn {
-            turn.finish(attempt.outcome());
+    async fn land(self, sent: Sent, turn: Option<Turn>) -> Option<Attempt> {
+        let attempt = match sent.answer().await {
+            Answer::Known(attempt) => attempt,
+            Answer::InDoubt(doubt) => self.settle(doubt).await?,
+        };
+        if let (Some(turn), Some(outcome)) = (turn, attempt.outcome.for_key()) {
+            turn.finish(outcome);
         }
         Some(attempt)
     }
@@ -396,7 +599,7 @@ impl Flight {
         mut turn: Turn,
         started: Instant,
         slot: AsideSlot,
-    ) -> Landed {
+    ) -> Option<Attempt> {
         turn.wait().await;
         drop(slot);
         match turn.admit() {
@@ -412,99 +615,79 @@ impl Flight {
         }
     }
 
-    /// Tries one attempt again until its failure is no longer in doubt:
-    /// delivered, refused, or found to be its own. `None` if the relay
-    /// stopped first. Aside from the window meanwhile.
+    /// Settles a doubt: sends the message again until its failure is no
+    /// longer in doubt (delivered, refused, or found to be its own).
+    /// `None` if the relay stopped first. Aside from the window meanwhile.
     ///
-    /// A failure is the message's own only if it fails again after the
-    /// probe found its destination taking messages: a failure from before
-    /// (the acknowledgements in flight when the broker went away) says
-    /// nothing about the message, so the message is first sent again.
-    /// Where the broker is away, this message keeps asking, and sending
-    /// again, at every backoff step, and holds the [`Pause`] until the
-    /// broker is back: the others wait for it.
-    async fn settle(&self, mut attempt: Attempt) -> Landed {
+    /// Each failure in doubt asks the broker ([`Finding`]). Where the
+    /// broker is away, this message keeps asking, and sending again, at
+    /// every backoff step, and holds [`Asking`] until the broker is
+    /// back: the others wait for it.
+    async fn settle(&self, mut doubt: Doubt) -> Option<Attempt> {
         let _aside = self.aside.take();
+        let Some(subject) = message_of(&doubt.work).map(|m| m.subject.clone()) else {
+            // Only a message is sent, so only a message is in doubt.
+            let error = doubt.error.clone();
+            return Some(doubt.refused(&error, false));
+        };
         let mut backoff = reconnect_backoff();
-        let mut asking = None;
-        let mut sent_while_taken = false;
-        while attempt.in_doubt() {
+        // Held from an answer that the broker is away until it is back.
+        let mut kept = None;
+        // Sent again since the broker was seen taking messages.
+        let mut resent_while_taken = false;
+        loop {
             // Stopping at once: what is in doubt stays so, and pending.
             if self.abandon.is_cancelled() {
                 return None;
             }
-            let (Err(error), Some(Ok(message))) = (
-                &attempt.result,
-                attempt.work.message.as_ref().map(|m| &m.message),
-            ) else {
-                break;
+            let mut asking = match kept.take() {
+                Some(asking) => asking,
+                None => self.probing.wait_to_ask(&self.abandon).await?,
             };
-            let (error, subject) = (error.clone(), message.subject.clone());
-            let mut held = match asking.take() {
-                Some(held) => held,
-                None => tokio::select! {
-                    biased;
-                    _ = self.abandon.cancelled() => return None,
-                    held = self.pause.asking.lock() => held,
-                },
-            };
-            match self.publisher.probe(&subject).await {
-                Health::Takes if sent_while_taken => {
-                    held.broker_back(&self.pause);
-                    attempt.result = Err(PublishError::Refused(format!(
-                        "{error}, while the broker takes other messages"
-                    )));
-                    attempt.own = true;
-                    break;
+            let health = self.publisher.probe(&subject).await;
+            match Finding::of(health, &doubt.error, resent_while_taken) {
+                Finding::Refused { error, own } => {
+                    asking.broker_back();
+                    return Some(doubt.refused(&error, own));
                 }
-                Health::Takes => {
-                    held.broker_back(&self.pause);
-                    sent_while_taken = true;
+                Finding::BrokerTakes => {
+                    asking.broker_back();
+                    // The others need not wait for this one's second answer.
+                    drop(asking);
+                    resent_while_taken = true;
                 }
-                Health::TakesOthers(why) => {
-                    held.broker_back(&self.pause);
-                    attempt.result = Err(PublishError::Refused(format!("{error} ({why})")));
-                    break;
+                Finding::BrokerAway { why, logged } => {
+                    asking.broker_away(&why, &logged, &self.metrics);
+                    if !self.back_off(&mut backoff).await {
+                        return None;
+                    }
+                    // Keep asking, the others waiting.
+                    kept = Some(asking);
+                    resent_while_taken = false;
                 }
-                Health::TakesNone(why) => {
-                    sent_while_taken = false;
-                    let logged = format!("{error} ({why})");
-                    held.broker_away(&why, &logged, &self.metrics, &self.pause);
-                }
-                Health::Unknown => {
-                    sent_while_taken = false;
-                    let error = error.to_string();
-                    held.broker_away(&error, &error, &self.metrics, &self.pause);
-                }
-            }
-            if sent_while_taken {
-                // The broker takes messages: the others need not wait for
-                // this one's second answer.
-                drop(held);
-            } else {
-                if !self.wait(&mut backoff).await {
-                    return None;
-                }
-                // The broker is away: keep asking, the others waiting.
-                asking = Some(held);
             }
             self.metrics.resent();
-            let sent = self.put(attempt.work, Instant::now()).await?;
-            attempt = sent.answer().await;
+            let sent = self.put(doubt.work, Instant::now()).await?;
+            doubt = match sent.answer().await {
+                Answer::InDoubt(again) => again,
+                Answer::Known(attempt) => {
+                    // Settled after the broker was found away: it answers again.
+                    if let Some(mut asking) = kept {
+                        asking.broker_back();
+                    }
+                    return Some(attempt);
+                }
+            };
         }
-        // Settled after the broker was found away: it answers again.
-        if let Some(mut held) = asking {
-            held.broker_back(&self.pause);
-        }
-        Some(attempt)
     }
 
-    /// Waits the next backoff step. False if the relay must stop publishing.
-    async fn wait(&self, backoff: &mut ExponentialBackoff) -> bool {
+    /// Waits out the next backoff step. False if the relay must stop
+    /// publishing.
+    async fn back_off(&self, backoff: &mut ExponentialBackoff) -> bool {
         tokio::select! {
             biased;
             _ = self.abandon.cancelled() => false,
-            resumed = pause(backoff, &self.shutdown) => resumed,
+            waited = back_off(backoff, &self.shutdown) => waited,
         }
     }
 }
@@ -549,26 +732,6 @@ impl Positions {
     }
 }
 
-/// A message's life in flight once it is on the wire (or, for one that
-/// waits for its key's turn, once it is taken): its answer and whatever
-/// settling it takes, with its work's place in the stage's input.
-struct Life(BoxFuture<'static, (u64, Landed)>);
-
-impl Life {
-    /// The life of the work at `place` that `landing` leads to its end.
-    fn of(place: u64, landing: impl Future<Output = Landed> + Send + 'static) -> Self {
-        Life(async move { (place, landing.await) }.boxed())
-    }
-
-    /// The life of the work at `place` that has ended already.
-    fn landed(place: u64, landed: Landed) -> Self {
-        Life(future::ready((place, landed)).boxed())
-    }
-}
-
-/// The send of the newest work under way, which ends in its [`Life`].
-type Sending = BoxFuture<'static, Life>;
-
 /// Drives a [`Publisher`] from a channel of work to a channel of verdicts.
 pub(crate) struct PublishStage {
     pub publisher: Arc<dyn Publisher>,
@@ -609,54 +772,48 @@ impl PublishStage {
             return;
         }
         let flight = self.flight();
-        let mut paused = flight.pause.paused.subscribe();
+        let mut delivery = flight.probing.delivery.subscribe();
         let mut in_flight = InFlight::new();
-        let mut sending: Option<Sending> = None;
+        let mut wire = Wire::default();
         let mut positions = Positions::default();
         let mut input_open = true;
-        while input_open || sending.is_some() || !in_flight.is_empty() {
-            let under_way = in_flight.len() + usize::from(sending.is_some());
+        while input_open || wire.is_busy() || !in_flight.is_empty() {
+            let under_way = in_flight.len() + usize::from(wire.is_busy());
             let room = flight.aside.room(under_way, self.max_in_flight);
-            let paused_now = *paused.borrow_and_update();
+            let flowing = *delivery.borrow_and_update() == Delivery::Flowing;
             tokio::select! {
                 biased;
-                // Stopping at once: a send not yet on the wire is dropped,
-                // and its work stays pending.
-                _ = self.abandon.cancelled(), if input_open || sending.is_some() => {
+                // Stopping at once: the work not yet on the wire stays pending.
+                _ = self.abandon.cancelled(), if input_open || wire.is_busy() => {
                     input_open = false;
-                    sending = None;
+                    wire.stop();
                 }
                 // A message that stepped aside, or came back, changed the room.
                 _ = flight.aside.changed(), if input_open && !room => {}
-                _ = paused.changed(), if input_open && paused_now => {}
+                _ = delivery.changed(), if input_open && !flowing => {}
                 Some((place, landed)) = in_flight.next(), if !in_flight.is_empty() => {
                     let Some(attempt) = landed else { break };
                     if !self.forward(attempt, place, &mut positions, &output).await {
                         break;
                     }
                 }
-                Life(life) = async {
-                    match sending.as_mut() {
-                        Some(send) => send.await,
-                        None => std::future::pending().await,
+                done = wire.done(), if wire.is_busy() => {
+                    if let Some(on_the_wire) = done {
+                        in_flight.push(on_the_wire.in_flight(&flight));
                     }
-                }, if sending.is_some() => {
-                    sending = None;
-                    in_flight.push(life);
                 }
-                work = input.recv(), if input_open && room && !paused_now && sending.is_none() => {
-                    match work {
-                        Some(work) => {
-                            let place = positions.enter();
-                            let mut send = self.start(&flight, place, work);
-                            // A send nearly always goes at once; one that
-                            // must wait for room waits in its branch.
-                            match (&mut send).now_or_never() {
-                                Some(Life(life)) => in_flight.push(life),
-                                None => sending = Some(send),
+                work = input.recv(), if input_open && room && flowing && !wire.is_busy() => {
+                    let Some(work) = work else {
+                        input_open = false;
+                        continue;
+                    };
+                    match self.take(&flight, positions.enter(), work) {
+                        Taken::InFlight(life) => in_flight.push(life),
+                        Taken::Put(put) => {
+                            if let Some(on_the_wire) = wire.start(put) {
+                                in_flight.push(on_the_wire.in_flight(&flight));
                             }
                         }
-                        None => input_open = false,
                     }
                 }
             }
@@ -687,7 +844,7 @@ impl PublishStage {
             shutdown: self.shutdown.clone(),
             abandon: self.abandon.clone(),
             aside: Aside::default(),
-            pause: Pause::new(),
+            probing: Probing::new(),
         }))
     }
 
@@ -739,39 +896,31 @@ impl PublishStage {
         }
     }
 
-    /// Takes the work's turn in its key's line, and returns its send: the
-    /// message goes on the wire now if nothing of its key is before it
+    /// Takes the work's turn in its key's line, and decides what becomes
+    /// of it: it goes on the wire now if nothing of its key is before it
     /// (sends keep the input's order), and later, in its life in flight,
     /// if something is. The turn goes with the work: to
     /// [`Flight::after_turn`] if it waits, else to [`Flight::land`], which
-    /// ends it with the message's answer; a parked message's ends as it
-    /// is parked.
-    fn start(&self, flight: &Flight, place: u64, work: Work) -> Sending {
+    /// ends it with what the message comes to; a parked message's ends as
+    /// it is parked.
+    fn take(&self, flight: &Flight, place: u64, work: Work) -> Taken {
         let started = Instant::now();
-        let flight = flight.clone();
-        let turn = match self.turn(&work).map(|mut turn| (turn.first(), turn)) {
-            None => None,
-            Some((false, turn)) => {
-                // Aside from now on, so the stage's room counts it at once.
-                let slot = flight.aside.take();
-                let waiting = flight.after_turn(work, turn, started, slot);
-                return future::ready(Life::of(place, waiting)).boxed();
-            }
-            Some((true, turn)) => match turn.admit() {
-                Admission::Park(ticket) => {
-                    let parked = Some(Attempt::parked(work, ticket));
-                    return future::ready(Life::landed(place, parked)).boxed();
-                }
-                Admission::Send(turn) => Some(turn),
-            },
+        let Some(mut turn) = self.turn(&work) else {
+            return Taken::Put(flight.put_now(place, work, None, started));
         };
-        async move {
-            match flight.put_first(work, started).await {
-                Some(sent) => Life::of(place, flight.land(sent, turn)),
-                None => Life::landed(place, None),
-            }
+        if !turn.first() {
+            // Aside from now on, so the stage's room counts it at once.
+            let slot = flight.aside.take();
+            let waiting = flight.clone().after_turn(work, turn, started, slot);
+            return Taken::InFlight(life(place, waiting));
         }
-        .boxed()
+        match turn.admit() {
+            Admission::Park(ticket) => {
+                let parked = Attempt::parked(work, ticket);
+                Taken::InFlight(life(place, future::ready(Some(parked))))
+            }
+            Admission::Send(turn) => Taken::Put(flight.put_now(place, work, Some(turn), started)),
+        }
     }
 
     /// The work's place in its key's line, if it carries a keyed message
@@ -781,272 +930,5 @@ impl PublishStage {
         let decoded = work.message.as_ref()?;
         let key = decoded.key.as_deref()?;
         Some(order.enter(key, &decoded.id, work.release))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-
-    use bson::{doc, oid::ObjectId};
-
-    use super::*;
-    use crate::contract::{DecodeRules, OutboxMessage};
-    use crate::publish::AckFuture;
-
-    /// A broker whose answers the test sets: per subject, or for everything.
-    #[derive(Default)]
-    struct Scripted {
-        by_subject: Mutex<HashMap<String, PublishError>>,
-        everything: Mutex<Option<PublishError>>,
-        health: Mutex<Option<Health>>,
-        sends: Mutex<Vec<String>>,
-    }
-
-    impl Scripted {
-        fn answer(&self, subject: &str, error: PublishError) {
-            self.by_subject
-                .lock()
-                .unwrap()
-                .insert(subject.to_owned(), error);
-        }
-
-        fn fail_all(&self, error: Option<PublishError>, health: Health) {
-            *self.everything.lock().unwrap() = error;
-            *self.health.lock().unwrap() = Some(health);
-        }
-
-        fn sends_to(&self, subject: &str) -> usize {
-            let sends = self.sends.lock().unwrap();
-            sends.iter().filter(|s| *s == subject).count()
-        }
-    }
-
-    impl Publisher for Scripted {
-        fn send<'a>(
-            &'a self,
-            message: &'a OutboxMessage,
-        ) -> BoxFuture<'a, Result<AckFuture, PublishError>> {
-            self.sends.lock().unwrap().push(message.subject.clone());
-            let everything = self.everything.lock().unwrap().clone();
-            let answer = everything.or_else(|| {
-                let by_subject = self.by_subject.lock().unwrap();
-                by_subject.get(&message.subject).cloned()
-            });
-            let ack: AckFuture = match answer {
-                Some(error) => future::ready(Err(error)).boxed(),
-                None => future::ready(Ok(Ack::default())).boxed(),
-            };
-            future::ready(Ok(ack)).boxed()
-        }
-
-        fn max_payload(&self) -> usize {
-            usize::MAX
-        }
-
-        fn probe<'a>(&'a self, _subject: &'a str) -> BoxFuture<'a, Health> {
-            let health = self.health.lock().unwrap().clone();
-            future::ready(health.unwrap_or(Health::Takes)).boxed()
-        }
-    }
-
-    struct Running {
-        input: mpsc::Sender<Work>,
-        output: mpsc::Receiver<Finished>,
-        abandon: CancellationToken,
-        deliveries: LastDelivery,
-    }
-
-    fn start(publisher: Arc<Scripted>) -> Running {
-        let (input, work) = mpsc::channel(1024);
-        let (finished, output) = mpsc::channel(1024);
-        let abandon = CancellationToken::new();
-        let deliveries = LastDelivery::default();
-        let stage = PublishStage {
-            publisher,
-            max_in_flight: 64,
-            shutdown: CancellationToken::new(),
-            abandon: abandon.clone(),
-            metrics: Metrics::new(),
-            deliveries: deliveries.clone(),
-            tenure: None,
-            acknowledged: Default::default(),
-        };
-        tokio::spawn(stage.run(work, finished));
-        Running {
-            input,
-            output,
-            abandon,
-            deliveries,
-        }
-    }
-
-    fn work(subject: &str) -> Work {
-        let document = doc! {
-            "_id": ObjectId::new(), "type": "t", "payload": "x", "subject": subject,
-        };
-        Work::from_catch_up(DecodeRules::any_relay().decode(&document))
-    }
-
-    impl Running {
-        async fn send(&self, subjects: &[&str]) {
-            for subject in subjects {
-                self.input.send(work(subject)).await.unwrap();
-            }
-        }
-
-        /// The next `n` verdicts, by subject.
-        async fn verdicts(&mut self, n: usize) -> Vec<(String, Verdict)> {
-            let mut verdicts = Vec::new();
-            for _ in 0..n {
-                let finished = tokio::time::timeout(Duration::from_secs(3600), self.output.recv())
-                    .await
-                    .expect("a verdict in time")
-                    .expect("the stage is running");
-                let subject = match &finished.work.message.as_ref().unwrap().message {
-                    Ok(message) => message.subject.clone(),
-                    Err(_) => String::new(),
-                };
-                verdicts.push((subject, finished.verdict));
-            }
-            verdicts
-        }
-
-        /// Whether a verdict arrives within `within` (of the paused clock).
-        async fn quiet_for(&mut self, within: Duration) -> bool {
-            tokio::time::timeout(within, self.output.recv())
-                .await
-                .is_err()
-        }
-    }
-
-    fn refused(verdicts: &[(String, Verdict)]) -> Vec<&str> {
-        verdicts
-            .iter()
-            .filter(|(_, v)| matches!(v, Verdict::Refused { .. }))
-            .map(|(s, _)| s.as_str())
-            .collect()
-    }
-
-    fn own(verdict: &Verdict) -> bool {
-        matches!(verdict, Verdict::Refused { own: true, .. })
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_subject_nothing_captures_is_refused_alone_while_the_broker_takes_others() {
-        let broker = Arc::new(Scripted::default());
-        broker.answer("poison", PublishError::Uncaptured("no stream".into()));
-        let mut stage = start(broker.clone());
-        stage.send(&["a", "poison", "b", "c"]).await;
-        let verdicts = stage.verdicts(4).await;
-        let order: Vec<&str> = verdicts.iter().map(|(s, _)| s.as_str()).collect();
-        assert_eq!(
-            order,
-            ["a", "poison", "b", "c"],
-            "verdicts keep their order"
-        );
-        assert_eq!(refused(&verdicts), ["poison"]);
-        assert!(
-            own(&verdicts[1].1),
-            "the probe showed it is the message's own"
-        );
-        assert_eq!(
-            broker.sends_to("poison"),
-            2,
-            "sent once more after the probe, then refused"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_outage_pauses_without_charging_and_resumes_in_order() {
-        let broker = Arc::new(Scripted::default());
-        broker.fail_all(
-            Some(PublishError::Uncaptured("no responders".into())),
-            Health::TakesNone("JetStream does not answer".into()),
-        );
-        let mut stage = start(broker.clone());
-        stage.send(&["a", "b", "c", "d", "e"]).await;
-        assert!(stage.quiet_for(Duration::from_secs(60)).await);
-        assert!(broker.sends_to("a") > 2, "the stage keeps trying");
-        broker.fail_all(None, Health::Takes);
-        // Those held behind the first failed while the broker was away: they
-        // are sent again, not blamed for it.
-        let verdicts = stage.verdicts(5).await;
-        assert!(refused(&verdicts).is_empty(), "{verdicts:?}");
-        let order: Vec<&str> = verdicts.iter().map(|(s, _)| s.as_str()).collect();
-        assert_eq!(order, ["a", "b", "c", "d", "e"]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_message_that_keeps_timing_out_alone_becomes_its_own_refusal() {
-        let broker = Arc::new(Scripted::default());
-        broker.answer("slow", PublishError::Unavailable("timed out".into()));
-        let mut stage = start(broker.clone());
-        stage.send(&["slow", "a"]).await;
-        let verdicts = stage.verdicts(2).await;
-        assert_eq!(refused(&verdicts), ["slow"]);
-        assert!(own(&verdicts[0].1));
-        assert_eq!(broker.sends_to("slow"), 2, "sent once more, then refused");
-        assert!(matches!(verdicts[1].1, Verdict::Delivered));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn refusals_are_charged_one_by_one_while_the_rest_go_on() {
-        let broker = Arc::new(Scripted::default());
-        let mut subjects: Vec<String> = (0..40).map(|n| format!("denied{n}")).collect();
-        for subject in &subjects {
-            broker.answer(subject, PublishError::Refused("permission denied".into()));
-        }
-        subjects.push("good".into());
-        let mut stage = start(broker.clone());
-        let names: Vec<&str> = subjects.iter().map(String::as_str).collect();
-        stage.send(&names).await;
-        assert!(!stage.deliveries.within(Duration::from_secs(3600)));
-        let verdicts = stage.verdicts(subjects.len()).await;
-        assert_eq!(refused(&verdicts).len(), 40);
-        assert!(
-            verdicts.iter().all(|(_, v)| !own(v)),
-            "a direct refusal proves nothing about the broker"
-        );
-        assert!(matches!(verdicts.last(), Some((s, Verdict::Delivered)) if s == "good"));
-        assert!(
-            stage.deliveries.within(Duration::from_secs(3600)),
-            "a delivery is recorded as evidence that the broker works"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_destination_that_takes_nothing_refuses_its_messages_alone() {
-        let broker = Arc::new(Scripted::default());
-        broker.answer("audit.x", PublishError::Unavailable("stream full".into()));
-        broker.fail_all(None, Health::TakesOthers("stream AUDIT is full".into()));
-        let mut stage = start(broker.clone());
-        stage.send(&["a", "audit.x", "b"]).await;
-        let verdicts = stage.verdicts(3).await;
-        assert_eq!(refused(&verdicts), ["audit.x"]);
-        assert!(
-            !own(&verdicts[1].1),
-            "the destination's fault proves nothing"
-        );
-        assert_eq!(broker.sends_to("audit.x"), 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_lost_lease_ends_a_pause_at_once() {
-        let broker = Arc::new(Scripted::default());
-        broker.fail_all(
-            Some(PublishError::Unavailable("down".into())),
-            Health::TakesNone("down".into()),
-        );
-        let mut stage = start(broker);
-        stage.send(&["a"]).await;
-        assert!(stage.quiet_for(Duration::from_secs(10)).await);
-        stage.abandon.cancel();
-        let closed = tokio::time::timeout(Duration::from_secs(60), stage.output.recv()).await;
-        assert!(
-            matches!(closed, Ok(None)),
-            "the stage ends without a verdict"
-        );
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Verdicts leave as answers come, with at most `max_in_flight`
 //! acknowledgements awaited at once, and a stream position only once
-//! everything before it has its verdict; a key's messages keep their order. Each kind of result becomes its verdict: a delivery, a broken
+//! everything before it has its verdict; a key's messages keep their
+//! order. Each kind of result becomes its verdict: a delivery, a broken
 //! message's rejection, a refusal charged to the message (its own only when
 //! the broker was seen taking messages), or a pass for work without a
 //! message. A broker that takes nothing pauses delivery without charging
@@ -653,31 +654,49 @@ async fn a_message_the_broker_calls_invalid_is_rejected_with_its_violation() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_direct_refusal_is_charged_at_once_and_not_as_the_messages_own() {
+async fn direct_refusals_are_charged_one_by_one_and_not_as_the_messages_own() {
     let (broker, mut stage) = start(8);
-    broker.reply(
-        "denied",
-        [Reply::AckFails(PublishError::Refused(
-            "permission denied".into(),
-        ))],
-    );
-    stage.feed([message("denied"), message("a")]).await;
-
-    let verdicts = stage.verdicts(2).await;
-    assert_eq!(names(&verdicts), ["denied", "a"]);
-    match &verdicts[0].1 {
-        Verdict::Refused { reason, own } => {
-            assert!(reason.contains("permission denied"), "{reason}");
-            assert!(!own, "a refusal alone proves nothing about the broker");
-        }
-        other => panic!("expected a refusal, got {other:?}"),
+    let denied: Vec<String> = (0..40).map(|n| format!("denied{n}")).collect();
+    let permission_denied = || PublishError::Refused("permission denied".into());
+    for subject in &denied {
+        broker.reply(subject, [Reply::AckFails(permission_denied())]);
     }
-    assert_eq!(verdicts[1].1, Verdict::Delivered);
-    assert_eq!(
-        broker.sends_to("denied"),
-        1,
-        "the retry is the completion stage's"
+    stage
+        .feed(denied.iter().map(|subject| message(subject)))
+        .await;
+
+    let verdicts = stage.verdicts(denied.len()).await;
+    for (name, verdict) in &verdicts {
+        match verdict {
+            Verdict::Refused { reason, own } => {
+                assert!(reason.contains("permission denied"), "{name}: {reason}");
+                assert!(
+                    !own,
+                    "{name}: a refusal alone proves nothing about the broker"
+                );
+            }
+            other => panic!("{name}: expected a refusal, got {other:?}"),
+        }
+        assert_eq!(
+            broker.sends_to(name),
+            1,
+            "the retry is the completion stage's"
+        );
+    }
+    let mut charged = names(&verdicts);
+    charged.sort_unstable();
+    let mut fed: Vec<&str> = denied.iter().map(String::as_str).collect();
+    fed.sort_unstable();
+    assert_eq!(charged, fed, "each is charged once");
+    assert!(
+        !stage.deliveries.within(PATIENCE),
+        "a refusal is no evidence that the broker works"
     );
+
+    // The refusals paused nothing: the next message goes on.
+    stage.feed([message("a")]).await;
+    assert_eq!(stage.verdict().await, ("a".into(), Verdict::Delivered));
+    assert!(stage.deliveries.within(PATIENCE));
     assert_eq!(broker.probes(), 0, "a refusal is not in doubt");
 }
 
@@ -885,8 +904,15 @@ async fn abandoning_during_an_outage_ends_the_stage_without_sending_or_charging_
     stage.abandon.cancel();
     let sends_when_abandoned = broker.sends();
     let metrics = stage.metrics.clone();
+    let abandoned = tokio::time::Instant::now();
     let verdicts = stage.ended().await;
 
+    // The first backoff step is 80 ms at the least.
+    assert!(
+        abandoned.elapsed() < Duration::from_millis(50),
+        "the pause ends at once, not at its next step: {:?}",
+        abandoned.elapsed()
+    );
     assert_eq!(verdicts, [], "the held messages stay pending, uncharged");
     assert_eq!(
         broker.sends(),

@@ -197,7 +197,7 @@ impl Shared {
                 ),
             };
             outage.failed(&problem);
-            if !retry::pause(&mut backoff, &self.shutdown).await {
+            if !retry::back_off(&mut backoff, &self.shutdown).await {
                 return Written::Stopped;
             }
         }

@@ -103,7 +103,7 @@ impl Shared {
                 // alive, until MongoDB answers.
                 Outcome::Mongo(error) | Outcome::Unavailable(error) => {
                     outage.failed(&brief(&error));
-                    if !retry::pause(&mut backoff, &self.shutdown).await {
+                    if !retry::back_off(&mut backoff, &self.shutdown).await {
                         return Settled::Left;
                     }
                 }

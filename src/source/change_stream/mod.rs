@@ -43,7 +43,7 @@ use replayed::{Seen, Window};
 use crate::contract::{field, status, DecodeRules};
 use crate::observe::{Metrics, Role};
 use crate::partition::Partition;
-use crate::retry::{pause, reconnect_backoff, until_settled};
+use crate::retry::{back_off, reconnect_backoff, until_settled};
 use crate::setup::collection_exists;
 use crate::work::{Feed, Work};
 
@@ -146,7 +146,7 @@ impl ChangeStreamSource {
                 // reopened with backoff, not in a tight loop.
                 Tail::Broken(last, caught_up) if last == position => {
                     carried = Some(caught_up);
-                    if !pause(&mut backoff, &shutdown).await {
+                    if !back_off(&mut backoff, &shutdown).await {
                         return;
                     }
                 }
@@ -186,7 +186,7 @@ impl ChangeStreamSource {
                 Ok(false) => {}
                 Err(error) => tracing::debug!(%error, "listing collections failed"),
             }
-            if !pause(&mut backoff, shutdown).await {
+            if !back_off(&mut backoff, shutdown).await {
                 return false;
             }
         }
