@@ -134,20 +134,22 @@ pub async fn run(config: &RelayConfig) -> Report {
         return report;
     };
     if config.nats_mode == NatsMode::Jetstream {
-        let stream = capturing_stream(&client, config).await;
-        match report.record("jetstream stream", stream, |(name, _)| {
-            format!("stream {name:?} captures {}.>", config.subject_prefix)
-        }) {
-            Some((name, window)) => {
-                let covered = duplicate_window_covers(&name, window, config);
-                report.record("duplicate window", covered, |_| {
-                    format!(
-                        "{window:?} covers the longest redelivery gap, {:?}",
-                        config.redelivery_gap()
-                    )
-                });
+        for subjects in captured_subjects(config) {
+            let stream = capturing_stream(&client, &subjects).await;
+            match report.record("jetstream stream", stream, |(name, _)| {
+                format!("stream {name:?} captures {subjects}")
+            }) {
+                Some((name, window)) => {
+                    let covered = duplicate_window_covers(&name, window, config);
+                    report.record("duplicate window", covered, |_| {
+                        format!(
+                            "{window:?} covers the longest redelivery gap, {:?}",
+                            config.redelivery_gap()
+                        )
+                    });
+                }
+                None => report.skip("duplicate window"),
             }
-            None => report.skip("duplicate window"),
         }
     }
     report
@@ -159,30 +161,43 @@ pub(crate) async fn jetstream(client: &async_nats::Client, config: &RelayConfig)
     if config.nats_mode != NatsMode::Jetstream {
         return Ok(());
     }
-    let (name, window) = capturing_stream(client, config).await?;
-    duplicate_window_covers(&name, window, config)
+    for subjects in captured_subjects(config) {
+        let (name, window) = capturing_stream(client, &subjects).await?;
+        duplicate_window_covers(&name, window, config)?;
+    }
+    Ok(())
 }
 
-/// The stream that captures `<prefix>.>`, with its duplicate window.
+/// What a stream must capture: `<prefix>.>`, and the subjects the
+/// subject template renders where they are outside it.
+fn captured_subjects(config: &RelayConfig) -> Vec<String> {
+    let under_prefix = format!("{}.>", config.subject_prefix);
+    let mut subjects = vec![under_prefix];
+    if let Ok(rules) = config.subject_rules() {
+        let rendered = rules.template().pattern(rules.prefix());
+        if !rendered.starts_with(&format!("{}.", rules.prefix())) {
+            subjects.push(rendered);
+        }
+    }
+    subjects
+}
+
+/// The stream that captures `subjects`, with its duplicate window.
 async fn capturing_stream(
     client: &async_nats::Client,
-    config: &RelayConfig,
+    subjects: &str,
 ) -> Result<(String, Duration)> {
     let context = jetstream::new(client.clone());
-    let subjects = format!("{}.>", config.subject_prefix);
-    let name = context
-        .stream_by_subject(subjects.clone())
-        .await
-        .map_err(|e| {
-            Error::check(
-                CheckKind::NoStream,
-                format!(
-                    "no JetStream stream captures {subjects} ({e}); create one (nats stream add \
+    let name = context.stream_by_subject(subjects).await.map_err(|e| {
+        Error::check(
+            CheckKind::NoStream,
+            format!(
+                "no JetStream stream captures {subjects} ({e}); create one (nats stream add \
                  --subjects '{subjects}'), start the relay with --create-stream NAME, or use \
                  --nats-mode core"
-                ),
-            )
-        })?;
+            ),
+        )
+    })?;
     let stream = context.get_stream(&name).await.map_err(|e| {
         Error::check(
             CheckKind::NoStream,

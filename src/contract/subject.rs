@@ -66,20 +66,41 @@ impl SubjectRules {
     }
 
     /// Renders the subjects of messages that name none with `template`.
-    /// Refused if even a message with every field the template reads
-    /// would go where these rules do not publish; call it after
-    /// [`allow`](Self::allow).
+    /// Refused unless every subject it can render is under the prefix or
+    /// matches one allowed pattern (a key or a header is one token, a type
+    /// one or more), and its literal tokens are a subject's; call it after
+    /// [`allow`](Self::allow). A message's rendered subject is still
+    /// checked as any subject (a type or key may make it reserved).
     pub fn with_template(mut self, template: SubjectTemplate) -> Result<Self, ContractViolation> {
-        let example = template.example(&self.prefix);
-        self.check(&example).map_err(|violation| {
+        let unusable = |violation: ContractViolation| {
             ContractViolation::new(
                 violation.rule(),
                 format!(
-                    "the subject template {:?} gives subjects like {example:?}, which cannot be                      used: {violation}",
+                    "the subject template {:?} cannot be used: {violation}",
                     template.as_str()
                 ),
             )
-        })?;
+        };
+        let example = template.example(&self.prefix);
+        validate_subject(&example).map_err(unusable)?;
+        refuse_reserved(&example).map_err(unusable)?;
+        let pattern = template.pattern(&self.prefix);
+        let own = format!("{}.>", self.prefix);
+        let covered = std::iter::once(&own)
+            .chain(&self.allowed)
+            .any(|allowed| pattern_covers(allowed, &pattern));
+        if !covered {
+            return Err(ContractViolation::new(
+                Rule::SubjectNotAllowed,
+                format!(
+                    "the subject template {:?} gives subjects {pattern:?} (a key or a header \
+                     one token, a type one or more), not all of them under \"{}.\" or matching \
+                     an --allow-subject pattern; allow them with --allow-subject '{pattern}'",
+                    template.as_str(),
+                    self.prefix
+                ),
+            ));
+        }
         self.template = template;
         Ok(self)
     }
@@ -298,6 +319,23 @@ pub fn pattern_matches(pattern: &str, subject: &str) -> bool {
     subject_tokens.next().is_none()
 }
 
+/// Whether every subject `pattern` matches is matched by `allowed` (both
+/// NATS patterns).
+fn pattern_covers(allowed: &str, pattern: &str) -> bool {
+    let wanted: Vec<&str> = pattern.split('.').collect();
+    let tokens: Vec<&str> = allowed.split('.').collect();
+    for (n, token) in tokens.iter().enumerate() {
+        match (*token, wanted.get(n).copied()) {
+            (">", Some(_)) => return true,
+            (_, None) | (_, Some(">")) => return false,
+            ("*", Some(_)) => {}
+            (literal, Some(own)) if literal == own && own != "*" => {}
+            _ => return false,
+        }
+    }
+    tokens.len() == wanted.len()
+}
+
 /// A NATS pattern as an anchored regular expression.
 pub(crate) fn pattern_regex(pattern: &str) -> String {
     let tokens: Vec<String> = pattern
@@ -335,6 +373,7 @@ fn shown(subject: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::SubjectTemplate;
 
     fn rules() -> SubjectRules {
         SubjectRules::under("outbox")
@@ -440,6 +479,45 @@ mod tests {
             "", "a..b", "a.>.b", "a*", "a.b>", "$JS.>", "_INBOX.>", "a b", "$SYS",
         ] {
             assert!(validate_pattern(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_template_must_render_only_permitted_subjects() {
+        let rules = |allowed: &[&str]| {
+            allowed
+                .iter()
+                .try_fold(SubjectRules::under("shop").expect("rules"), |rules, p| {
+                    rules.allow(*p)
+                })
+                .expect("rules")
+        };
+        let parse = |text: &str| SubjectTemplate::parse(text).expect("a template");
+        for (allowed, template) in [
+            (&[][..], "{prefix}.{type}.{key}"),
+            (&[][..], "shop.{key}"),
+            (&["acme.>"][..], "acme.{header.Tenant}.{type}"),
+            (&["orders.*"][..], "orders.{key}"),
+            (&["*.x"][..], "{key}.x"),
+        ] {
+            let template = parse(template);
+            let shown = template.as_str().to_owned();
+            assert!(rules(allowed).with_template(template).is_ok(), "{shown}");
+        }
+        for (allowed, template, saying) in [
+            (&[][..], "orders.{key}", "--allow-subject 'orders.*'"),
+            (&["order.*"][..], "{type}", "--allow-subject '>'"),
+            (&["billing.>"][..], "{type}", "--allow-subject '>'"),
+            (&["orders.*"][..], "orders.{type}", "'orders.>'"),
+            (&["orders.x"][..], "orders.{key}", "'orders.*'"),
+            (&[">"][..], "$JS.API.{key}", "reserved to NATS"),
+            (&[">"][..], "_INBOX.{key}", "reserved to NATS"),
+            (&[">"][..], "a.*.{key}", "wildcard"),
+            (&[][..], "{prefix}..{key}", "empty token"),
+            (&[][..], "", "empty"),
+        ] {
+            let error = rules(allowed).with_template(parse(template)).unwrap_err();
+            assert!(error.to_string().contains(saying), "{template}: {error}");
         }
     }
 

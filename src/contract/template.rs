@@ -115,14 +115,14 @@ impl SubjectTemplate {
                 Part::Literal(text) => subject.push_str(text),
                 Part::Prefix => subject.push_str(fields.prefix),
                 Part::Type => subject.push_str(fields.message_type),
-                Part::Key => push_token(&mut subject, fields.key, "the message's key", self)?,
+                Part::Key => push_token(&mut subject, fields.key, part, self)?,
                 Part::Header(name) => {
                     let value = fields
                         .headers
                         .iter()
                         .find(|(own, _)| own == name)
                         .map(|(_, value)| value.as_str());
-                    push_token(&mut subject, value, &format!("header {name:?}"), self)?;
+                    push_token(&mut subject, value, part, self)?;
                 }
             }
         }
@@ -143,6 +143,25 @@ impl SubjectTemplate {
             }
         }
         subject
+    }
+
+    /// A NATS pattern matching every subject the template renders: a key
+    /// or a header is one token (`*`); a type is one or more, so from the
+    /// first `{type}` on anything may follow (`>`).
+    pub fn pattern(&self, prefix: &str) -> String {
+        let mut pattern = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Literal(text) => pattern.push_str(text),
+                Part::Prefix => pattern.push_str(prefix),
+                Part::Key | Part::Header(_) => pattern.push('*'),
+                Part::Type => {
+                    pattern.push('>');
+                    break;
+                }
+            }
+        }
+        pattern
     }
 
     /// Each placeholder stands alone between dots (or the template's ends).
@@ -200,6 +219,10 @@ impl Part {
             "type" => Ok(Part::Type),
             "key" => Ok(Part::Key),
             _ => match name.strip_prefix("header.") {
+                Some(header) if reserved_header(header) => Err(format!(
+                    "header {header:?} is the relay's own (every Nats-* and Outbox-* header), and \
+                     no document may set it"
+                )),
                 Some(header) if valid_header_name(header) => Ok(Part::Header(header.to_owned())),
                 Some(header) => Err(format!(
                     "{header:?} cannot be a header's name: a name is visible ASCII without ':'"
@@ -224,6 +247,13 @@ impl fmt::Display for Part {
     }
 }
 
+fn reserved_header(name: &str) -> bool {
+    super::header::RESERVED_PREFIXES.iter().any(|prefix| {
+        name.get(..prefix.len())
+            .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
+    })
+}
+
 fn valid_header_name(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic() && b != b':')
 }
@@ -232,7 +262,7 @@ fn valid_header_name(name: &str) -> bool {
 fn push_token(
     subject: &mut String,
     value: Option<&str>,
-    what: &str,
+    part: &Part,
     template: &SubjectTemplate,
 ) -> Result<(), ContractViolation> {
     match value {
@@ -243,9 +273,13 @@ fn push_token(
         missing => Err(ContractViolation::new(
             Rule::SubjectTemplate,
             format!(
-                "the subject template {:?} needs {what}, and the message has {}; give it one, \
-                 or a subject of its own",
+                "the subject template {:?} needs {}, and the message has {}; give it one, or a \
+                 subject of its own",
                 template.text,
+                match part {
+                    Part::Header(name) => format!("header {name:?}"),
+                    _ => "the message's key".to_owned(),
+                },
                 if missing.is_some() {
                     "an empty one"
                 } else {
@@ -359,6 +393,8 @@ mod tests {
             ("{prefix}.key}", "opens nothing"),
             ("{prefix}.{header.}", "cannot be a header"),
             ("{prefix}.{header.a:b}", "cannot be a header"),
+            ("{prefix}.{header.Nats-Msg-Id}", "the relay's own"),
+            ("{prefix}.{header.outbox-key}", "the relay's own"),
         ] {
             let error = SubjectTemplate::parse(bad).unwrap_err();
             assert!(error.contains(why), "{bad}: {error}");

@@ -84,9 +84,15 @@ pub(super) fn outgoing(
         Ok(message) => message,
         Err(violation) => {
             let message_type = document.get_str(field::TYPE).unwrap_or_default();
+            // The subject it would have had: its own, or the template's
+            // (from its key; `<prefix>.<type>` where that cannot be said).
+            let key = document.get_str(field::KEY).ok();
             let subject = match document.get_str(field::SUBJECT) {
                 Ok(subject) => subject.to_owned(),
-                Err(_) => rules.subjects.type_subject(message_type),
+                Err(_) => rules
+                    .subjects
+                    .subject_of(message_type, key, &[])
+                    .unwrap_or_else(|_| rules.subjects.type_subject(message_type)),
             };
             if !selection.matches(message_type, &subject) {
                 return Outgoing::Unselected;
@@ -450,5 +456,44 @@ impl Landed {
             key: None,
             bytes: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::{doc, oid::ObjectId, RawDocumentBuf};
+
+    use super::*;
+    use crate::contract::{SubjectRules, SubjectTemplate};
+
+    #[test]
+    fn a_broken_document_is_selected_by_the_subject_its_template_gives() {
+        let template = SubjectTemplate::parse("{prefix}.{type}.{key}").expect("a template");
+        let subjects = SubjectRules::under("outbox")
+            .and_then(|rules| rules.with_template(template))
+            .expect("rules");
+        let rules = DecodeRules::new(subjects, usize::MAX);
+        let selection = Selection {
+            subjects: vec!["outbox.order.placed.*".into()],
+            include_failed: true,
+            ..Selection::default()
+        };
+        let broken = |key: Option<&str>| {
+            let mut document = doc! {
+                "_id": ObjectId::new(), "type": "order.placed", "payload": 5, "status": "failed",
+            };
+            if let Some(key) = key {
+                document.insert("key", key);
+            }
+            RawDocumentBuf::from_document(&document).expect("a raw document")
+        };
+        let keyed = outgoing(&broken(Some("o-1")), &rules, &selection, None, "r");
+        assert!(
+            matches!(&keyed, Outgoing::Skipped(why) if why.contains("payload")),
+            "selected, and skipped for what it breaks"
+        );
+        // Without a key the template cannot say its subject: the type's.
+        let keyless = outgoing(&broken(None), &rules, &selection, None, "r");
+        assert!(matches!(keyless, Outgoing::Unselected));
     }
 }

@@ -218,6 +218,10 @@ async fn a_stream_keeping_the_last_message_of_each_subject_holds_each_keys_lates
     let mut config = env.replica_config();
     config.subject_template = BY_KEY.to_owned();
     config.partitions = 2;
+    // A lease a loaded machine keeps: one lost hands a partition over and
+    // back, which this test does not count on.
+    config.lease_duration = std::time::Duration::from_secs(6);
+    config.lease_renew_interval = std::time::Duration::from_secs(1);
     let relays = [
         RunningRelay::start(config.clone()).await,
         RunningRelay::start(config).await,
@@ -281,5 +285,29 @@ async fn check_shows_the_template_and_a_bad_one_is_refused_at_start() {
         run.args(["run", "--subject-template", template]);
         assert_exit(&bounded(run).await, 2, saying);
     }
+    // Subjects outside the prefix need a stream of their own.
+    let outside = format!("{}x", env.prefix);
+    let check_outside = || {
+        let mut check = relay_command(&env);
+        check
+            .args(["check", "--subject-template", &format!("{outside}.{{key}}")])
+            .args(["--allow-subject", &format!("{outside}.>")]);
+        bounded(check)
+    };
+    let pattern = format!("no JetStream stream captures {outside}.*");
+    assert_exit(&check_outside().await, 7, &pattern);
+    let stream = async_nats::jetstream::stream::Config {
+        name: outside.to_uppercase(),
+        subjects: vec![format!("{outside}.>")],
+        duplicate_window: std::time::Duration::from_secs(4 * 3600),
+        ..Default::default()
+    };
+    env.jetstream.create_stream(stream).await.expect("a stream");
+    let captured = format!("captures {outside}.*");
+    assert_exit(&check_outside().await, 0, &captured);
+    env.jetstream
+        .delete_stream(outside.to_uppercase())
+        .await
+        .expect("delete the stream");
     env.drop().await;
 }

@@ -229,6 +229,11 @@ function placeholder(name) {
   if (['prefix', 'type', 'key'].includes(name)) return [name];
   if (name.startsWith('header.')) {
     const header = name.slice('header.'.length);
+    if (RESERVED_HEADER_PREFIXES.some((prefix) => header.toLowerCase().startsWith(prefix))) {
+      throw new Error(
+        `header ${JSON.stringify(header)} is the relay's own (every Nats-* and Outbox-* header), and no document may set it`,
+      );
+    }
     if (/^[\x21-\x39\x3b-\x7e]+$/.test(header)) return ['header', header];
     throw new Error(`${JSON.stringify(header)} cannot be a header's name: a name is visible ASCII without ':'`);
   }

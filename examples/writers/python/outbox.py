@@ -207,6 +207,9 @@ def _placeholder(name):
         return (name, None)
     if name.startswith("header."):
         header = name[len("header."):]
+        if header.lower().startswith(RESERVED_HEADER_PREFIXES):
+            raise ValueError(f"header {header!r} is the relay's own (every Nats-* "
+                             "and Outbox-* header), and no document may set it")
         if header and all(0x21 <= ord(c) <= 0x7E and c != ":" for c in header):
             return ("header", header)
         raise ValueError(f"{header!r} cannot be a header's name: a name is "
