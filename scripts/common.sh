@@ -48,3 +48,17 @@ install_secantus_rs() {
   command -v cmake >/dev/null || apt_install cmake
   cargo install secantus-mdb --version "$SECANTUS_RS_VERSION" --ignore-rust-version --locked
 }
+
+# Debian's Prometheus (2.42), with promtool: validate-deploy.sh checks and
+# unit-tests the alerting rules with promtool, and the end-to-end test of
+# the rules and the dashboard (tests/servers/prometheus.rs) starts a
+# Prometheus of its own on a free port. No daemon is wanted: where
+# installing the package started one (systemd), it is stopped and disabled.
+install_prometheus() {
+  command -v prometheus >/dev/null && command -v promtool >/dev/null && return
+  log "installing Prometheus from Debian's packages"
+  apt_install --no-install-recommends prometheus
+  if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+    as_root systemctl disable --now prometheus
+  fi
+}

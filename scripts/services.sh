@@ -4,8 +4,9 @@
 #   scripts/services.sh [start|stop|status]     (default: start)
 #
 # Idempotent: installs what is missing (Debian's nats-server, SecantusDB from
-# PyPI in a venv under .services/, and SecantusDB's Rust build, which tests
-# and the benchmark start on their own ports), starts what is not running,
+# PyPI in a venv under .services/, SecantusDB's Rust build, which tests
+# and the benchmark start on their own ports, and Debian's Prometheus, which
+# tests start on their own ports too), starts what is not running,
 # and waits until both answer. Ports: MONGO_PORT (27017) and NATS_PORT (4222).
 set -euo pipefail
 
@@ -61,6 +62,7 @@ start() {
   install_nats
   install_secantus
   install_secantus_rs
+  install_prometheus
   mkdir -p "$STATE/mongo-data" "$STATE/nats-data"
   if alive "$STATE/mongo.pid" && mongo_answers; then
     log "SecantusDB already running on 127.0.0.1:$MONGO_PORT"

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Validates the deployment files offline: the Kubernetes manifests against
-# the Kubernetes schemas (strict: an unknown field is an error), and the
-# Compose file against the Compose specification's schema. Installs both
-# validators from PyPI into a virtualenv under .services/.
+# the Kubernetes schemas (strict: an unknown field is an error), the
+# Compose file against the Compose specification's schema, and the
+# Prometheus alerting rules with promtool (their syntax, then their unit
+# tests, deploy/prometheus/alerts.test.yaml). Installs the first two
+# validators from PyPI into a virtualenv under .services/, and promtool
+# with Debian's prometheus package where it is missing.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,3 +21,7 @@ fi
 
 "$VENV/bin/kubernetes-validate" --strict --quiet "$ROOT"/deploy/kubernetes/*.yaml
 "$VENV/bin/check-jsonschema" --builtin-schema vendor.compose-spec "$ROOT/deploy/compose.yaml"
+
+command -v promtool >/dev/null || install_prometheus
+promtool check rules "$ROOT/deploy/prometheus/alerts.yaml"
+promtool test rules "$ROOT/deploy/prometheus/alerts.test.yaml"

@@ -296,10 +296,22 @@ exported! {
         "Time since the resume token was last written";
     leader: Gauge => "leader",
         "1 while this relay holds a lease (of the outbox, or of any partition), else 0";
+    /// Set when scraped, as readiness says.
+    ready: Gauge => "ready",
+        "1 while /readyz answers 200 (connected, and tailing, polling or standing by, with \
+         delivery not paused), else 0";
+    /// Set when scraped: MongoDB as the driver's monitoring sees it, NATS
+    /// unless the publisher is the application's own.
+    connected: Family<ServerLabel, Gauge> => "connected",
+        "1 while the relay is connected to the server, else 0";
     term: Gauge => "lease_term", "The lease term this relay last held";
     /// How many partitions this relay holds.
     partitions_held: Gauge => "partitions_held",
         "How many of the outbox's partitions this relay holds";
+    /// The count of the partitions this relay held.
+    partitions: Gauge => "partitions",
+        "How many partitions the outbox has, as of the last this relay held (0 before its \
+         first)";
     /// 1 for each partition this relay holds, else 0.
     partition_held: Family<PartitionLabel, Gauge> => "partition_held",
         "1 while this relay holds the partition's lease, else 0";
@@ -341,6 +353,7 @@ impl Metrics {
     /// Renders every metric in the Prometheus text format (version 0.0.4).
     pub fn render(&self) -> String {
         self.refresh_ages(DateTime::now());
+        self.refresh_states();
         let mut text = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut text, &self.0.registry);
@@ -503,6 +516,7 @@ impl Metrics {
             .partition_held
             .get_or_create(&label)
             .set(i64::from(term.is_some()));
+        inner.exported.partitions.set(i64::from(partition.count()));
         let held = match term {
             Some(term) => {
                 inner.exported.term.set(term);
@@ -606,13 +620,7 @@ impl Metrics {
     /// the leader, polling, or standing by to take over.
     pub fn readiness(&self) -> Readiness {
         let inner = &self.0;
-        // A relay built over a handle it did not connect itself has no
-        // monitoring of its own; its connections count as up.
-        let mongodb = inner.mongodb.load(Ordering::Relaxed) != LOST;
-        let nats = inner.nats.lock().ok().and_then(|nats| {
-            nats.as_ref()
-                .map(|c| c.connection_state() == async_nats::connection::State::Connected)
-        });
+        let (mongodb, nats) = self.connections();
         let role = self.role();
         let role_ready = matches!(role, Role::Standby | Role::Tailing | Role::Polling);
         let paused = (inner.exported.delivery_paused.get() > 0)
@@ -647,6 +655,36 @@ impl Metrics {
             ready: mongodb && nats != Some(false) && role_ready && held_back.is_none(),
             conditions,
         }
+    }
+
+    /// Whether MongoDB is reachable (a relay built over a handle it did
+    /// not connect itself has no monitoring of its own, and counts it as
+    /// up), and whether NATS is connected (`None`: not monitored, a
+    /// publisher of the application's own).
+    fn connections(&self) -> (bool, Option<bool>) {
+        let inner = &self.0;
+        let mongodb = inner.mongodb.load(Ordering::Relaxed) != LOST;
+        let nats = inner.nats.lock().ok().and_then(|nats| {
+            nats.as_ref()
+                .map(|c| c.connection_state() == async_nats::connection::State::Connected)
+        });
+        (mongodb, nats)
+    }
+
+    /// The gauges that say what readiness says.
+    fn refresh_states(&self) {
+        let exported = &self.0.exported;
+        let (mongodb, nats) = self.connections();
+        let servers = [(Server::Mongodb, Some(mongodb)), (Server::Nats, nats)];
+        for (server, connected) in servers {
+            if let Some(connected) = connected {
+                exported
+                    .connected
+                    .get_or_create(&ServerLabel { server })
+                    .set(i64::from(connected));
+            }
+        }
+        exported.ready.set(i64::from(self.readiness().ready));
     }
 
     fn refresh_ages(&self, now: DateTime) {
@@ -730,5 +768,26 @@ mod tests {
         );
         drop(reading);
         assert!(metrics.readiness().ready);
+    }
+
+    #[test]
+    fn readiness_connections_and_the_partition_count_are_rendered() {
+        let metrics = Metrics::new();
+        assert_eq!(value(&metrics, "outbox_ready"), Some(0.0));
+        assert_eq!(value(&metrics, "outbox_partitions"), Some(0.0));
+        let mongodb = "outbox_connected{server=\"mongodb\"}";
+        assert_eq!(value(&metrics, mongodb), Some(1.0));
+        metrics.set_role(Role::Standby);
+        assert_eq!(value(&metrics, "outbox_ready"), Some(1.0));
+        metrics.mongodb_reachable(true);
+        metrics.mongodb_reachable(false);
+        assert_eq!(value(&metrics, mongodb), Some(0.0));
+        assert_eq!(value(&metrics, "outbox_ready"), Some(0.0));
+        let third = Partition::new(2, 4).expect("a partition");
+        metrics.partition_held(third, Some(7));
+        assert_eq!(value(&metrics, "outbox_partitions"), Some(4.0));
+        // A relay whose NATS client is the application's own says nothing
+        // of NATS.
+        assert!(!metrics.render().contains("server=\"nats\""));
     }
 }

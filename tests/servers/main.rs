@@ -15,6 +15,7 @@ mod order;
 mod partitions;
 mod poison;
 mod process;
+mod prometheus;
 mod relay;
 mod replay;
 mod secured;
