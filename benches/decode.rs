@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use bson::{doc, oid::ObjectId, Binary, RawDocumentBuf};
-use outbox_relay::contract::{DecodeRules, SubjectRules};
+use outbox_relay::contract::{DecodeRules, SubjectRules, SubjectTemplate};
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
@@ -38,6 +38,23 @@ fn main() {
             },
         ),
     ];
+    // The same message with its key in the subject: the template's cost.
+    let by_key = SubjectTemplate::parse("{prefix}.{type}.{key}").expect("a template");
+    let keyed = SubjectRules::under("outbox")
+        .and_then(|subjects| subjects.with_template(by_key))
+        .expect("valid rules");
+    let keyed = DecodeRules::new(keyed, 1 << 20);
+    let raw = RawDocumentBuf::try_from(&cases[0].1).expect("a document encodes");
+    let started = Instant::now();
+    for _ in 0..iterations {
+        black_box(keyed.decode_raw(black_box(&raw)));
+    }
+    let per_message = started.elapsed() / iterations;
+    println!(
+        "decode {}, from BSON bytes, subject {{prefix}}.{{type}}.{{key}}: {per_message:?} per \
+         message ({iterations} iterations)",
+        cases[0].0
+    );
     for (name, document) in &cases {
         let started = Instant::now();
         for _ in 0..iterations {
