@@ -13,10 +13,11 @@ as_root() {
     log "need root to run: $*"; exit 1; fi
 }
 
-# Installs Debian packages, quietly.
+# Installs Debian packages, quietly. (The variable goes through env, which
+# sudo would drop.)
 apt_install() {
   as_root apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
 # Makes a Python virtualenv at $1 and installs the rest of the arguments
@@ -52,13 +53,25 @@ install_secantus_rs() {
 # Debian's Prometheus (2.42), with promtool: validate-deploy.sh checks and
 # unit-tests the alerting rules with promtool, and the end-to-end test of
 # the rules and the dashboard (tests/servers/prometheus.rs) starts a
-# Prometheus of its own on a free port. No daemon is wanted: where
-# installing the package started one (systemd), it is stopped and disabled.
+# Prometheus of its own on a free port. No daemon is wanted: the package
+# is installed with services barred from starting (policy-rc.d, where none
+# bars them already), and one systemd started anyway is stopped and
+# disabled.
 install_prometheus() {
   command -v prometheus >/dev/null && command -v promtool >/dev/null && return
   log "installing Prometheus from Debian's packages"
+  local policy=/usr/sbin/policy-rc.d barred=""
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null
+    as_root chmod +x "$policy"
+    barred=yes
+  fi
   apt_install --no-install-recommends prometheus
+  if [ -n "$barred" ]; then as_root rm -f "$policy"; fi
   if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
     as_root systemctl disable --now prometheus
+  fi
+  if command -v update-rc.d >/dev/null && [ -e /etc/init.d/prometheus ]; then
+    as_root update-rc.d prometheus disable >/dev/null 2>&1 || true
   fi
 }

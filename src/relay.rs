@@ -815,7 +815,12 @@ impl Relay {
             client: self.database.client().clone(),
             metrics: self.metrics.clone(),
             interval: config.collect_interval,
-            headroom_warning: config.oplog_headroom_warning,
+            // Polling reads no change stream, and has no place in the
+            // oplog to lose.
+            headroom_warning: match config.mode {
+                RelayMode::Push => config.oplog_headroom_warning,
+                RelayMode::Poll => None,
+            },
         }
     }
 

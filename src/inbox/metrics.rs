@@ -150,6 +150,22 @@ impl InboxMetrics {
         self.0.repeats.get_or_create(&Self::label(consumer)).inc();
     }
 
+    /// Shows the consumer's counters at 0 before its first message, so a
+    /// rule on their increase sees the first one (a series born at 1 has
+    /// no increase to see).
+    pub(crate) fn count_from_zero(&self, consumer: &str) {
+        let label = Self::label(consumer);
+        let counters = [
+            &self.0.handled,
+            &self.0.repeats,
+            &self.0.failed,
+            &self.0.retried,
+        ];
+        for counter in counters {
+            drop(counter.get_or_create(&label));
+        }
+    }
+
     pub(crate) fn failed(&self, consumer: &str) {
         self.0.failed.get_or_create(&Self::label(consumer)).inc();
     }
@@ -162,6 +178,17 @@ impl InboxMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_built_consumer_counts_from_zero() {
+        let metrics = InboxMetrics::new();
+        metrics.count_from_zero("billing");
+        let text = metrics.render();
+        for counter in ["handled", "repeats", "failed", "retried"] {
+            let line = format!("outbox_inbox_{counter}_total{{consumer=\"billing\"}} 0");
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+    }
 
     #[test]
     fn the_counts_are_the_rendered_counters_of_their_consumer() {

@@ -196,11 +196,13 @@ impl InboxBuilder {
         let collection = self.database.collection(&self.collection);
         record::ensure_indexes(&collection).await?;
         check_transactions(&collection).await?;
+        let metrics = self.metrics.unwrap_or_default();
+        metrics.count_from_zero(&self.consumer);
         Ok(Inbox {
             collection,
             consumer: self.consumer,
             retention: self.retention,
-            metrics: self.metrics.unwrap_or_default(),
+            metrics,
         })
     }
 }

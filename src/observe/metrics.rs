@@ -335,6 +335,11 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("outbox");
         let exported = Exported::new(&mut registry);
+        // Dead letters count from 0, so a rule on their increase sees the
+        // first one (a series born at 1 has no increase to see).
+        for kind in [FailureKind::Rejected, FailureKind::Exhausted] {
+            drop(exported.failed.get_or_create(&KindLabel { kind }));
+        }
         Metrics(Arc::new(Inner {
             registry,
             exported,
@@ -773,6 +778,10 @@ mod tests {
     #[test]
     fn readiness_connections_and_the_partition_count_are_rendered() {
         let metrics = Metrics::new();
+        for kind in ["rejected", "exhausted"] {
+            let failed = format!("outbox_failed_total{{kind=\"{kind}\"}}");
+            assert_eq!(value(&metrics, &failed), Some(0.0), "{kind} from the start");
+        }
         assert_eq!(value(&metrics, "outbox_ready"), Some(0.0));
         assert_eq!(value(&metrics, "outbox_partitions"), Some(0.0));
         let mongodb = "outbox_connected{server=\"mongodb\"}";
