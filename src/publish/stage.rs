@@ -585,7 +585,14 @@ impl Flight {
             Answer::Known(attempt) => attempt,
             Answer::InDoubt(doubt) => self.settle(doubt).await?,
         };
-        if let (Some(turn), Some(outcome)) = (turn, attempt.outcome.for_key()) {
+        let for_key = attempt.outcome.for_key();
+        // A sent message's outcome always says what its key's turn came
+        // to; a turn dropped unended would hold its key for the term.
+        debug_assert!(
+            turn.is_none() || for_key.is_some(),
+            "a sent message's outcome ends its turn"
+        );
+        if let (Some(turn), Some(outcome)) = (turn, for_key) {
             turn.finish(outcome);
         }
         Some(attempt)
