@@ -436,9 +436,13 @@ async fn dropped_under_a_running_relay(drop_database: bool) {
     config.lease_duration = Duration::from_secs(3600);
     config.lease_renew_interval = Duration::from_secs(1800);
     let relay = Observed::start(config).await;
+    // Tailing before the writes: a first start's catch-up pass may deliver
+    // them before the stream is open, and the relay is ready only after.
+    crate::common::ready_as(relay.port, crate::common::LEADING).await;
     let before = write_orders(&env, 2).await;
     env.wait_count(doc! { "status": "processed" }, 2).await;
-    assert_eq!(relay.readiness().await.0, 200, "{before:?}");
+    let (status, body) = relay.readiness().await;
+    assert_eq!(status, 200, "{before:?}: {body}");
 
     if drop_database {
         env.db.drop().await.expect("drop the database");
