@@ -85,11 +85,7 @@ impl SubjectRules {
         validate_subject(&example).map_err(unusable)?;
         refuse_reserved(&example).map_err(unusable)?;
         let pattern = template.pattern(&self.prefix);
-        let own = format!("{}.>", self.prefix);
-        let covered = std::iter::once(&own)
-            .chain(&self.allowed)
-            .any(|allowed| pattern_covers(allowed, &pattern));
-        if !covered {
+        if !self.permits_all(&pattern) {
             return Err(ContractViolation::new(
                 Rule::SubjectNotAllowed,
                 format!(
@@ -173,24 +169,7 @@ impl SubjectRules {
     pub fn check_prefix(&self, prefix: &str) -> Result<(), ContractViolation> {
         validate_subject(prefix)?;
         refuse_reserved(prefix)?;
-        let tokens: Vec<&str> = prefix.split('.').collect();
-        let covers = |pattern: &String| {
-            for (n, token) in pattern.split('.').enumerate() {
-                match (token, tokens.get(n)) {
-                    (">", _) => return true,
-                    (_, None) => return false,
-                    ("*", Some(_)) => {}
-                    (literal, Some(own)) if literal == *own => {}
-                    _ => return false,
-                }
-            }
-            false
-        };
-        let under_own = prefix == self.prefix
-            || prefix
-                .strip_prefix(self.prefix.as_str())
-                .is_some_and(|rest| rest.starts_with('.'));
-        if under_own || self.allowed.iter().any(covers) {
+        if self.permits_all(&format!("{prefix}.>")) {
             return Ok(());
         }
         Err(ContractViolation::new(
@@ -202,6 +181,15 @@ impl SubjectRules {
             self.prefix
         ),
         ))
+    }
+
+    /// Whether every subject `pattern` matches is under the prefix or
+    /// matches one allowed pattern.
+    fn permits_all(&self, pattern: &str) -> bool {
+        let own = format!("{}.>", self.prefix);
+        std::iter::once(&own)
+            .chain(&self.allowed)
+            .any(|allowed| pattern_covers(allowed, pattern))
     }
 
     fn permits(&self, subject: &str) -> bool {
