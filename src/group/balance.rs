@@ -292,66 +292,75 @@ mod tests {
             .iter()
             .map(|p| (*p, Holder::Relay("a".to_owned())))
             .collect();
-        let members = [
-            Member {
-                name: "a".to_owned(),
-                counts: true,
-            },
-            Member {
-                name: "b".to_owned(),
-                counts: true,
-            },
-        ];
-        let plan = moves("a", &mine, &members, &holders, false);
+        let plan = moves("a", &mine, &members(&["a", "b"], &[]), &holders, false);
         assert_eq!(plan.give, mine[2..].to_vec());
         assert!(plan.take.is_empty());
     }
 
+    /// Members named `counting`, each counted towards the share, and
+    /// `standing_by`, each not.
+    fn members(counting: &[&str], standing_by: &[&str]) -> Vec<Member> {
+        let member = |name: &&str, counts| Member {
+            name: (*name).to_owned(),
+            counts,
+        };
+        counting
+            .iter()
+            .map(|name| member(name, true))
+            .chain(standing_by.iter().map(|name| member(name, false)))
+            .collect()
+    }
+
     #[test]
     fn a_standby_that_does_not_count_lowers_no_share() {
-        let holders: BTreeMap<Partition, Holder> = Partition::all(2)
-            .map(|p| (p, Holder::Relay(format!("r{}", p.index()))))
-            .collect();
-        let members = [
-            Member {
-                name: "r0".to_owned(),
-                counts: true,
-            },
-            Member {
-                name: "r1".to_owned(),
-                counts: true,
-            },
-            Member {
-                name: "s".to_owned(),
-                counts: false,
-            },
-        ];
-        let mine = [Partition::new(0, 2).expect("a partition")];
+        let p = |i| Partition::new(i, 4).expect("a partition");
+        let holders: BTreeMap<Partition, Holder> = [
+            (p(0), Holder::Relay("r0".to_owned())),
+            (p(1), Holder::Relay("r0".to_owned())),
+            (p(2), Holder::Relay("r1".to_owned())),
+            (p(3), Holder::Relay("r1".to_owned())),
+        ]
+        .into();
+        let mine = [p(0), p(1)];
+        // Counted, `s` would be below its share, and r0, the richest with
+        // the lowest name, would hand it a partition.
+        let counted = moves(
+            "r0",
+            &mine,
+            &members(&["r0", "r1", "s"], &[]),
+            &holders,
+            false,
+        );
+        assert_eq!(counted.give, [p(1)], "the case the filter decides");
+        let standing_by = members(&["r0", "r1"], &["s"]);
         assert_eq!(
-            moves("r0", &mine, &members, &holders, false),
+            moves("r0", &mine, &standing_by, &holders, false),
             Moves::default()
         );
     }
 
     #[test]
     fn a_relay_that_gave_lately_leaves_the_free_partition_to_the_one_below() {
-        let p = |i| Partition::new(i, 4).expect("a partition");
+        // Five partitions over three relays: each holds one or two. `a`
+        // has just handed p1 over; it and `c` are both below the most.
+        let p = |i| Partition::new(i, 5).expect("a partition");
         let holders: BTreeMap<Partition, Holder> = [
             (p(0), Holder::Relay("a".to_owned())),
             (p(1), Holder::Free),
             (p(2), Holder::Relay("b".to_owned())),
             (p(3), Holder::Relay("b".to_owned())),
+            (p(4), Holder::Relay("c".to_owned())),
         ]
         .into();
-        let members: Vec<Member> = ["a", "b", "c"]
-            .map(|name| Member {
-                name: name.to_owned(),
-                counts: true,
-            })
-            .to_vec();
+        let members = members(&["a", "b", "c"], &[]);
+        assert_eq!(
+            moves("a", &[p(0)], &members, &holders, false).take,
+            [p(1)],
+            "not cooling, it would take it back: the case cooling decides"
+        );
         assert!(moves("a", &[p(0)], &members, &holders, true)
             .take
             .is_empty());
-        assert_eq!(moves("c", &[], &members, &holders, false).take, [p(1)]);
+        assert_eq!(moves("c", &[p(4)], &members, &holders, false).take, [p(1)]);
     }
 }
