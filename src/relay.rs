@@ -292,12 +292,26 @@ impl Relay {
                 refused = round => refused?,
             }
             self.show_role(shares);
+            let next_round = self.until_next_round(shares);
             tokio::select! {
                 _ = stop.shutdown.cancelled() => return Ok(()),
                 Some(ended) = shares.serving.join_next() => shares.ended(ended),
-                _ = tokio::time::sleep(self.config.standby_poll_interval) => {}
+                _ = tokio::time::sleep(next_round) => {}
             }
         }
+    }
+
+    /// How long until the next round: a poll, or less where this relay's
+    /// place in the group is due for renewal first, so that its
+    /// announcement never waits on the poll to be renewed. A renewal that
+    /// keeps failing is tried again every quarter of a poll, not at once.
+    fn until_next_round(&self, shares: &Shares) -> Duration {
+        let poll = self.config.standby_poll_interval;
+        let due = match shares.renewed_at {
+            Some(at) => self.config.lease_renew_interval.saturating_sub(at.elapsed()),
+            None => Duration::ZERO,
+        };
+        poll.min(due.max(poll / 4))
     }
 
     /// Renews this relay's place in the group when due (as a lease is) and

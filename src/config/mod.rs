@@ -351,6 +351,16 @@ impl RelayConfig {
                     .into(),
             ));
         }
+        if self.standby_poll_interval * 2 > self.lease_duration {
+            return Err(Error::Config(format!(
+                "standby-poll-interval ({}) must be at most half of lease-duration ({}): the \
+                 relays of a group share the partitions in rounds that long, and a round must \
+                 come within a lease to count a relay that joins and to keep one that has just \
+                 handed a partition over from taking it back",
+                humantime::format_duration(self.standby_poll_interval),
+                humantime::format_duration(self.lease_duration),
+            )));
+        }
         if self.retry_initial_delay > self.retry_max_delay {
             return Err(Error::Config(
                 "retry-initial-delay must not exceed retry-max-delay".into(),
@@ -454,6 +464,18 @@ mod tests {
         assert!(error.contains("OUTBOX_MONGODB_URI"), "{error}");
 
         assert!(RelayConfig::new("mongodb://h", "db").validate().is_ok());
+    }
+
+    #[test]
+    fn a_standby_poll_longer_than_half_the_lease_is_refused_naming_both() {
+        let mut config = RelayConfig::new("mongodb://h", "db");
+        config.standby_poll_interval = Duration::from_secs(60);
+        let error = config.validate().unwrap_err().to_string();
+        for said in ["standby-poll-interval (1m)", "lease-duration (10s)"] {
+            assert!(error.contains(said), "{error}");
+        }
+        config.standby_poll_interval = Duration::from_secs(5);
+        assert!(config.validate().is_ok(), "half the lease is the most");
     }
 
     #[test]

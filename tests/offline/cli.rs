@@ -233,6 +233,18 @@ fn every_duration_flag_is_read_and_checked() {
         ],
         &["lease-renew-interval", "half"],
     );
+    assert_fails_saying(
+        &[
+            "run",
+            "--mongodb-uri",
+            "mongodb://h",
+            "--database",
+            "d",
+            "--standby-poll-interval",
+            "60s",
+        ],
+        &["standby-poll-interval (1m)", "lease-duration (10s)"],
+    );
 }
 
 /// Each source names the value as it was given, and the strongest one
