@@ -27,6 +27,8 @@ pub const POSITION_AT: &str = "positionAt";
 pub struct CheckpointStore {
     collection: Collection<Document>,
     id: String,
+    /// The partition whose position it keeps.
+    partition: Partition,
     fence: Option<(String, Term)>,
     /// Where the term's newest recorded position is kept in memory.
     place: Option<KeptPlace>,
@@ -68,6 +70,7 @@ impl CheckpointStore {
         CheckpointStore {
             collection: database.collection(checkpoint_collection),
             id: format!("{}.{}", database.name(), outbox),
+            partition: Partition::WHOLE,
             fence: None,
             place: None,
         }
@@ -77,7 +80,13 @@ impl CheckpointStore {
     /// store): a document of its own, as its lease is.
     pub fn of_partition(mut self, partition: Partition) -> Self {
         self.id = partition.document_id(&self.id);
+        self.partition = partition;
         self
+    }
+
+    /// The partition whose position it keeps.
+    pub fn partition(&self) -> Partition {
+        self.partition
     }
 
     /// The store of the outbox a relay's configuration names.

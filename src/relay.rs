@@ -308,7 +308,10 @@ impl Relay {
     fn until_next_round(&self, shares: &Shares) -> Duration {
         let poll = self.config.standby_poll_interval;
         let due = match shares.renewed_at {
-            Some(at) => self.config.lease_renew_interval.saturating_sub(at.elapsed()),
+            Some(at) => self
+                .config
+                .lease_renew_interval
+                .saturating_sub(at.elapsed()),
             None => Duration::ZERO,
         };
         poll.min(due.max(poll / 4))
@@ -824,7 +827,11 @@ impl Relay {
         let config = &self.config;
         observe::Collector {
             outbox: self.database.collection(&config.collection),
-            checkpoints: CheckpointStore::for_config(&self.database, config),
+            // Polling reads no stream, and keeps no position in it.
+            checkpoints: match config.mode {
+                RelayMode::Push => Some(CheckpointStore::for_config(&self.database, config)),
+                RelayMode::Poll => None,
+            },
             partitions: config.partitions,
             client: self.database.client().clone(),
             metrics: self.metrics.clone(),

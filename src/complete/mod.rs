@@ -235,7 +235,8 @@ impl CompletionStage {
             tracing::warn!("the checkpoint belongs to a newer leader now: not writing it");
             return None;
         }
-        self.metrics.checkpoint_saved(DateTime::now());
+        self.metrics
+            .checkpoint_saved(checkpoints.partition(), DateTime::now());
         Some(())
     }
 

@@ -49,8 +49,9 @@ use crate::retry::Outage;
 /// Reads the outbox's depths and the oplog's headroom into metrics.
 pub struct Collector {
     pub(crate) outbox: Collection<Document>,
-    /// The outbox's checkpoint store; each partition's is read.
-    pub(crate) checkpoints: CheckpointStore,
+    /// The outbox's checkpoint store; each partition's is read. `None`
+    /// where the relays poll: they keep no stream position.
+    pub(crate) checkpoints: Option<CheckpointStore>,
     /// How many partitions the relays share.
     pub(crate) partitions: u32,
     pub(crate) client: Client,
@@ -237,14 +238,17 @@ impl Collector {
             self.metrics
                 .depths(depths.pending, depths.failed, depths.oldest_pending);
         }
+        let Some(checkpoints) = &self.checkpoints else {
+            return Ok(None);
+        };
         // With partitions, the headroom is the oldest position's: the
         // partition furthest behind is the first to lose its place.
         let mut oldest: Option<DateTime> = None;
         for partition in Partition::all(self.partitions) {
-            let store = self.checkpoints.clone().of_partition(partition);
+            let store = checkpoints.clone().of_partition(partition);
             let checkpoint = Checkpoint::read(&store).await?;
             if let Some(written) = checkpoint.updated_at {
-                self.metrics.checkpoint_saved(written);
+                self.metrics.checkpoint_saved(partition, written);
             }
             oldest = match (oldest, checkpoint.position_at) {
                 (Some(a), Some(b)) => Some(a.min(b)),
@@ -382,7 +386,11 @@ mod tests {
         let database = client.database("outbox_relay_collector_test");
         let collector = Collector {
             outbox: database.collection("outbox"),
-            checkpoints: CheckpointStore::new(&database, "outbox_checkpoints", "outbox"),
+            checkpoints: Some(CheckpointStore::new(
+                &database,
+                "outbox_checkpoints",
+                "outbox",
+            )),
             partitions: 1,
             client,
             metrics: Metrics::new(),

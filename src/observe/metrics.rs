@@ -188,7 +188,9 @@ struct Inner {
     /// Milliseconds since the epoch each age counts from; 0 for none.
     oldest_pending_since: AtomicI64,
     oldest_held_since: AtomicI64,
-    checkpoint_saved_at: AtomicI64,
+    /// When each partition's resume token was last written (milliseconds),
+    /// by this relay or, as read from MongoDB, by whichever relay holds it.
+    checkpoints: Mutex<BTreeMap<u32, i64>>,
     /// Each held partition's stream: the commit time of its last event
     /// (milliseconds), or `None` while it has read all there is.
     streams: Mutex<BTreeMap<u32, Option<i64>>>,
@@ -293,7 +295,12 @@ exported! {
         "partition_change_stream_lag" in Seconds,
         "The change stream lag of each partition this relay holds (0 once handed over)";
     checkpoint_age: FloatGauge => "checkpoint_age" in Seconds,
-        "Time since the resume token was last written";
+        "Time since the resume token was last written; with partitions, the oldest of \
+         theirs (a partition whose stream is stuck writes none)";
+    /// Each partition's checkpoint age, as `checkpoint_age` is the worst.
+    partition_checkpoint_age: Family<PartitionLabel, FloatGauge> =>
+        "partition_checkpoint_age" in Seconds,
+        "Time since each partition's resume token was last written";
     leader: Gauge => "leader",
         "1 while this relay holds a lease (of the outbox, or of any partition), else 0";
     /// Set when scraped, as readiness says.
@@ -347,7 +354,7 @@ impl Metrics {
             holds_unread: AtomicU64::new(0),
             oldest_pending_since: AtomicI64::new(0),
             oldest_held_since: AtomicI64::new(0),
-            checkpoint_saved_at: AtomicI64::new(0),
+            checkpoints: Mutex::default(),
             streams: Mutex::default(),
             role: AtomicU8::new(Role::Starting as u8),
             mongodb: AtomicU8::new(NEVER_REACHED),
@@ -491,11 +498,13 @@ impl Metrics {
         }
     }
 
-    /// The checkpoint was written at `at`.
-    pub(crate) fn checkpoint_saved(&self, at: DateTime) {
-        self.0
-            .checkpoint_saved_at
-            .fetch_max(at.timestamp_millis(), Ordering::Relaxed);
+    /// `partition`'s checkpoint was written at `at` (by this relay, or as
+    /// MongoDB holds it): a later write is kept over an earlier one.
+    pub(crate) fn checkpoint_saved(&self, partition: Partition, at: DateTime) {
+        if let Ok(mut checkpoints) = self.0.checkpoints.lock() {
+            let written = checkpoints.entry(partition.index()).or_default();
+            *written = (*written).max(at.timestamp_millis());
+        }
     }
 
     /// This relay took `partition` at `term` (`Some`), or gave it up
@@ -706,10 +715,23 @@ impl Metrics {
             .exported
             .oldest_held_age
             .set(age(&inner.oldest_held_since));
-        inner
-            .exported
-            .checkpoint_age
-            .set(age(&inner.checkpoint_saved_at));
+        // The outbox's checkpoint age is its oldest partition's.
+        let mut oldest_checkpoint: f64 = 0.0;
+        if let Ok(checkpoints) = inner.checkpoints.lock() {
+            for (index, written) in checkpoints.iter() {
+                let since = (now.timestamp_millis() - written).max(0) as f64 / 1000.0;
+                let label = PartitionLabel {
+                    partition: index.to_string(),
+                };
+                inner
+                    .exported
+                    .partition_checkpoint_age
+                    .get_or_create(&label)
+                    .set(since);
+                oldest_checkpoint = oldest_checkpoint.max(since);
+            }
+        }
+        inner.exported.checkpoint_age.set(oldest_checkpoint);
         // The relay's lag is its most behind partition's.
         let mut lag: f64 = 0.0;
         if let Ok(streams) = inner.streams.lock() {
@@ -755,6 +777,31 @@ mod tests {
         assert_eq!(value(&metrics, "outbox_pending_messages"), Some(7.0));
         let read = value(&metrics, read_at).expect("the read time is rendered");
         assert!(read >= before, "{read} is before {before}");
+    }
+
+    #[test]
+    fn the_checkpoint_age_is_the_oldest_partitions() {
+        let metrics = Metrics::new();
+        let now = DateTime::now().timestamp_millis();
+        let (fresh, stuck) = (
+            Partition::new(0, 2).expect("a partition"),
+            Partition::new(1, 2).expect("a partition"),
+        );
+        metrics.checkpoint_saved(stuck, DateTime::from_millis(now - 600_000));
+        metrics.checkpoint_saved(fresh, DateTime::from_millis(now - 1_000));
+        // Read back from MongoDB later, an older write changes nothing.
+        metrics.checkpoint_saved(fresh, DateTime::from_millis(now - 5_000));
+        let age = value(&metrics, "outbox_checkpoint_age_seconds").expect("rendered");
+        assert!(
+            (600.0..610.0).contains(&age),
+            "the stuck partition's: {age}"
+        );
+        let each = |index: u32| {
+            let name = format!("outbox_partition_checkpoint_age_seconds{{partition=\"{index}\"}}");
+            value(&metrics, &name).expect("rendered")
+        };
+        assert!(each(0) < 10.0, "{}", each(0));
+        assert!(each(1) >= 600.0, "{}", each(1));
     }
 
     #[test]
