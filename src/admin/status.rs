@@ -9,6 +9,8 @@
 //! cheap on large collections. Only `status` counts processed messages,
 //! which is a scan of their index range.
 
+use std::collections::BTreeSet;
+
 use bson::{doc, Bson, DateTime, Document, RawDocumentBuf};
 use futures::TryStreamExt;
 use mongodb::{Collection, Database};
@@ -26,11 +28,11 @@ use crate::partition::Partition;
 use crate::time::{as_rfc3339, seconds_between};
 use crate::unreadable::RawField;
 
-/// The partition count the group of relays on the outbox runs with,
-/// where it is more than one.
-async fn shared_count(database: &Database, config: &RelayConfig) -> Result<Option<u32>> {
+/// The partition count the relays on the outbox run with, as their group
+/// stores it: 1 where there is no group, or one of a single partition.
+async fn partition_count(database: &Database, config: &RelayConfig) -> Result<u32> {
     let group = Group::stored(database, &config.checkpoint_collection, &config.collection).await?;
-    Ok(group.map(|(count, _)| count).filter(|count| *count > 1))
+    Ok(group.map_or(1, |(count, _)| count))
 }
 
 /// Failed messages of one type.
@@ -105,6 +107,11 @@ pub struct Counts {
 
 /// Everything `outbox-relay status` shows. Ages are counted on the
 /// database server's clock.
+///
+/// Where a group of relays shares the outbox in more than one partition,
+/// each partition has its own lease and stored position: the figures at
+/// the top are then the worst of the partitions' (the oldest checkpoint,
+/// the longest lag, the least headroom), and `partitions` has each.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Status {
     pub database: String,
@@ -112,16 +119,27 @@ pub struct Status {
     pub counts: Counts,
     pub oldest_pending_age_seconds: Option<f64>,
     pub failed_by_type: Vec<FailedType>,
+    /// The partition count the relays run with (1: one relay delivers the
+    /// whole outbox, the others stand by).
+    pub partition_count: u32,
+    /// The outbox's own lease and checkpoint document. With more than one
+    /// partition it holds no position: the group keeps it held while it
+    /// delivers, so that relays which know only this lease stand by.
     pub checkpoint: Checkpoint,
-    /// Whether the lease is held now (it has not expired).
+    /// Whether every partition's lease is held now (with one partition,
+    /// whether the outbox's lease is).
     pub leader_active: bool,
-    /// Time since the resume token was last written.
+    /// The partitions no relay holds now (`index/count`).
+    pub unowned_partitions: Vec<String>,
+    /// Time since a resume token was last written: the oldest partition's.
     pub checkpoint_age_seconds: Option<f64>,
     /// Now minus the time of the stored position: how far behind the
     /// relay's record of the stream is (an idle stream's position moves
-    /// only every idle checkpoint interval).
+    /// only every idle checkpoint interval); the furthest behind
+    /// partition's.
     pub relay_lag_seconds: Option<f64>,
     pub oplog_window_seconds: Option<f64>,
+    /// History before the stored position; the partition with the least.
     pub oplog_headroom_seconds: Option<f64>,
     /// Why the oplog figures are missing, where they are.
     pub oplog_note: Option<String>,
@@ -129,46 +147,84 @@ pub struct Status {
     pub held_keys_total: usize,
     /// The held keys, oldest first, up to [`HELD_KEYS_SHOWN`].
     pub held_keys: Vec<HeldKeyStatus>,
-    /// Each partition, where a group of relays shares the outbox in more
-    /// than one (the count its relays run with); empty otherwise.
+    /// Each partition, in order (one, `0/1`, for the whole outbox).
     pub partitions: Vec<PartitionStatus>,
 }
 
-/// One partition of an outbox a group of relays shares.
+/// One partition of the outbox: its lease and its stored position.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PartitionStatus {
     /// `index/count`.
     pub partition: String,
     /// The relay holding its lease now, if one does.
     pub owner: Option<String>,
+    /// Its lease's term, held or last held.
     pub term: Option<i64>,
     /// Its pending messages.
     pub pending: u64,
+    /// Time since its resume token was last written.
+    pub checkpoint_age_seconds: Option<f64>,
     /// Now minus the time of its stored position.
     pub lag_seconds: Option<f64>,
+    /// History in the oplog before its stored position.
+    pub oplog_headroom_seconds: Option<f64>,
 }
 
 impl PartitionStatus {
+    /// Reads `partition`'s lease and position from its document in
+    /// `store`; its pending messages are counted where `pending` does not
+    /// say them already.
     async fn read(
         outbox: &mongodb::Collection<Document>,
-        store: CheckpointStore,
+        store: &CheckpointStore,
         partition: Partition,
+        pending: Option<u64>,
+        oplog: Option<&Oplog>,
         now: DateTime,
     ) -> Result<Self> {
-        let checkpoint = Checkpoint::read(&store.of_partition(partition)).await?;
-        let pending = outbox
-            .count_documents(partition.scope(doc! { field::STATUS: status::PENDING }))
-            .await
-            .map_err(|e| Error::mongo("counting a partition's pending messages failed", e))?;
+        let checkpoint = Checkpoint::read(&store.clone().of_partition(partition)).await?;
+        let pending = match pending {
+            Some(pending) => pending,
+            None => outbox
+                .count_documents(partition.scope(doc! { field::STATUS: status::PENDING }))
+                .await
+                .map_err(|e| Error::mongo("counting a partition's pending messages failed", e))?,
+        };
         let live = checkpoint.lease_expires_at.is_some_and(|at| at > now);
+        let position_at = checkpoint.position_at.filter(|_| checkpoint.has_token);
         Ok(PartitionStatus {
             partition: partition.to_string(),
             owner: checkpoint.owner.filter(|_| live),
             term: checkpoint.term,
             pending,
-            lag_seconds: checkpoint.position_at.map(|t| seconds_between(t, now)),
+            checkpoint_age_seconds: checkpoint
+                .updated_at
+                .filter(|_| checkpoint.has_token)
+                .map(|t| seconds_between(t, now)),
+            lag_seconds: position_at.map(|t| seconds_between(t, now)),
+            oplog_headroom_seconds: oplog.zip(position_at).map(|(o, at)| o.headroom_seconds(at)),
         })
     }
+}
+
+/// The worst of the partitions' figures, as `status` shows it at the top:
+/// the largest of `figure`, or the smallest where `least`, with the
+/// partition it is from.
+fn worst(
+    partitions: &[PartitionStatus],
+    figure: impl Fn(&PartitionStatus) -> Option<f64>,
+    least: bool,
+) -> Option<(f64, &str)> {
+    partitions
+        .iter()
+        .filter_map(|p| Some((figure(p)?, p.partition.as_str())))
+        .reduce(|a, b| {
+            if (b.0 < a.0) == least && b.0 != a.0 {
+                b
+            } else {
+                a
+            }
+        })
 }
 
 /// The most held keys `status` lists.
@@ -221,19 +277,6 @@ impl Status {
         let store = CheckpointStore::for_config(database, config);
         let checkpoint = Checkpoint::read(&store).await?;
         let held = held_keys(&outbox, Partition::WHOLE, config.on_dead_letter).await?;
-        let mut partitions = Vec::new();
-        if let Some(count) = shared_count(database, config).await? {
-            for partition in Partition::all(count) {
-                partitions
-                    .push(PartitionStatus::read(&outbox, store.clone(), partition, now).await?);
-            }
-        }
-        let held_keys_total = held.len();
-        let held_keys = held
-            .into_iter()
-            .take(HELD_KEYS_SHOWN)
-            .map(|held| HeldKeyStatus::new(held, now))
-            .collect();
         let deployment = Deployment::detect(database.client())
             .await
             .map_err(|e| Error::mongo("asking MongoDB what it is (hello) failed", e))?;
@@ -245,6 +288,26 @@ impl Status {
                 Err(error) => (None, Some(format!("the oplog is not readable: {error}"))),
             },
         };
+        let count = partition_count(database, config).await?;
+        // One partition's pending messages are the outbox's, counted above.
+        let whole = (count == 1).then_some(depths.pending);
+        let mut partitions = Vec::new();
+        for partition in Partition::all(count) {
+            let read =
+                PartitionStatus::read(&outbox, &store, partition, whole, oplog.as_ref(), now);
+            partitions.push(read.await?);
+        }
+        let unowned_partitions: Vec<String> = partitions
+            .iter()
+            .filter(|p| p.owner.is_none())
+            .map(|p| p.partition.clone())
+            .collect();
+        let held_keys_total = held.len();
+        let held_keys = held
+            .into_iter()
+            .take(HELD_KEYS_SHOWN)
+            .map(|held| HeldKeyStatus::new(held, now))
+            .collect();
         Ok(Status {
             database: config.database.clone(),
             collection: config.collection.clone(),
@@ -255,15 +318,15 @@ impl Status {
             },
             oldest_pending_age_seconds: depths.oldest_pending.map(|t| seconds_between(t, now)),
             failed_by_type: failed_by_type(&outbox).await?,
-            leader_active: checkpoint
-                .lease_expires_at
-                .is_some_and(|expires| expires > now),
-            checkpoint_age_seconds: checkpoint.updated_at.map(|t| seconds_between(t, now)),
-            relay_lag_seconds: checkpoint.position_at.map(|t| seconds_between(t, now)),
+            partition_count: count,
+            leader_active: unowned_partitions.is_empty(),
+            unowned_partitions,
+            checkpoint_age_seconds: worst(&partitions, |p| p.checkpoint_age_seconds, false)
+                .map(|(age, _)| age),
+            relay_lag_seconds: worst(&partitions, |p| p.lag_seconds, false).map(|(lag, _)| lag),
             oplog_window_seconds: oplog.map(|o| o.window_seconds()),
-            oplog_headroom_seconds: oplog
-                .zip(checkpoint.position_at)
-                .map(|(o, at)| o.headroom_seconds(at)),
+            oplog_headroom_seconds: worst(&partitions, |p| p.oplog_headroom_seconds, true)
+                .map(|(headroom, _)| headroom),
             oplog_note,
             checkpoint,
             held_keys_total,
@@ -286,52 +349,10 @@ impl Status {
                     .map_or("none".to_owned(), age)
             ),
         ];
-        let lease = &self.checkpoint;
-        lines.push(match (&lease.owner, lease.term) {
-            (Some(owner), Some(term)) if self.leader_active => {
-                format!("  leader: {owner} (term {term})")
-            }
-            (Some(owner), Some(term)) => {
-                format!("  leader: none (last: {owner}, term {term}, lease expired)")
-            }
-            _ => "  leader: none yet".to_owned(),
-        });
-        lines.push(format!(
-            "  checkpoint: {}",
-            match (lease.has_token, self.checkpoint_age_seconds) {
-                (true, Some(written)) => format!("written {} ago", age(written)),
-                _ => "none (the next relay starts with a catch-up pass)".to_owned(),
-            }
-        ));
-        lines.push(format!(
-            "  relay lag: {}",
-            self.relay_lag_seconds.map_or("unknown".to_owned(), age)
-        ));
-        lines.push(match (self.oplog_window_seconds, &self.oplog_note) {
-            (Some(window), _) => format!(
-                "  oplog: {} of history{}",
-                age(window),
-                self.oplog_headroom_seconds
-                    .map(|h| format!(", {} of it before the stored position", age(h)))
-                    .unwrap_or_default()
-            ),
-            (None, Some(note)) => format!("  oplog: {note}"),
-            (None, None) => "  oplog: unknown".to_owned(),
-        });
-        if !self.partitions.is_empty() {
-            lines.push(format!("  partitions: {}", self.partitions.len()));
-            for partition in &self.partitions {
-                lines.push(format!(
-                    "    {}: {}, {} pending, lag {}",
-                    partition.partition,
-                    match (&partition.owner, partition.term) {
-                        (Some(owner), Some(term)) => format!("{owner} (term {term})"),
-                        _ => "no owner".to_owned(),
-                    },
-                    partition.pending,
-                    partition.lag_seconds.map_or("unknown".to_owned(), age),
-                ));
-            }
+        if self.partition_count > 1 {
+            self.render_group(&mut lines);
+        } else {
+            self.render_single(&mut lines);
         }
         if !self.held_keys.is_empty() {
             lines.push(format!("  held keys: {}", self.held_keys_total));
@@ -368,6 +389,116 @@ impl Status {
         }
         lines.join("\n")
     }
+
+    /// The leader and the stored position of an outbox one relay delivers.
+    fn render_single(&self, lines: &mut Vec<String>) {
+        let lease = &self.checkpoint;
+        lines.push(match (&lease.owner, lease.term) {
+            (Some(owner), Some(term)) if self.leader_active => {
+                format!("  leader: {owner} (term {term})")
+            }
+            (Some(owner), Some(term)) => {
+                format!("  leader: none (last: {owner}, term {term}, lease expired)")
+            }
+            _ => "  leader: none yet".to_owned(),
+        });
+        lines.push(format!(
+            "  checkpoint: {}",
+            match (lease.has_token, self.checkpoint_age_seconds) {
+                (true, Some(written)) => format!("written {} ago", age(written)),
+                _ => "none (the next relay starts with a catch-up pass)".to_owned(),
+            }
+        ));
+        lines.push(format!(
+            "  relay lag: {}",
+            self.relay_lag_seconds.map_or("unknown".to_owned(), age)
+        ));
+        lines.push(self.oplog_line("the stored position"));
+    }
+
+    /// The group's holders, the worst of its partitions, and each.
+    fn render_group(&self, lines: &mut Vec<String>) {
+        let holders: BTreeSet<&str> = self
+            .partitions
+            .iter()
+            .filter_map(|p| p.owner.as_deref())
+            .collect();
+        let count = self.partition_count;
+        lines.push(if self.unowned_partitions.is_empty() {
+            format!(
+                "  group: {count} partitions, all held, by {} relay{}",
+                holders.len(),
+                if holders.len() == 1 { "" } else { "s" }
+            )
+        } else {
+            format!(
+                "  group: {count} partitions, {} held, no owner for {}",
+                count as usize - self.unowned_partitions.len(),
+                self.unowned_partitions.join(", ")
+            )
+        });
+        let unwritten: Vec<&str> = self
+            .partitions
+            .iter()
+            .filter(|p| p.checkpoint_age_seconds.is_none())
+            .map(|p| p.partition.as_str())
+            .collect();
+        let oldest = worst(&self.partitions, |p| p.checkpoint_age_seconds, false);
+        lines.push(format!(
+            "  checkpoint: {}{}",
+            oldest.map_or("none".to_owned(), |(written, of)| format!(
+                "oldest written {} ago ({of})",
+                age(written)
+            )),
+            if unwritten.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; none yet for {} (they start with a catch-up pass)",
+                    unwritten.join(", ")
+                )
+            }
+        ));
+        lines.push(format!(
+            "  relay lag: {}",
+            worst(&self.partitions, |p| p.lag_seconds, false).map_or(
+                "unknown".to_owned(),
+                |(lag, of)| format!("{} at most ({of})", age(lag))
+            )
+        ));
+        lines.push(self.oplog_line("the oldest stored position"));
+        lines.push("  partitions:".to_owned());
+        for partition in &self.partitions {
+            lines.push(format!(
+                "    {}: {}, {} pending, checkpoint {}, lag {}",
+                partition.partition,
+                match (&partition.owner, partition.term) {
+                    (Some(owner), Some(term)) => format!("{owner} (term {term})"),
+                    _ => "no owner".to_owned(),
+                },
+                partition.pending,
+                partition
+                    .checkpoint_age_seconds
+                    .map_or("none".to_owned(), |a| format!("{} ago", age(a))),
+                partition.lag_seconds.map_or("unknown".to_owned(), age),
+            ));
+        }
+    }
+
+    /// The oplog's span, and how much of it lies before `position`.
+    fn oplog_line(&self, position: &str) -> String {
+        match (self.oplog_window_seconds, &self.oplog_note) {
+            (Some(window), _) => format!(
+                "  oplog: {} of history{}",
+                age(window),
+                self.oplog_headroom_seconds
+                    .map(|h| format!(", {} of it before {position}", age(h)))
+                    .unwrap_or_default()
+            ),
+            (None, Some(note)) => format!("  oplog: {note}"),
+            (None, None) => "  oplog: unknown".to_owned(),
+        }
+    }
 }
 
 /// A number of seconds as a short human duration ("3m 20s").
@@ -379,4 +510,105 @@ fn age(seconds: f64) -> String {
         return format!("{seconds:.1}s");
     }
     humantime::format_duration(std::time::Duration::from_secs(seconds as u64)).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn partition(
+        name: &str,
+        owner: Option<&str>,
+        checkpoint_age: Option<f64>,
+        lag: Option<f64>,
+        headroom: Option<f64>,
+    ) -> PartitionStatus {
+        PartitionStatus {
+            partition: name.to_owned(),
+            owner: owner.map(str::to_owned),
+            term: owner.map(|_| 3),
+            pending: 0,
+            checkpoint_age_seconds: checkpoint_age,
+            lag_seconds: lag,
+            oplog_headroom_seconds: headroom,
+        }
+    }
+
+    fn group(partitions: Vec<PartitionStatus>) -> Status {
+        let unowned_partitions: Vec<String> = partitions
+            .iter()
+            .filter(|p| p.owner.is_none())
+            .map(|p| p.partition.clone())
+            .collect();
+        Status {
+            database: "shop".to_owned(),
+            collection: "outbox".to_owned(),
+            counts: Counts {
+                pending: 0,
+                processed: 10,
+                failed: 0,
+            },
+            oldest_pending_age_seconds: None,
+            failed_by_type: Vec::new(),
+            partition_count: u32::try_from(partitions.len()).unwrap(),
+            checkpoint: Checkpoint::default(),
+            leader_active: unowned_partitions.is_empty(),
+            unowned_partitions,
+            checkpoint_age_seconds: worst(&partitions, |p| p.checkpoint_age_seconds, false)
+                .map(|(a, _)| a),
+            relay_lag_seconds: worst(&partitions, |p| p.lag_seconds, false).map(|(a, _)| a),
+            oplog_window_seconds: Some(7200.0),
+            oplog_headroom_seconds: worst(&partitions, |p| p.oplog_headroom_seconds, true)
+                .map(|(a, _)| a),
+            oplog_note: None,
+            held_keys_total: 0,
+            held_keys: Vec::new(),
+            partitions,
+        }
+    }
+
+    #[test]
+    fn a_group_shows_its_holders_and_the_worst_partition_at_the_top() {
+        let status = group(vec![
+            partition("0/3", Some("relay-a"), Some(1.0), Some(0.5), Some(7000.0)),
+            partition("1/3", Some("relay-b"), Some(95.0), Some(94.0), Some(6900.0)),
+            partition("2/3", Some("relay-a"), Some(2.0), Some(1.5), Some(6999.0)),
+        ]);
+        let shown = status.render();
+        for said in [
+            "group: 3 partitions, all held, by 2 relays",
+            "checkpoint: oldest written 1m 35s ago (1/3)",
+            "relay lag: 1m 34s at most (1/3)",
+            "1h 55m of it before the oldest stored position",
+            "1/3: relay-b (term 3), 0 pending, checkpoint 1m 35s ago, lag 1m 34s",
+        ] {
+            assert!(shown.contains(said), "{said:?} in {shown}");
+        }
+        assert!(!shown.contains("leader: none"), "{shown}");
+        let json = serde_json::to_value(&status).expect("serializes");
+        assert_eq!(json["leader_active"], true);
+        assert_eq!(json["partition_count"], 3);
+        assert_eq!(json["checkpoint_age_seconds"], 95.0);
+        assert_eq!(json["oplog_headroom_seconds"], 6900.0);
+        assert_eq!(json["partitions"][1]["owner"], "relay-b");
+    }
+
+    #[test]
+    fn a_group_names_a_partition_without_an_owner_or_a_position() {
+        let status = group(vec![
+            partition("0/2", Some("relay-a"), Some(1.0), Some(0.5), None),
+            partition("1/2", None, None, None, None),
+        ]);
+        let shown = status.render();
+        for said in [
+            "group: 2 partitions, 1 held, no owner for 1/2",
+            "none yet for 1/2",
+            "1/2: no owner, 0 pending, checkpoint none, lag unknown",
+        ] {
+            assert!(shown.contains(said), "{said:?} in {shown}");
+        }
+        let json = serde_json::to_value(&status).expect("serializes");
+        assert_eq!(json["leader_active"], false);
+        assert_eq!(json["unowned_partitions"], serde_json::json!(["1/2"]));
+    }
 }

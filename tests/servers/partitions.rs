@@ -78,8 +78,19 @@ async fn two_relays_share_two_partitions_and_report_them() {
         assert_eq!(held.len(), 1, "{text}");
     }
 
+    // Each partition's stream stores its position as it goes idle.
+    wait_until("both partitions to store a position", || async {
+        let status = Status::read(&env.db, &config).await.unwrap();
+        status.partitions.iter().all(|p| p.lag_seconds.is_some())
+    })
+    .await;
     let status = Status::read(&env.db, &config).await.unwrap();
     assert_eq!(status.partitions.len(), 2, "{status:?}");
+    assert_eq!(status.partition_count, 2);
+    assert!(status.leader_active, "every partition is led: {status:?}");
+    assert!(status.unowned_partitions.is_empty(), "{status:?}");
+    assert!(status.checkpoint_age_seconds.is_some(), "{status:?}");
+    assert!(status.relay_lag_seconds.is_some(), "{status:?}");
     let owners: Vec<&str> = status
         .partitions
         .iter()
@@ -89,10 +100,15 @@ async fn two_relays_share_two_partitions_and_report_them() {
     assert_ne!(owners[0], owners[1], "one relay holds both: {status:?}");
     assert!(status.partitions.iter().all(|p| p.pending == 0));
     let shown = status.render();
-    assert!(
-        shown.contains("partitions: 2") && shown.contains("0/2:"),
-        "{shown}"
-    );
+    for said in [
+        "group: 2 partitions, all held, by 2 relays",
+        "checkpoint: oldest written",
+        "0/2: ",
+        "1/2: ",
+    ] {
+        assert!(shown.contains(said), "{said:?} in {shown}");
+    }
+    assert!(!shown.contains("leader: none"), "{shown}");
 
     // A third relay finds no partition to take: it stands by, ready.
     let third = RunningRelay::start(config.clone()).await;
