@@ -24,10 +24,34 @@
 //!   lease from now (a holder may renew it), and a
 //!   lapsed lease whose term cannot be counted is taken at a term above any
 //!   a relay could have counted to (`fresh_term`), each with a warning.
+//!   Further ahead means more than twice the lease its holder states
+//!   (`leaseMillis`), or more than the longest lease and a minute where it
+//!   states none: a clock set back by more than a lease is noticed within
+//!   two leases, not after the step.
+//!
+//! # A group holds the outbox's own lease
+//!
+//! Where a group of relays shares the outbox in partitions (see `group`),
+//! each partition has a lease of its own, and the outbox's own lease is
+//! what a relay of one partition, a `sweep --once` run and a relay from
+//! before groups take. So that none of them delivers beside the group, a
+//! partition's lease is taken and renewed together with the outbox's,
+//! held for the group ([`Holder::Group`]): its `owner` names the group and
+//! its count (a document, so that relays of earlier versions, which count
+//! a name there as a relay of one partition, do not refuse to join), and
+//! each partition's renewal extends it to at least its own expiry, from
+//! the same reading of the server's clock. Only one count holds it at a
+//! time, so two counts never deliver at once. A partition whose take finds
+//! the outbox's lease held by another is released at once, before it
+//! delivers anything; one whose renewal finds it taken stops delivering,
+//! as with a lost lease. The group never releases the outbox's lease: a
+//! member leaving cannot know that no other is about to renew it, so it
+//! lapses a lease after the group's last renewal. Taking it retires the
+//! position stored in it: a group keeps its positions in its partitions.
 
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, DateTime, Document, RawBsonRef, RawDocument, RawDocumentBuf};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawBsonRef, RawDocument, RawDocumentBuf};
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use tokio::time::Instant;
@@ -85,7 +109,71 @@ pub struct Lease {
     /// This lease's document: the outbox's, or one partition's.
     id: String,
     owner: String,
+    /// What a take writes as the holder.
+    holder: Holder,
+    /// For a partition's lease of a group: the group's hold on the
+    /// outbox's own lease, taken and renewed with it (see the module's doc).
+    hold: Option<Box<Lease>>,
     timing: LeaseTiming,
+}
+
+/// What holds a lease, and so what a take writes in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    /// A relay delivering what the lease covers: the outbox, or a partition.
+    Relay,
+    /// A `sweep --once` run: it holds the outbox's lease for its run, and a
+    /// group starting meanwhile waits it out rather than refusing to start.
+    SweepOnce,
+    /// A group of relays sharing this many partitions, holding the outbox's
+    /// lease while any of them holds a partition's.
+    Group(u32),
+}
+
+/// What a stored lease names as its holder, as another relay reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StoredHolder {
+    /// A relay (or a relay from before groups): its name.
+    Relay(String),
+    /// A `sweep --once` run: its name.
+    SweepOnce(String),
+    /// A group of relays sharing this many partitions.
+    Group(u32),
+    /// Nothing a relay writes.
+    Unknown,
+}
+
+impl StoredHolder {
+    /// The holder `stored` names.
+    pub(crate) fn of(stored: &RawDocument) -> StoredHolder {
+        match field(stored, "owner") {
+            Ok(Some(RawBsonRef::String(name))) => match field(stored, SWEEP_ONCE) {
+                Ok(Some(RawBsonRef::Boolean(true))) => StoredHolder::SweepOnce(name.to_owned()),
+                _ => StoredHolder::Relay(name.to_owned()),
+            },
+            Ok(Some(RawBsonRef::Document(group))) => {
+                let count = match group.get("partitions") {
+                    Ok(Some(RawBsonRef::Int64(n))) => u32::try_from(n).ok(),
+                    Ok(Some(RawBsonRef::Int32(n))) => u32::try_from(n).ok(),
+                    _ => None,
+                };
+                count.map_or(StoredHolder::Unknown, StoredHolder::Group)
+            }
+            _ => StoredHolder::Unknown,
+        }
+    }
+}
+
+/// The field that marks the outbox's lease as held by a `sweep --once` run.
+const SWEEP_ONCE: &str = "sweepOnce";
+
+/// What taking the outbox's lease for a group, or renewing the hold, came
+/// to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    Held,
+    /// Another holds it, for this long yet as far as can be told.
+    Busy(Duration),
 }
 
 impl Lease {
@@ -103,15 +191,50 @@ impl Lease {
             id: outbox.clone(),
             outbox,
             owner: owner_name(),
+            holder: Holder::Relay,
+            hold: None,
             timing,
         }
     }
 
+    /// The same lease, taken for a `sweep --once` run.
+    pub fn for_sweep_once(self) -> Lease {
+        Lease {
+            holder: Holder::SweepOnce,
+            ..self
+        }
+    }
+
     /// The same relay's lease on `partition` of the outbox: a document of
-    /// its own, with its own term.
+    /// its own, with its own term. Where the outbox has more than one
+    /// partition, it holds the outbox's own lease for the group with it.
     pub fn of_partition(&self, partition: Partition) -> Lease {
+        let outbox = Lease {
+            id: self.outbox.clone(),
+            holder: Holder::Relay,
+            hold: None,
+            ..self.clone()
+        };
+        let hold = (partition.count() > 1).then(|| {
+            Box::new(Lease {
+                holder: Holder::Group(partition.count()),
+                ..outbox.clone()
+            })
+        });
         Lease {
             id: partition.document_id(&self.outbox),
+            hold,
+            ..outbox
+        }
+    }
+
+    /// The same relay's view of another lease document of the outbox, `id`
+    /// (one whose expiry it may mend: see [`Lease::mend_expiry`]).
+    pub(crate) fn of_document(&self, id: &str) -> Lease {
+        Lease {
+            id: id.to_owned(),
+            holder: Holder::Relay,
+            hold: None,
             ..self.clone()
         }
     }
@@ -166,34 +289,141 @@ impl Lease {
     /// on what can be read of it (`Standing`) and taken over, with a
     /// warning saying what was wrong.
     pub async fn try_acquire(&self) -> Result<std::result::Result<Held, Duration>> {
+        let (took, now) = self.try_take().await?;
+        self.with_hold(took, now).await
+    }
+
+    /// [`Lease::try_acquire`] of this lease alone, and the server's time
+    /// the take was judged by.
+    async fn try_take(&self) -> Result<(std::result::Result<Held, Duration>, DateTime)> {
         let sent = Instant::now();
         let now = self.server_time().await?;
         // The common case in one step: a lapsed (or new) lease whose term
         // the server counts on.
+        let mut update = self.take(now);
+        update.insert("$inc", doc! { "term": 1_i64 });
         let taken = self
             .documents
             .find_one_and_update(
                 doc! { "_id": &self.id, "$and": [lapsed(now), doc! { "$or": countable() }] },
-                doc! {
-                    "$set": {
-                        "owner": &self.owner,
-                        "expiresAt": later(now, self.timing.duration),
-                        "leaseMillis": self.lease_millis(),
-                        "leaseOwner": &self.owner,
-                    },
-                    "$inc": { "term": 1_i64 },
-                },
+                update,
             )
             .upsert(true)
             .return_document(ReturnDocument::After)
             .await;
-        match taken {
-            Ok(Some(document)) => Ok(self.took(&document, sent)),
-            Ok(None) => Ok(Err(self.timing.standby_poll_interval)),
+        let took = match taken {
+            Ok(Some(document)) => self.took(&document, sent),
+            Ok(None) => Err(self.timing.standby_poll_interval),
             // The lease exists, and is not lapsed with a countable term.
-            Err(error) if is_duplicate_key(&error) => self.judge(now, sent).await,
-            Err(error) => Err(Error::mongo("taking the lease failed", error)),
+            Err(error) if is_duplicate_key(&error) => self.judge(now, sent).await?,
+            Err(error) => return Err(Error::mongo("taking the lease failed", error)),
+        };
+        Ok((took, now))
+    }
+
+    /// What a take writes, from `now` (the term is the take's own): this
+    /// relay as the holder, as its kind says, with the lease it states.
+    fn take(&self, now: DateTime) -> Document {
+        let stamp = self.stamp();
+        let mut set = doc! {
+            "owner": stamp.clone(),
+            "expiresAt": later(now, self.timing.duration),
+            "leaseMillis": self.lease_millis(),
+            "leaseOwner": stamp,
+        };
+        let mut unset = Document::new();
+        match self.holder {
+            Holder::SweepOnce => {
+                set.insert(SWEEP_ONCE, true);
+            }
+            Holder::Relay => {
+                unset.insert(SWEEP_ONCE, "");
+            }
+            // The group keeps its positions in its partitions: one stored
+            // here is a relay of one partition's, and stale from now on.
+            Holder::Group(_) => {
+                for stale in [
+                    SWEEP_ONCE,
+                    "token",
+                    crate::checkpoint::POSITION_AT,
+                    "updatedAt",
+                ] {
+                    unset.insert(stale, "");
+                }
+            }
         }
+        let mut update = doc! { "$set": set };
+        if !unset.is_empty() {
+            update.insert("$unset", unset);
+        }
+        update
+    }
+
+    /// What this lease's holder is written as in `owner`: the relay's name,
+    /// or, for a group's hold, the group and its count.
+    fn stamp(&self) -> Bson {
+        match self.holder {
+            Holder::Relay | Holder::SweepOnce => Bson::String(self.owner.clone()),
+            Holder::Group(count) => Bson::Document(doc! {
+                "group": format!("{}/group", self.outbox),
+                "partitions": i64::from(count),
+            }),
+        }
+    }
+
+    /// A partition's lease just taken (`took`), held only if the group's
+    /// hold on the outbox's lease is taken too (see the module's doc):
+    /// otherwise it is released at once, before anything is delivered.
+    async fn with_hold(
+        &self,
+        took: std::result::Result<Held, Duration>,
+        now: DateTime,
+    ) -> Result<std::result::Result<Held, Duration>> {
+        let (Ok(held), Some(hold)) = (&took, &self.hold) else {
+            return Ok(took);
+        };
+        let refused = match hold.hold_for_group(now).await {
+            Ok(Hold::Held) => return Ok(took),
+            Ok(Hold::Busy(left)) => Ok(Err(left)),
+            Err(error) => Err(error),
+        };
+        tracing::info!(
+            lease = %self.id,
+            "the outbox's own lease is held by a relay of one partition, a sweep --once run or \
+             a relay of another partition count: releasing the partition taken"
+        );
+        if let Err(error) = self.release(held).await {
+            tracing::warn!(%error, "could not release the partition; its lease expires");
+        }
+        refused
+    }
+
+    /// Takes or renews the outbox's own lease for the group (a lease of
+    /// [`Holder::Group`]), to expire a lease from `now` at the least.
+    ///
+    /// Held by the group of this count already (by this relay or another,
+    /// lapsed or not: no other holder took it meanwhile), it is extended,
+    /// never shortened. Else it is taken as any lease is: if it is free or
+    /// lapsed. `Busy` while another holds it.
+    async fn hold_for_group(&self, now: DateTime) -> Result<Hold> {
+        let extended = self
+            .documents
+            .update_one(
+                doc! { "_id": &self.id, "owner": self.stamp() },
+                doc! { "$max": {
+                    "expiresAt": later(now, self.timing.duration),
+                    "leaseMillis": self.lease_millis(),
+                } },
+            )
+            .await
+            .map_err(|e| Error::mongo("holding the outbox's lease for the group failed", e))?;
+        if extended.matched_count > 0 {
+            return Ok(Hold::Held);
+        }
+        Ok(match self.try_take().await?.0 {
+            Ok(_) => Hold::Held,
+            Err(left) => Hold::Busy(left),
+        })
     }
 
     /// What a take the server answered with `document` gives this relay:
@@ -203,7 +433,11 @@ impl Lease {
         document: &RawDocumentBuf,
         sent: Instant,
     ) -> std::result::Result<Held, Duration> {
-        let owner = document.get_str("owner").ok();
+        let owner = document
+            .get("owner")
+            .ok()
+            .flatten()
+            .and_then(|owner| Bson::try_from(owner.to_raw_bson()).ok());
         // Both takes leave an integer: `$inc` keeps one an integer, and the
         // other writes one.
         let term = document
@@ -211,7 +445,7 @@ impl Lease {
             .ok()
             .or_else(|| document.get_i32("term").ok().map(i64::from));
         match (owner, term) {
-            (Some(owner), Some(term)) if owner == self.owner => {
+            (Some(owner), Some(term)) if owner == self.stamp() => {
                 let term = Term(term);
                 tracing::info!(term = term.0, owner = %self.owner, lease = %self.id, "took the lease: leading");
                 Ok(Held {
@@ -243,16 +477,46 @@ impl Lease {
             Standing::Changed => Ok(Err(Duration::ZERO)),
             Standing::Timeless(found) => {
                 let lasts = stated_lease(&stored).unwrap_or(self.timing.duration);
-                self.give_expiry(&found, lasts).await
+                self.give_expiry(&found, lasts, far_ahead(&stored)).await
             }
             // A clock set back makes a live holder's expiry look far: with
             // no lease stated, it is given the longest a relay takes.
             Standing::FarAhead(found) => {
                 let lasts = stated_lease(&stored).unwrap_or(LONGEST_LEASE);
-                self.give_expiry(&found, lasts).await
+                self.give_expiry(&found, lasts, far_ahead(&stored)).await
             }
             Standing::Lapsed { next, found } => self.take_over(next, found, now, sent).await,
         }
+    }
+
+    /// Gives this lease an expiry a lease from now where the stored one
+    /// says nothing dependable (see [`Standing::of`]), so that it lapses
+    /// unless its holder renews it; how long that is, or `None` if there
+    /// was nothing to mend (or no lease).
+    pub(crate) async fn mend_expiry(&self) -> Result<Option<Duration>> {
+        let now = self.server_time().await?;
+        let stored = self
+            .documents
+            .find_one(doc! { "_id": &self.id })
+            .await
+            .map_err(|e| Error::mongo("reading the lease failed", e))?;
+        let Some(stored) = stored else {
+            return Ok(None);
+        };
+        let lasts = match Standing::of(&stored, now) {
+            Standing::Timeless(found) => {
+                let lasts = stated_lease(&stored).unwrap_or(self.timing.duration);
+                (found, lasts)
+            }
+            Standing::FarAhead(found) => {
+                let lasts = stated_lease(&stored).unwrap_or(LONGEST_LEASE);
+                (found, lasts)
+            }
+            _ => return Ok(None),
+        };
+        let (found, lasts) = lasts;
+        let _left = self.give_expiry(&found, lasts, far_ahead(&stored)).await?;
+        Ok(Some(lasts))
     }
 
     /// Gives a lease whose expiry says nothing dependable (not a date, or
@@ -271,6 +535,7 @@ impl Lease {
         &self,
         found: &str,
         lasts: Duration,
+        far: Duration,
     ) -> Result<std::result::Result<Held, Duration>> {
         // The clock read anew: with the time the take was judged by, a
         // relay that stalled since would take a live holder's renewed
@@ -286,7 +551,7 @@ impl Lease {
                     "$or": [
                         { "expiresAt": { "$not": { "$type": "date" } } },
                         { "expiresAt": { "$type": "array" } },
-                        { "expiresAt": { "$gt": later(now, FAR_AHEAD) } },
+                        { "expiresAt": { "$gt": later(now, far) } },
                     ],
                 },
                 doc! { "$set": { "expiresAt": later(now, lasts) } },
@@ -320,13 +585,13 @@ impl Lease {
                 // first take leaves a countable term, and the other's
                 // matches nothing.
                 doc! { "_id": &self.id, "$and": [lapsed(now), doc! { "$nor": countable() }] },
-                doc! { "$set": {
-                    "owner": &self.owner,
-                    "expiresAt": later(now, self.timing.duration),
-                    "leaseMillis": self.lease_millis(),
-                    "leaseOwner": &self.owner,
-                    "term": next.0,
-                } },
+                {
+                    let mut update = self.take(now);
+                    if let Ok(set) = update.get_document_mut("$set") {
+                        set.insert("term", next.0);
+                    }
+                    update
+                },
             )
             .return_document(ReturnDocument::After)
             .await
@@ -356,19 +621,33 @@ impl Lease {
                 // Not once released: a renewal a stop cut short, landing
                 // after the release, must not take the lease back.
                 doc! {
-                    "_id": &self.id, "owner": &self.owner, "term": held.term.0,
+                    "_id": &self.id, "owner": self.stamp(), "term": held.term.0,
                     "expiresAt": { "$gt": DateTime::from_millis(0) },
                 },
                 doc! { "$set": {
                     "expiresAt": later(now, self.timing.duration),
                     "leaseMillis": self.lease_millis(),
-                    "leaseOwner": &self.owner,
+                    "leaseOwner": self.stamp(),
                 } },
             )
             .await
             .map_err(|e| Error::mongo("renewing the lease failed", e))?;
         if renewed.matched_count == 0 {
             return Ok(false);
+        }
+        // The group's hold lasts at least as long as the partition's, from
+        // the same reading of the clock; the deadline moves only once both
+        // are written.
+        if let Some(hold) = &self.hold {
+            if let Hold::Busy(_) = hold.hold_for_group(now).await? {
+                tracing::warn!(
+                    term = held.term.0,
+                    lease = %self.id,
+                    "a relay of one partition, a sweep --once run or a relay of another \
+                     partition count took the outbox's own lease: stopping delivery"
+                );
+                return Ok(false);
+            }
         }
         held.deadline = sent + self.timing.duration - self.timing.margin();
         Ok(true)
@@ -378,7 +657,7 @@ impl Lease {
     pub async fn release(&self, held: &Held) -> Result<()> {
         self.documents
             .update_one(
-                doc! { "_id": &self.id, "owner": &self.owner, "term": held.term.0 },
+                doc! { "_id": &self.id, "owner": self.stamp(), "term": held.term.0 },
                 doc! { "$set": { "expiresAt": DateTime::from_millis(0) } },
             )
             .await
@@ -486,8 +765,7 @@ pub(crate) const FAR_AHEAD: Duration = Duration::from_secs(3660);
 /// leaves an earlier holder's) and it is one a relay could have taken.
 fn stated_lease(stored: &RawDocument) -> Option<Duration> {
     match (field(stored, "owner"), field(stored, "leaseOwner")) {
-        (Ok(Some(RawBsonRef::String(owner))), Ok(Some(RawBsonRef::String(stated_by))))
-            if owner == stated_by => {}
+        (Ok(Some(owner)), Ok(Some(stated_by))) if owner == stated_by => {}
         _ => return None,
     }
     let millis = match field(stored, "leaseMillis") {
@@ -499,6 +777,13 @@ fn stated_lease(stored: &RawDocument) -> Option<Duration> {
     (Duration::from_secs(1)..=LONGEST_LEASE)
         .contains(&lease)
         .then_some(lease)
+}
+
+/// How far ahead of the server's clock an expiry may lie before it is
+/// judged an edit or a clock set back: twice the lease its holder states,
+/// or, where it states none, the longest lease and a minute.
+fn far_ahead(stored: &RawDocument) -> Duration {
+    stated_lease(stored).map_or(FAR_AHEAD, |lease| lease.saturating_mul(2))
 }
 
 /// A lease whose expiry has passed, or that has none. A query compares a
@@ -554,13 +839,22 @@ impl Standing {
                 let left = expires
                     .timestamp_millis()
                     .saturating_sub(now.timestamp_millis());
+                let stated = stated_lease(stored);
                 match u64::try_from(left).map(Duration::from_millis) {
-                    Ok(left) if left > FAR_AHEAD => {
-                        return Standing::FarAhead(format!(
-                            "{}, further ahead than any relay's lease lasts ({} at most)",
-                            expires.try_to_rfc3339_string().unwrap_or_default(),
-                            humantime::format_duration(LONGEST_LEASE),
-                        ))
+                    Ok(left) if left > far_ahead(stored) => {
+                        let expires = expires.try_to_rfc3339_string().unwrap_or_default();
+                        return Standing::FarAhead(match stated {
+                            Some(lease) => format!(
+                                "{expires}, more than twice the lease its holder states ({}) \
+                                 ahead of the server's clock",
+                                humantime::format_duration(lease),
+                            ),
+                            None => format!(
+                                "{expires}, further ahead than any relay's lease lasts ({} at \
+                                 most)",
+                                humantime::format_duration(LONGEST_LEASE),
+                            ),
+                        });
                     }
                     Ok(left) if !left.is_zero() => return Standing::Held(left),
                     _ => {}
@@ -581,6 +875,19 @@ impl Standing {
             },
         }
     }
+}
+
+/// Whether `stored` is held by the server's clock `now`: its expiry is
+/// ahead, and no further than its holder could have written it.
+pub(crate) fn is_live(stored: &RawDocument, now: DateTime) -> bool {
+    matches!(Standing::of(stored, now), Standing::Held(_))
+}
+
+/// Whether `stored`'s expiry lies further ahead of `now` than its holder
+/// could have written it (a clock set back, or an edit): a lease to mend
+/// (see [`Lease::mend_expiry`]) rather than to wait out.
+pub(crate) fn is_far_ahead(stored: &RawDocument, now: DateTime) -> bool {
+    matches!(Standing::of(stored, now), Standing::FarAhead(_))
 }
 
 /// A stored term, as the takes count it.

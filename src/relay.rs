@@ -32,7 +32,7 @@ use crate::config::{RelayConfig, RelayMode};
 use crate::connect::{connect_mongodb_for_coordination, connect_mongodb_observed, coordinated};
 use crate::contract::{DecodeRules, SubjectRules};
 use crate::error::{Error, Result};
-use crate::group::{balance, Group};
+use crate::group::{balance, Group, OutboxLease};
 use crate::lease::{Held, Lease, Term};
 use crate::observe::{self, Metrics, Role};
 use crate::order::{self, KeyOrder};
@@ -399,7 +399,22 @@ impl Relay {
         let renewed_lately = shares
             .renewed_at
             .is_some_and(|at| at.elapsed() < lease_duration / 2);
-        if !renewed_lately {
+        // A take beside another holder of the outbox's own lease would be
+        // released at once (see `lease`): the group waits for it instead.
+        let outbox_open = view.outbox == OutboxLease::Open;
+        if outbox_open != shares.outbox_open {
+            shares.outbox_open = outbox_open;
+            if outbox_open {
+                tracing::info!("the outbox's own lease is free: the group takes its partitions");
+            } else {
+                tracing::info!(
+                    "the outbox's own lease is held by a relay of one partition, a sweep --once \
+                     run, a relay from before groups or a group of another count: this relay \
+                     takes no partition until it ends"
+                );
+            }
+        }
+        if !renewed_lately || !outbox_open {
             return Ok(());
         }
         for partition in moves.take {
@@ -668,9 +683,13 @@ impl Relay {
     /// claims are released.
     pub async fn sweep_once(&self, give_up_after: Duration) -> Result<Tally> {
         let config = &self.config;
-        let lease = self.lease();
-        // The whole outbox, as one partition: a group of relays of another
-        // count refuses it, and it refuses such a group while it runs.
+        let lease = self.lease().for_sweep_once();
+        // The whole outbox, as one partition. It joins no group: it holds
+        // the outbox's own lease for its run, which a group holds while it
+        // delivers (see `lease`), and a group starting meanwhile waits for
+        // it to end. Relays of another count refuse it: those of earlier
+        // versions, which do not hold the outbox's lease, by their leases
+        // and their group's document, asked before the take and after it.
         let group = Group::new(
             &self.coordination,
             &config.checkpoint_collection,
@@ -679,41 +698,46 @@ impl Relay {
             1,
             config.lease_timing(),
         );
-        // Two relays joining at once: one of them goes again.
-        let mut joined = group.join().await;
-        for _ in 0..JOIN_TRIES {
-            match joined {
-                Err(Error::TakenOver(_)) => joined = group.join().await,
-                _ => break,
-            }
-        }
-        match joined {
+        let beside_a_group = |why: String| {
+            Error::GaveUp(format!(
+                "{why}: a group of relays runs on this outbox and sweeps it already; run \
+                 sweep --once only where no relay is running"
+            ))
+        };
+        match group.admits_one().await {
             Ok(()) => {}
-            Err(Error::Config(why)) => {
-                return Err(Error::GaveUp(format!(
-                    "{why}: a group of relays runs on this outbox and sweeps it already; run \
-                     sweep --once only where no relay is running"
-                )))
-            }
+            Err(Error::Config(why)) => return Err(beside_a_group(why)),
             Err(error) => return Err(error),
         }
-        let swept = self.sweep_once_holding(&lease, give_up_after).await;
-        if let Err(error) = group.leave().await {
-            tracing::warn!(%error, "could not leave the group of relays; its announcement expires");
-        }
-        swept
+        self.sweep_once_holding(&lease, &group, give_up_after)
+            .await
+            .map_err(|error| match error {
+                Error::Config(why) => beside_a_group(why),
+                other => other,
+            })
     }
 
-    /// [`Relay::sweep_once`], a member of the group with one partition.
-    async fn sweep_once_holding(&self, lease: &Lease, give_up_after: Duration) -> Result<Tally> {
+    /// [`Relay::sweep_once`], once no group of another count is seen.
+    async fn sweep_once_holding(
+        &self,
+        lease: &Lease,
+        group: &Group,
+        give_up_after: Duration,
+    ) -> Result<Tally> {
         let deadline = tokio::time::Instant::now() + give_up_after;
         let Ok(held) = lease.try_acquire().await? else {
             return Err(Error::GaveUp(
-                "another relay leads this outbox and sweeps it already; run sweep --once only \
-                 where no relay is running"
+                "another relay, or a group of relays, leads this outbox and sweeps it already; \
+                 run sweep --once only where no relay is running"
                     .to_owned(),
             ));
         };
+        // A relay of an earlier version may have joined a group of another
+        // count between the first look and the take; it sees the lease now.
+        if let Err(refused) = group.admits_one().await {
+            release(lease, &held).await;
+            return Err(refused);
+        }
         // Abandoned by the keeper when the lease is lost, or here when the
         // time is up; what was not delivered stays pending either way.
         let stop = Stop::new();
@@ -960,7 +984,6 @@ enum SweepEnd {
 }
 
 /// The partitions this relay delivers, one unit each.
-#[derive(Default)]
 struct Shares {
     units: BTreeMap<Partition, Unit>,
     /// Each unit's task, which returns its partition when it ends.
@@ -973,6 +996,9 @@ struct Shares {
     renewed_at: Option<Instant>,
     /// When this relay last joined anew for holding nothing.
     rejoined_at: Option<Instant>,
+    /// Whether the last round found the outbox's own lease open to the
+    /// group (see [`OutboxLease`]), to say so only when it changes.
+    outbox_open: bool,
 }
 
 /// The group's two kinds of MongoDB work, each reported as it fails and
@@ -981,10 +1007,6 @@ struct Outages {
     renewing: Outage,
     reading: Outage,
 }
-
-/// How many times `sweep --once` joins again when another relay changed
-/// the group while it joined.
-const JOIN_TRIES: usize = 3;
 
 /// How many leases a relay that holds nothing waits before joining anew
 /// again (see [`Relay::round`]).
@@ -997,6 +1019,19 @@ struct Unit {
     handing_over: bool,
     /// Its task in [`Shares::serving`].
     task: tokio::task::Id,
+}
+
+impl Default for Shares {
+    fn default() -> Self {
+        Shares {
+            units: BTreeMap::new(),
+            serving: JoinSet::new(),
+            cooling_until: None,
+            renewed_at: None,
+            rejoined_at: None,
+            outbox_open: true,
+        }
+    }
 }
 
 impl Shares {

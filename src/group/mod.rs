@@ -18,7 +18,19 @@
 //! Each round a relay renews its announcement, reads the group, and
 //! applies one rule ([`balance::moves`]): it takes free partitions up to
 //! its share, and hands over gracefully what is above it. Expiries are
-//! judged on the server's clock, as the lease's are.
+//! judged on the server's clock, as the lease's are, and an expiry further
+//! ahead than its writer could have set it (a clock set back) is mended,
+//! not waited out (see `lease`).
+//!
+//! The group's count and its positions: a partition's stored position is
+//! good only for the period its count ran in. When the group takes another
+//! count, every stored position is retired (its token removed, its term
+//! moved on), so that each partition of the new count catches up from what
+//! is pending rather than replaying from where the same count stopped long
+//! ago; when a group forms where none was recorded, the positions of other
+//! counts are. And while any partition is held, the group holds the
+//! outbox's own lease too (see `lease`), so that a relay of one partition,
+//! a `sweep --once` run, or a relay from before groups waits for it.
 
 pub mod balance;
 
@@ -29,8 +41,11 @@ use bson::{doc, DateTime, Document, RawBsonRef, RawDocumentBuf};
 use futures::TryStreamExt;
 use mongodb::{Collection, Database};
 
+use crate::checkpoint::POSITION_AT;
 use crate::error::{is_duplicate_key, Error, Result};
-use crate::lease::{server_time, LeaseTiming, FAR_AHEAD};
+use crate::lease::{
+    is_far_ahead, is_live, server_time, Lease, LeaseTiming, StoredHolder, FAR_AHEAD,
+};
 use crate::partition::{Partition, MOST_PARTITIONS};
 use crate::time::later;
 use balance::{Holder, Member};
@@ -42,10 +57,12 @@ pub struct Group {
     documents: Collection<RawDocumentBuf>,
     /// `<db>.<collection>`: the outbox's own lease and checkpoint id.
     outbox: String,
-    collection: String,
     me: String,
     partitions: u32,
     timing: LeaseTiming,
+    /// The outbox's leases as this relay reads them, to mend an expiry
+    /// set too far ahead.
+    leases: Lease,
 }
 
 /// The group as one read shows it.
@@ -53,6 +70,33 @@ pub struct Group {
 pub struct View {
     pub members: Vec<Member>,
     pub holders: BTreeMap<Partition, Holder>,
+    /// Whether the outbox's own lease lets this group deliver.
+    pub outbox: OutboxLease,
+}
+
+/// The outbox's own lease, as a group of more than one partition sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OutboxLease {
+    /// Free, lapsed, or held for this group: its partitions may be taken.
+    #[default]
+    Open,
+    /// Held by a relay of one partition, a `sweep --once` run, a relay from
+    /// before groups, or a group of another count: no partition is taken
+    /// until it ends (a take would be released at once).
+    Taken,
+}
+
+/// Relays of another partition count than this relay's, as the outbox's
+/// live leases show them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Others {
+    None,
+    /// A lease of this count is held.
+    Leading(u32),
+    /// A lease of this count had an expiry further ahead than its holder
+    /// could have written (a clock set back); it was given one this long
+    /// from now, and lapses then unless its holder renews it.
+    Mended(u32, Duration),
 }
 
 impl Group {
@@ -70,10 +114,10 @@ impl Group {
             database: database.clone(),
             documents: database.collection(checkpoint_collection),
             outbox: format!("{}.{}", database.name(), collection),
-            collection: collection.to_owned(),
             me: me.to_owned(),
             partitions,
             timing,
+            leases: Lease::new(database, checkpoint_collection, collection, timing),
         }
     }
 
@@ -102,18 +146,18 @@ impl Group {
 
     /// Joins the group, or refuses with a configuration error while relays
     /// of another partition count run. They run while a lease of their
-    /// count is live (the outbox's own lease is a count of 1), whatever
-    /// the group's document says or whether there is one; and while the
-    /// group's document names their count and is live, which covers
-    /// relays that have joined and not yet taken a lease. A document of
-    /// another count that lapsed is taken only as read, so that of two
-    /// relays of different counts starting at once, one joins. Then
-    /// announces this relay.
+    /// count is live (the outbox's own lease is a count of 1, as relays of
+    /// one partition hold it, or the group's count, as a group holds it),
+    /// whatever the group's document says or whether there is one; and
+    /// while the group's document names their count and is live, which
+    /// covers relays that have joined and not yet taken a lease. A
+    /// `sweep --once` run is not a count: it ends by itself, and the group
+    /// waits for it (see [`View::outbox`]). A document of another count
+    /// that lapsed is taken only as read, so that of two relays of
+    /// different counts starting at once, one joins. Then announces this
+    /// relay.
     pub async fn join(&self) -> Result<()> {
-        let now = server_time(self.database.client()).await?;
-        if let Some(theirs) = self.other_count_leading(now).await? {
-            return Err(self.refusal(Some(theirs)));
-        }
+        let now = self.others_gone().await?;
         let stored = self
             .documents
             .find_one(doc! { "_id": self.group_id() })
@@ -138,11 +182,62 @@ impl Group {
         self.announce(now, Joining::Again).await
     }
 
+    /// Whether the outbox is free of relays of another count for a relay
+    /// of one partition that joins no group (`sweep --once`): an error
+    /// naming their count if not (see [`Group::join`]).
+    pub async fn admits_one(&self) -> Result<()> {
+        let now = self.others_gone().await?;
+        let stored = self
+            .documents
+            .find_one(doc! { "_id": self.group_id() })
+            .await
+            .map_err(|e| Error::mongo("reading the group of relays failed", e))?;
+        match stored.as_deref() {
+            Some(group)
+                if stored_count(group) != Some(self.partitions) && live_until(group, now) =>
+            {
+                Err(self.refusal(stored_count(group)))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits until no lease of another count is live, or refuses naming the
+    /// count that holds one; the server's clock then. A lease whose expiry
+    /// was set too far ahead is mended and waited out: its holder renews it
+    /// if it runs, and then it counts.
+    async fn others_gone(&self) -> Result<DateTime> {
+        for _ in 0..MENDS {
+            let now = server_time(self.database.client()).await?;
+            match self.other_count_leading(now).await? {
+                Others::None => return Ok(now),
+                Others::Leading(theirs) => return Err(self.refusal(Some(theirs))),
+                Others::Mended(theirs, left) => {
+                    tracing::warn!(
+                        partitions = theirs,
+                        "a lease of another partition count expires further ahead than its \
+                         holder could have written (the server's clock set back?): it now \
+                         ends within {}, unless its holder still runs and renews it",
+                        humantime::format_duration(left)
+                    );
+                    tokio::time::sleep(left + MEND_MARGIN).await;
+                }
+            }
+        }
+        let now = server_time(self.database.client()).await?;
+        match self.other_count_leading(now).await? {
+            Others::None => Ok(now),
+            Others::Leading(theirs) | Others::Mended(theirs, _) => Err(self.refusal(Some(theirs))),
+        }
+    }
+
     /// The count of relays leading partitions of another count than this
-    /// relay's, if any does: one with a live lease of it. An expiry ahead
-    /// of the server's clock is live however far ahead (a clock set back
-    /// must not let two counts deliver); one that is not a date is not.
-    async fn other_count_leading(&self, now: DateTime) -> Result<Option<u32>> {
+    /// relay's, if any does: one with a live lease of it. One whose expiry
+    /// is further ahead than its holder could have written is given an
+    /// expiry a lease from now (a clock set back must neither let two
+    /// counts deliver nor keep a new count out for as long as the step),
+    /// and said as mended.
+    async fn other_count_leading(&self, now: DateTime) -> Result<Others> {
         let failed = |e| Error::mongo("reading the group's leases failed", e);
         let ours = format!("^{}(:[0-9]+/[0-9]+)?$", regex_escaped(&self.outbox));
         let mut leases = self
@@ -150,26 +245,41 @@ impl Group {
             .find(doc! { "_id": { "$regex": ours }, "expiresAt": { "$gt": now } })
             .await
             .map_err(failed)?;
+        let mut mended: Option<(u32, Duration)> = None;
         while let Some(lease) = leases.try_next().await.map_err(failed)? {
             let Ok(Some(RawBsonRef::String(id))) = lease.get("_id") else {
                 continue;
             };
-            let count = match id.strip_prefix(self.outbox.as_str()) {
-                Some("") => Some(1),
-                Some(rest) => rest.rsplit('/').next().and_then(|n| n.parse::<u32>().ok()),
-                None => None,
+            let count = match (
+                id.strip_prefix(self.outbox.as_str()),
+                StoredHolder::of(&lease),
+            ) {
+                (Some(""), StoredHolder::Relay(_)) => Some(1),
+                (Some(""), StoredHolder::Group(count)) => Some(count),
+                (Some(rest), StoredHolder::Relay(_)) if !rest.is_empty() => {
+                    rest.rsplit('/').next().and_then(|n| n.parse::<u32>().ok())
+                }
+                _ => None,
             };
-            let held = matches!(lease.get("owner"), Ok(Some(RawBsonRef::String(_))));
-            match count {
-                Some(count) if count != self.partitions && held => return Ok(Some(count)),
-                _ => {}
+            let Some(count) = count.filter(|count| *count != self.partitions) else {
+                continue;
+            };
+            if is_live(&lease, now) {
+                return Ok(Others::Leading(count));
+            }
+            if is_far_ahead(&lease, now) {
+                if let Some(left) = self.leases.of_document(id).mend_expiry().await? {
+                    mended = Some((count, mended.map_or(left, |(_, l)| l.max(left))));
+                }
             }
         }
-        Ok(None)
+        Ok(mended.map_or(Others::None, |(count, left)| Others::Mended(count, left)))
     }
 
     /// Writes the group's document where there is none: false if another
-    /// relay wrote one first.
+    /// relay wrote one first. The positions of other counts are retired:
+    /// what ran here before recorded no group (relays from before groups,
+    /// or the document was deleted), and this count's are its own.
     async fn found_group(&self, now: DateTime) -> Result<bool> {
         let inserted = self
             .documents
@@ -177,10 +287,66 @@ impl Group {
             .insert_one(self.group_fields(now))
             .await;
         match inserted {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                self.retire_positions(Retire::OtherCounts, now).await?;
+                Ok(true)
+            }
             Err(error) if is_duplicate_key(&error) => Ok(false),
             Err(error) => Err(Error::mongo("joining the group of relays failed", error)),
         }
+    }
+
+    /// Retires the stored positions `which` names: each loses its token,
+    /// its position's time and when it was written, and a lapsed lease's
+    /// term moves on by one, so that no relay resumes from it, from the
+    /// collection or from its memory of its own last term (which it keeps
+    /// only for the term just after). Its partition catches up from what
+    /// is pending instead, which is always complete.
+    async fn retire_positions(&self, which: Retire, now: DateTime) -> Result<()> {
+        let failed = |e| Error::mongo("retiring the stored positions of another count failed", e);
+        let ours = format!("^{}(:[0-9]+/[0-9]+)?$", regex_escaped(&self.outbox));
+        let mut filter = doc! { "_id": { "$regex": ours } };
+        if which == Retire::OtherCounts {
+            let kept: Vec<String> = self
+                .partitions()
+                .map(|p| p.document_id(&self.outbox))
+                .collect();
+            filter.insert("$and", vec![doc! { "_id": { "$nin": kept } }]);
+        }
+        let mut positions = filter.clone();
+        positions.insert("token", doc! { "$exists": true });
+        let retired = self
+            .documents
+            .update_many(
+                positions,
+                doc! { "$unset": { "token": "", POSITION_AT: "", "updatedAt": "" } },
+            )
+            .await
+            .map_err(failed)?;
+        // A term moves on only where it can be counted and no one holds
+        // the lease (a holder of another count has none by now; see `join`).
+        let mut lapsed = filter;
+        lapsed.insert(
+            "$or",
+            vec![
+                doc! { "expiresAt": { "$lt": now } },
+                doc! { "expiresAt": { "$exists": false } },
+            ],
+        );
+        lapsed.insert("term", doc! { "$type": ["int", "long"], "$lt": i64::MAX });
+        self.documents
+            .update_many(lapsed, doc! { "$inc": { "term": 1_i64 } })
+            .await
+            .map_err(failed)?;
+        if retired.modified_count > 0 {
+            tracing::info!(
+                retired = retired.modified_count,
+                partitions = self.partitions,
+                "stored positions of another period retired: each partition of this count \
+                 catches up from what is pending in it"
+            );
+        }
+        Ok(())
     }
 
     /// Sets a lapsed group's count to this relay's, where its document is
@@ -211,25 +377,30 @@ impl Group {
             .map_err(failed)?;
         let taken = taken.modified_count > 0;
         if taken {
+            self.retire_positions(Retire::All, now).await?;
             tracing::warn!(
                 partitions = self.partitions,
                 "no relay of the group's former partition count runs: the group now shares {} \
-                 partitions, each resuming from its own stored position, if it has one, or from \
-                 what is pending in it",
+                 partitions, each catching up from what is pending in it",
                 self.partitions
             );
         }
         Ok(taken)
     }
 
-    /// Replaces a lapsed group document that cannot be read.
+    /// Replaces a lapsed group document that cannot be read: which count
+    /// ran is not known, so every stored position is retired.
     async fn replace_group(&self, now: DateTime) -> Result<bool> {
         tracing::warn!("the group of relays' document cannot be read: it is written anew");
         self.documents
             .delete_one(doc! { "_id": self.group_id() })
             .await
             .map_err(|e| Error::mongo("joining the group of relays failed", e))?;
-        self.found_group(now).await
+        let founded = self.found_group(now).await?;
+        if founded {
+            self.retire_positions(Retire::All, now).await?;
+        }
+        Ok(founded)
     }
 
     /// The group's document, as this relay writes it at `now`.
@@ -238,7 +409,14 @@ impl Group {
             "_id": self.group_id(),
             "partitions": i64::from(self.partitions),
             "expiresAt": later(now, self.timing.duration),
+            "leaseMillis": self.lease_millis(),
         }
+    }
+
+    /// The lease this relay states in the group's document, as a lease's
+    /// holder does (see [`Group::live_until`]).
+    fn lease_millis(&self) -> i64 {
+        i64::try_from(self.timing.duration.as_millis()).unwrap_or(i64::MAX)
     }
 
     /// Renews the group's count and this relay's announcement, and clears
@@ -260,24 +438,47 @@ impl Group {
         Ok(())
     }
 
-    /// Keeps the group's document alive, from `now`, at this count.
+    /// Keeps the group's document alive, from `now`, at this count. One
+    /// that is gone (deleted by hand) is written anew: the group runs on,
+    /// and only another count in it stops this relay.
     async fn renew_at(&self, now: DateTime) -> Result<()> {
-        let kept = self
-            .documents
-            .update_one(
-                doc! { "_id": self.group_id(), "partitions": i64::from(self.partitions) },
-                doc! { "$set": { "expiresAt": later(now, self.timing.duration) } },
-            )
-            .await
-            .map_err(|e| Error::mongo("renewing the group of relays failed", e))?;
-        if kept.matched_count == 0 {
-            let stored = Self::stored(&self.database, self.documents.name(), &self.collection)
+        for _ in 0..2 {
+            let kept = self
+                .documents
+                .update_one(
+                    doc! { "_id": self.group_id(), "partitions": i64::from(self.partitions) },
+                    doc! { "$set": {
+                        "expiresAt": later(now, self.timing.duration),
+                        "leaseMillis": self.lease_millis(),
+                    } },
+                )
                 .await
-                .ok()
-                .flatten();
-            return Err(self.refusal(stored.map(|(count, _)| count)));
+                .map_err(|e| Error::mongo("renewing the group of relays failed", e))?;
+            if kept.matched_count > 0 {
+                return Ok(());
+            }
+            let stored = self
+                .documents
+                .find_one(doc! { "_id": self.group_id() })
+                .await
+                .map_err(|e| Error::mongo("reading the group of relays failed", e))?;
+            match stored.as_deref() {
+                None => {
+                    tracing::warn!(
+                        "the group of relays' document is gone (deleted?): writing it anew; \
+                         the group runs on"
+                    );
+                    if self.found_group(now).await? {
+                        return Ok(());
+                    }
+                }
+                Some(group) if stored_count(group) == Some(self.partitions) => {}
+                Some(group) => return Err(self.refusal(stored_count(group))),
+            }
         }
-        Ok(())
+        Err(Error::TakenOver(
+            "another relay changed the group of relays while this one renewed it".to_owned(),
+        ))
     }
 
     /// Counts this relay as joining again from now, so that the others
@@ -329,7 +530,8 @@ impl Group {
             .partitions()
             .map(|p| (p.document_id(&self.outbox), p))
             .collect();
-        let ids: Vec<&String> = leases.keys().collect();
+        let mut ids: Vec<&String> = leases.keys().collect();
+        ids.push(&self.outbox);
         let mut documents = self
             .documents
             .find(doc! { "$or": [{ "_id": { "$in": ids } }, { "group": &self.outbox }] })
@@ -338,6 +540,7 @@ impl Group {
         let mut view = View {
             holders: self.partitions().map(|p| (p, Holder::Free)).collect(),
             members: Vec::new(),
+            outbox: OutboxLease::Open,
         };
         let mut holding: BTreeSet<String> = BTreeSet::new();
         let mut members = Vec::new();
@@ -349,6 +552,11 @@ impl Group {
                 if let Some(holder) = live_holder(&document, now) {
                     holding.insert(holder.clone());
                     view.holders.insert(partition, Holder::Relay(holder));
+                }
+            } else if id == self.outbox {
+                let ours = StoredHolder::of(&document) == StoredHolder::Group(self.partitions);
+                if !ours && is_live(&document, now) {
+                    view.outbox = OutboxLease::Taken;
                 }
             } else if let Some(member) = live_member(&document, now, self.timing.duration) {
                 members.push(member);
@@ -387,6 +595,22 @@ impl Group {
     }
 }
 
+/// Which stored positions a change of the group retires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retire {
+    /// Every one: the group takes another count.
+    All,
+    /// Those of other counts: a group forms where none was recorded.
+    OtherCounts,
+}
+
+/// How many times a join waits out leases of another count whose expiry
+/// was mended before it refuses.
+const MENDS: usize = 2;
+
+/// How long past a mended expiry a join looks again.
+const MEND_MARGIN: Duration = Duration::from_millis(100);
+
 /// Whether an announcement says the relay joins now (it counts towards the
 /// share for two leases from now) or keeps the time it joined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -409,12 +633,28 @@ fn regex_escaped(text: &str) -> String {
 }
 
 /// Whether a group document is live by the server's clock `now`: a date
-/// further ahead than any relay writes is not trusted.
+/// further ahead than its writer could have set it is not trusted.
 fn live_until(document: &bson::RawDocument, now: DateTime) -> bool {
     matches!(
         document.get("expiresAt"),
-        Ok(Some(RawBsonRef::DateTime(expires))) if expires > now && expires <= later(now, FAR_AHEAD)
+        Ok(Some(RawBsonRef::DateTime(expires)))
+            if expires > now && expires <= later(now, trusted_ahead(document))
     )
+}
+
+/// How far ahead of the server's clock a group document's expiry may be
+/// and be trusted: twice the lease its writer states, or, where it states
+/// none (an earlier version), as far as any relay writes.
+fn trusted_ahead(document: &bson::RawDocument) -> Duration {
+    let stated = match document.get("leaseMillis") {
+        Ok(Some(RawBsonRef::Int64(millis))) => u64::try_from(millis).ok(),
+        Ok(Some(RawBsonRef::Int32(millis))) => u64::try_from(millis).ok(),
+        _ => None,
+    };
+    stated
+        .map(Duration::from_millis)
+        .filter(|lease| *lease >= Duration::from_secs(1))
+        .map_or(FAR_AHEAD, |lease| lease.saturating_mul(2).min(FAR_AHEAD))
 }
 
 /// The partition count a group document holds, if it is one a relay runs
@@ -429,19 +669,13 @@ fn stored_count(document: &bson::RawDocument) -> Option<u32> {
 }
 
 /// The relay holding a partition's lease, if it is live by the server's
-/// clock `now`. Anything else (lapsed, released, or fields no relay
-/// writes) is free: a take judges and mends it as a single relay's does.
+/// clock `now`. Anything else (lapsed, released, an expiry further ahead
+/// than its holder could have written, or fields no relay writes) is free:
+/// a take judges and mends it as a single relay's does.
 fn live_holder(document: &RawDocumentBuf, now: DateTime) -> Option<String> {
-    let owner = match document.get("owner") {
-        Ok(Some(RawBsonRef::String(owner))) => owner,
-        _ => return None,
-    };
-    match document.get("expiresAt") {
-        // A date further ahead than any relay writes is mended by a take.
-        Ok(Some(RawBsonRef::DateTime(expires)))
-            if expires > now && expires <= later(now, FAR_AHEAD) =>
-        {
-            Some(owner.to_owned())
+    match StoredHolder::of(document) {
+        StoredHolder::Relay(owner) | StoredHolder::SweepOnce(owner) if is_live(document, now) => {
+            Some(owner)
         }
         _ => None,
     }

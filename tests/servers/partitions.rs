@@ -5,8 +5,11 @@
 use crate::common::{
     count_by_id, wait_until, write_orders, RunningRelay, TestEnv, STANDING_BY, WAIT,
 };
+use std::time::Duration;
+
 use bson::doc;
 use outbox_relay::admin::status::Status;
+use outbox_relay::lease::Lease;
 use outbox_relay::{Error, Relay, RelayMode};
 
 /// How many partitions a relay says it holds.
@@ -171,5 +174,204 @@ async fn a_group_is_refused_beside_a_relay_leading_the_whole_outbox_without_a_gr
     let mut config = env.replica_config();
     config.partitions = 2;
     refused_naming(config, 1).await;
+    env.drop().await;
+}
+
+/// The terms of the partitions a relay holds, as its metrics say.
+fn terms_held(relay: &RunningRelay) -> Vec<String> {
+    let text = relay.metrics.render();
+    let held: Vec<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("outbox_partition_held{") && line.ends_with(" 1"))
+        .filter_map(|line| line.split('"').nth(1))
+        .collect();
+    text.lines()
+        .filter(|line| line.starts_with("outbox_partition_term{"))
+        .filter(|line| line.split('"').nth(1).is_some_and(|p| held.contains(&p)))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn checkpoints(env: &TestEnv) -> mongodb::Collection<bson::Document> {
+    env.db.collection("outbox_checkpoints")
+}
+
+/// A date `by` from the server's clock (this host's: the test servers
+/// share it).
+fn from_now(by: Duration) -> bson::DateTime {
+    bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + by.as_millis() as i64)
+}
+
+#[tokio::test]
+async fn a_relay_from_before_groups_stands_by_while_a_group_delivers() {
+    // A relay from before groups knows only the outbox's own lease, and
+    // takes it as `Lease::try_acquire` does: a group holds it while it
+    // delivers, and it lapses a lease after the group stops.
+    let env = TestEnv::new().await;
+    let mut config = env.replica_config();
+    config.partitions = 2;
+    let relay = RunningRelay::start(config.clone()).await;
+    wait_until("the relay to hold both partitions", || async {
+        partitions_held(&relay) == Some(2)
+    })
+    .await;
+    let timing = config.lease_timing();
+    let before_groups = Lease::new(&env.db, "outbox_checkpoints", "outbox", timing);
+    match before_groups.try_acquire().await.unwrap() {
+        Err(_left) => {}
+        Ok(held) => panic!(
+            "a relay from before groups took the outbox at term {:?}",
+            held.term
+        ),
+    }
+    // Nor does it take it between the group's renewals.
+    tokio::time::sleep(config.lease_duration * 2).await;
+    assert!(before_groups.try_acquire().await.unwrap().is_err());
+    relay.stop().await.unwrap();
+    wait_until("the group's hold to lapse", || async {
+        before_groups
+            .try_acquire()
+            .await
+            .is_ok_and(|taken| taken.is_ok())
+    })
+    .await;
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_clock_set_back_keeps_a_new_count_out_for_two_leases_not_for_the_step() {
+    // The state a group of four leaves when the server's clock is set back
+    // by half an hour after its last renewal: its lease and its group's
+    // document expire half an hour ahead.
+    let env = TestEnv::new().await;
+    let ahead = from_now(Duration::from_secs(1800));
+    let outbox = format!("{}.outbox", env.name);
+    checkpoints(&env)
+        .insert_many([
+            doc! {
+                "_id": format!("{outbox}:1/4"), "owner": "gone", "leaseOwner": "gone",
+                "leaseMillis": 1500_i64, "term": 5_i64, "expiresAt": ahead,
+            },
+            doc! {
+                "_id": format!("{outbox}/group"), "partitions": 4_i64,
+                "leaseMillis": 1500_i64, "expiresAt": ahead,
+            },
+        ])
+        .await
+        .unwrap();
+    let mut config = env.replica_config();
+    config.partitions = 2;
+    let relay = RunningRelay::start(config.clone()).await;
+    wait_until("the relay to hold both partitions", || async {
+        partitions_held(&relay) == Some(2)
+    })
+    .await;
+    let ids = write_orders(&env, 10).await;
+    env.wait_count(doc! { "status": "processed", "_id": { "$in": &ids } }, 10)
+        .await;
+    relay.stop().await.unwrap();
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_deleted_group_document_is_written_anew_and_the_group_runs_on() {
+    let env = TestEnv::new().await;
+    let mut config = env.replica_config();
+    config.partitions = 2;
+    config.lease_duration = Duration::from_secs(6);
+    config.lease_renew_interval = Duration::from_millis(500);
+    let mut receiver = env.subscribe().await;
+    let relays = [
+        RunningRelay::start(config.clone()).await,
+        RunningRelay::start(config.clone()).await,
+    ];
+    wait_until("each relay to hold one partition", || async {
+        relays.iter().all(|r| partitions_held(r) == Some(1))
+    })
+    .await;
+    let terms: Vec<Vec<String>> = relays.iter().map(terms_held).collect();
+    let group = doc! { "_id": format!("{}.outbox/group", env.name) };
+    let deleted = checkpoints(&env).delete_one(group.clone()).await.unwrap();
+    assert_eq!(deleted.deleted_count, 1);
+    wait_until("the group's document to be written again", || async {
+        checkpoints(&env)
+            .find_one(group.clone())
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    let ids = write_orders(&env, 20).await;
+    let seen = receiver.take(20).await;
+    env.wait_count(doc! { "status": "processed", "_id": { "$in": &ids } }, 20)
+        .await;
+    assert!(count_by_id(&seen).values().all(|n| *n == 1), "a repeat");
+    let after: Vec<Vec<String>> = relays.iter().map(terms_held).collect();
+    assert_eq!(
+        terms, after,
+        "a relay stopped delivering and took a new term"
+    );
+    for relay in relays {
+        relay.stop().await.unwrap();
+    }
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_group_starts_at_once_after_sweep_once_and_waits_out_one_running() {
+    let env = TestEnv::new().await;
+    let mut once = env.replica_config();
+    once.mode = RelayMode::Poll;
+    // A lease long enough that waiting for one would fail the test.
+    once.lease_duration = Duration::from_secs(120);
+    let ids = write_orders(&env, 5).await;
+    let sweeper = Relay::connect(once.clone()).await.unwrap();
+    assert_eq!(sweeper.sweep_once(WAIT).await.unwrap().delivered, 5);
+    let mut config = env.replica_config();
+    config.partitions = 2;
+    config.lease_duration = once.lease_duration;
+    let relay = RunningRelay::start(config.clone()).await;
+    wait_until("the group to hold both partitions", || async {
+        partitions_held(&relay) == Some(2)
+    })
+    .await;
+    relay.stop().await.unwrap();
+
+    // A sweep under way holds the outbox's lease: a group starting meanwhile
+    // waits for it, rather than refusing to start.
+    let outbox = doc! { "_id": format!("{}.outbox", env.name) };
+    checkpoints(&env)
+        .update_one(
+            outbox.clone(),
+            doc! { "$set": {
+                "owner": "a-sweep", "leaseOwner": "a-sweep", "sweepOnce": true,
+                "leaseMillis": 120_000_i64, "expiresAt": from_now(Duration::from_secs(60)),
+            }, "$inc": { "term": 1_i64 } },
+        )
+        .await
+        .unwrap();
+    let relay = RunningRelay::start(config.clone()).await;
+    relay.wait_for_role(STANDING_BY).await;
+    let more = write_orders(&env, 5).await;
+    assert_eq!(partitions_held(&relay), Some(0));
+    checkpoints(&env)
+        .update_one(
+            outbox,
+            doc! { "$set": { "expiresAt": bson::DateTime::from_millis(0) } },
+        )
+        .await
+        .unwrap();
+    wait_until("the group to hold both partitions", || async {
+        partitions_held(&relay) == Some(2)
+    })
+    .await;
+    env.wait_count(doc! { "status": "processed", "_id": { "$in": &more } }, 5)
+        .await;
+    relay.stop().await.unwrap();
+    assert_eq!(
+        env.count(doc! { "_id": { "$in": &ids }, "status": "processed" })
+            .await,
+        5
+    );
     env.drop().await;
 }
