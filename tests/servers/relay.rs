@@ -396,6 +396,61 @@ async fn a_restart_resumes_from_the_token_without_losing_or_remarking() {
     env.drop().await;
 }
 
+/// A relay resuming from a position stored long ago (a partition count
+/// used before, a relay down for longer than the retention) replays
+/// messages delivered and deleted since: none is published again, and one
+/// still pending is.
+#[tokio::test]
+async fn a_replay_from_an_old_position_publishes_no_message_deleted_since() {
+    let env = TestEnv::new().await;
+    let mut receiver = env.subscribe().await;
+    let relay = RunningRelay::start(env.config()).await;
+    let first = write_orders(&env, 1).await;
+    receiver.until_id(first[0]).await;
+    env.wait_count(doc! { "status": "processed" }, 1).await;
+    relay.stop().await.unwrap();
+    let old = env.checkpoint_token().await.expect("a stored position");
+
+    let relay = RunningRelay::start(env.config()).await;
+    let delivered = write_orders(&env, 20).await;
+    receiver.until_id(*delivered.last().unwrap()).await;
+    env.wait_count(doc! { "status": "processed" }, 21).await;
+    relay.stop().await.unwrap();
+    receiver.drain_delivered(&env.nats).await;
+    // Retention, or `dlq discard`, deletes them; one more is left pending,
+    // as a message committed while no relay ran is.
+    env.outbox()
+        .delete_many(doc! { "_id": { "$in": &delivered } })
+        .await
+        .unwrap();
+    let pending = write_orders(&env, 1).await[0];
+    env.db
+        .collection::<Document>("outbox_checkpoints")
+        .update_one(
+            doc! { "_id": format!("{}.outbox", env.name) },
+            doc! { "$set": { "token": old } },
+        )
+        .await
+        .unwrap();
+
+    let relay = RunningRelay::start(env.config()).await;
+    let seen = receiver.until_id(pending).await;
+    env.wait_count(doc! { "status": "processed", "_id": pending }, 1)
+        .await;
+    relay.stop().await.unwrap();
+    let seen: HashSet<String> = seen
+        .iter()
+        .chain(&receiver.drain_delivered(&env.nats).await)
+        .filter_map(msg_id)
+        .collect();
+    assert_eq!(
+        seen,
+        HashSet::from([pending.to_hex()]),
+        "deleted messages came back"
+    );
+    env.drop().await;
+}
+
 #[tokio::test]
 async fn the_first_start_delivers_what_was_already_pending() {
     let env = TestEnv::new().await;

@@ -405,7 +405,8 @@ impl ChangeStreamSource {
 
     /// Passes on what a replay's window held back, if anything, in order:
     /// as messages those still pending (or all of them, where `check` says
-    /// so), the rest as bare positions; `last` becomes the last position
+    /// so), the rest (delivered, or deleted since: see [`replayed`]) as
+    /// bare positions; `last` becomes the last position
     /// passed on. False if the pipeline closed or the relay stopped.
     async fn pass_on_held(
         &self,
@@ -418,27 +419,35 @@ impl ChangeStreamSource {
         if held.is_empty() {
             return true;
         }
-        let delivered = match check {
+        let settled = match check {
             Check::Delivered => {
                 let ids = held.inserts.iter().filter_map(Insert::id).collect();
-                let delivered = replayed::delivered(&self.outbox, ids, shutdown).await;
+                // Events come in commit order: the newest commit is the
+                // last's, if every event says its own.
+                let after = held
+                    .inserts
+                    .iter()
+                    .map(|insert| insert.cluster_time)
+                    .collect::<Option<Vec<_>>>()
+                    .and_then(|times| times.into_iter().max());
+                let settled = replayed::settled(&self.outbox, ids, after, shutdown).await;
                 if shutdown.is_cancelled() {
                     return false;
                 }
-                delivered.unwrap_or_default()
+                settled.unwrap_or_default()
             }
             Check::None => HashSet::new(),
         };
-        if !delivered.is_empty() {
+        if !settled.is_empty() {
             tracing::debug!(
-                count = delivered.len(),
-                "the replayed stream skips messages delivered already"
+                count = settled.len(),
+                "the replayed stream skips messages delivered already, or deleted since"
             );
         }
         for insert in std::mem::take(held).inserts {
             let token = insert.token.clone();
             let work = match insert.id() {
-                Some(id) if delivered.contains(&id) => {
+                Some(id) if settled.contains(&id) => {
                     self.progress.read(insert.at);
                     Work::marker(insert.token, insert.at)
                 }

@@ -11,12 +11,18 @@
 //!   are held back in chunks while the stream replays (up to the server's
 //!   time when it opened, or its first read that finds nothing more
 //!   committed), and one read of each chunk's ids asks the collection
-//!   which are delivered already (found, and no longer pending): those
-//!   are passed on as bare positions, the rest as messages. A takeover
-//!   then repeats only what was in flight when its predecessor stopped. A
-//!   document the read does not find (a snapshot that lags the stream
-//!   after a failover, a collection renamed) is passed on, and if the read
-//!   fails the whole chunk is: a repeat is allowed, a loss is not.
+//!   which are settled already: those are passed on as bare positions, the
+//!   rest as messages. A takeover then repeats only what was in flight
+//!   when its predecessor stopped. Settled is delivered (found, and no
+//!   longer pending) or gone: the read is made causally after the newest
+//!   event of the chunk (`afterClusterTime`, on any member it reaches), so
+//!   a document it does not find was deleted after it was committed, by
+//!   `--retention`, `dlq discard` or by hand. Such a message is not
+//!   published again however old the position replayed from: one delivered
+//!   and deleted must not come back, and one deleted before delivery is
+//!   one the collection no longer holds, which no sweep would deliver
+//!   either. If the read fails, the whole chunk is passed on: a repeat is
+//!   allowed, a loss is not.
 //! - **A driver's resume.** After a resumable error the driver reopens the
 //!   stream from the position it holds itself, and it may be an earlier
 //!   one than the last event it returned (a resume that is itself retried
@@ -25,7 +31,7 @@
 //!   passed on, or of the same commit (a transaction's events share its
 //!   cluster time) with an id already passed on.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Document, RawDocumentBuf};
@@ -107,43 +113,43 @@ pub(super) fn id_of(document: &RawDocumentBuf) -> Option<ObjectId> {
     document.get_object_id(field::ID).ok()
 }
 
-/// Which of `ids` the outbox holds as delivered already: found, and no
-/// longer pending. `None` if the read failed, took longer than
-/// [`READ_LIMIT`], or the relay stopped first; the caller then passes them
-/// all on.
-pub(super) async fn delivered(
+/// Which of `ids` need no publish: delivered already (found, and no
+/// longer pending), or, where `after` is the newest commit among them, gone
+/// (not found by a read causally after it). `None` if the read failed, took
+/// longer than [`READ_LIMIT`], or the relay stopped first; the caller then
+/// passes them all on.
+pub(super) async fn settled(
     outbox: &Collection<Document>,
     ids: Vec<ObjectId>,
+    after: Option<bson::Timestamp>,
     shutdown: &CancellationToken,
 ) -> Option<HashSet<ObjectId>> {
     if ids.is_empty() {
         return Some(HashSet::new());
     }
     let count = ids.len();
-    // By `_id` alone, which every server reads by index; the status is
-    // judged here.
-    let read = async {
-        outbox
-            .find(doc! { field::ID: { "$in": ids } })
-            .projection(doc! { field::ID: 1, field::STATUS: 1 })
-            .max_time(READ_LIMIT)
-            .await?
-            .try_collect::<Vec<Document>>()
-            .await
-    };
+    let read = read_statuses(outbox, &ids, after);
     let found = tokio::select! {
         _ = shutdown.cancelled() => return None,
         found = tokio::time::timeout(READ_LIMIT * 2, read) => found,
     };
     let failure = match found {
         Ok(Ok(found)) => {
+            let pending: HashMap<ObjectId, bool> = found
+                .iter()
+                .filter_map(|document| {
+                    let id = document.get_object_id(field::ID).ok()?;
+                    Some((id, document.get_str(field::STATUS) == Ok(status::PENDING)))
+                })
+                .collect();
             return Some(
-                found
-                    .iter()
-                    .filter(|document| document.get_str(field::STATUS) != Ok(status::PENDING))
-                    .filter_map(|document| document.get_object_id(field::ID).ok())
+                ids.into_iter()
+                    .filter(|id| match pending.get(id) {
+                        Some(pending) => !pending,
+                        None => after.is_some(),
+                    })
                     .collect(),
-            )
+            );
         }
         Ok(Err(error)) => crate::error::brief(&error),
         Err(_) => "it took too long".to_owned(),
@@ -155,6 +161,28 @@ pub(super) async fn delivered(
          passing them all on (JetStream drops repeats within its duplicate window)"
     );
     None
+}
+
+/// The `_id` and status of those of `ids` the outbox holds, read by `_id`
+/// alone (which every server reads by index; the status is judged by the
+/// caller) and, given `after`, causally after it: the read sees every
+/// write committed up to then, or waits until it can.
+async fn read_statuses(
+    outbox: &Collection<Document>,
+    ids: &[ObjectId],
+    after: Option<bson::Timestamp>,
+) -> mongodb::error::Result<Vec<Document>> {
+    let mut session = outbox.client().start_session().await?;
+    if let Some(after) = after {
+        session.advance_operation_time(after);
+    }
+    let mut found = outbox
+        .find(doc! { field::ID: { "$in": ids } })
+        .projection(doc! { field::ID: 1, field::STATUS: 1 })
+        .max_time(READ_LIMIT)
+        .session(&mut session)
+        .await?;
+    found.stream(&mut session).try_collect().await
 }
 
 #[cfg(test)]
