@@ -512,7 +512,7 @@ impl Relay {
         let reading = self.read_stored_holds(order.clone(), pipeline.partition, shutdown.clone());
         // Every claim made before now is a former holder's: the lease is ours.
         let term_pipeline = Pipeline {
-            tenure: Some(Tenure::begun(term, order)),
+            tenure: Some(Tenure::begun(term, order, self.config.most_unrecorded())),
             ..pipeline.with_stop(stop)
         };
         let interval = match self.config.mode {
@@ -794,7 +794,11 @@ impl Relay {
             return Ok(Tally::default());
         };
         let pipeline = Pipeline {
-            tenure: Some(Tenure::begun(held.term, order)),
+            tenure: Some(Tenure::begun(
+                held.term,
+                order,
+                self.config.most_unrecorded(),
+            )),
             ..self.pipeline(stop)
         };
         let sweeper = self.sweeper(pipeline, StreamProgress::without_stream());

@@ -48,7 +48,7 @@ impl Publisher for TakesAll {
 pub(crate) fn tenure(term: Option<Term>, order: Option<KeyOrder>) -> Tenure {
     let order = order
         .unwrap_or_else(|| KeyOrder::new(Vec::new(), DeadLetters::Release, true, Metrics::new()));
-    Tenure::begun(term.unwrap_or(Term(1)), order)
+    Tenure::begun(term.unwrap_or(Term(1)), order, 65_536)
 }
 
 /// A decoded message of `key`, for the tests of what is under way.

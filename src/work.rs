@@ -39,7 +39,9 @@ use crate::order::{KeyOrder, ParkTicket};
 ///   may free its key: the park is written, or will never be;
 /// - it leaves the messages under way (`underway`, an [`UnderwayEntry`]),
 ///   so the sweep no longer keeps away from it, nor from later messages
-///   of its key.
+///   of its key;
+/// - its slot among the term's unrecorded messages, if it was sent, is
+///   given back (`sent`; see [`Unrecorded`]), so another may be sent.
 ///
 /// Ordinarily the completion stage drops it, once the batch holding its
 /// verdict is recorded; a bare position the publish stage has taken the
@@ -83,6 +85,9 @@ pub(crate) struct Work {
     /// The message's place among those under way, given up when the work
     /// ends.
     pub underway: Option<UnderwayEntry>,
+    /// Its slot among the term's messages sent and not yet recorded, taken
+    /// as it first goes on the wire and given back when the work ends.
+    pub sent: Option<OwnedSemaphorePermit>,
 }
 
 impl Work {
@@ -128,6 +133,7 @@ impl Work {
             release: false,
             park: None,
             underway: None,
+            sent: None,
         }
     }
 
@@ -653,16 +659,114 @@ pub(crate) struct Tenure {
     /// Claims made before the term began (below this id) are a former
     /// holder's, and no verdict waits for them.
     pub claims_before: ObjectId,
+    /// The term's messages sent and not yet recorded, shared by its
+    /// pipelines.
+    pub unrecorded: Unrecorded,
 }
 
 impl Tenure {
-    /// The term `term`, beginning now, keeping `order`.
-    pub fn begun(term: Term, order: KeyOrder) -> Self {
+    /// The term `term`, beginning now, keeping `order`, with at most
+    /// `most_unrecorded` messages sent and not yet recorded at once.
+    pub fn begun(term: Term, order: KeyOrder, most_unrecorded: usize) -> Self {
         Tenure {
             term,
             order,
             claims_before: crate::time::object_id_at(DateTime::now()),
+            unrecorded: Unrecorded::new(most_unrecorded),
         }
+    }
+}
+
+/// A term's messages sent to the broker whose verdicts are not yet
+/// recorded: what the next holder of the lease would publish again, were
+/// this relay to die now.
+///
+/// Rules: a message takes a slot as it first goes on the wire, and gives it
+/// back when its work ends, once its verdict is recorded (see `Work`'s
+/// end); a message whose answer is in doubt gives it back while it is
+/// asked about, so that a few answers that never come hold back no other
+/// message (they are published again after a crash, as any unrecorded
+/// one). There are at most `most` slots (`--max-in-flight`), and, as a term
+/// begins, only [`Unrecorded::FIRST`]: one more for every `FIRST` messages
+/// the term records. A term that takes over a backlog publishes a little
+/// of it, records it, and only then more: a takeover killed having
+/// recorded `n` messages publishes again at most `FIRST + n / FIRST`.
+/// Growing with what is recorded rather than with each round of marks, the
+/// room is full after 3,840 records at the default most, a few percent of
+/// a large drain, while a backlog of a few hundred (what piles up while a
+/// lease lapses) is drained in slots of 16 to 40.
+#[derive(Debug, Clone)]
+pub(crate) struct Unrecorded(Arc<UnrecordedShared>);
+
+#[derive(Debug)]
+struct UnrecordedShared {
+    slots: Arc<Semaphore>,
+    /// How many slots there are now: from `FIRST` up to `most`.
+    room: AtomicUsize,
+    /// How many messages the term has recorded.
+    recorded: AtomicUsize,
+    most: usize,
+    /// Told each time a message has to wait for a slot.
+    starved: Notify,
+}
+
+impl Unrecorded {
+    /// The slots a term begins with.
+    pub const FIRST: usize = 16;
+
+    pub fn new(most: usize) -> Self {
+        let most = most.max(1);
+        let room = Self::FIRST.min(most);
+        Unrecorded(Arc::new(UnrecordedShared {
+            slots: Arc::new(Semaphore::new(room)),
+            room: AtomicUsize::new(room),
+            recorded: AtomicUsize::new(0),
+            most,
+            starved: Notify::new(),
+        }))
+    }
+
+    /// A slot for a message about to go on the wire, once there is one.
+    /// `None` only if the slots are closed, which they never are.
+    pub async fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(slot) = self.0.slots.clone().try_acquire_owned() {
+            return Some(slot);
+        }
+        self.0.starved.notify_waiters();
+        self.0.slots.clone().acquire_owned().await.ok()
+    }
+
+    /// `count` messages had their verdicts recorded: the room grows by one
+    /// for every `FIRST` the term has recorded, up to the most.
+    pub fn recorded(&self, count: usize) {
+        let shared = &self.0;
+        let recorded = shared.recorded.fetch_add(count, Ordering::Relaxed) + count;
+        let room = Self::FIRST
+            .saturating_add(recorded / Self::FIRST)
+            .min(shared.most);
+        let before = shared.room.fetch_max(room, Ordering::Relaxed);
+        if room > before {
+            shared.slots.add_permits(room - before);
+        }
+    }
+
+    /// Resolves when a message starts waiting for a slot after this is
+    /// enabled (see [`Notified::enable`]); pair it with
+    /// [`Unrecorded::is_full`] for one that waits already.
+    pub fn starved(&self) -> Notified<'_> {
+        self.0.starved.notified()
+    }
+
+    /// Whether every slot is taken: a message may be waiting for one that
+    /// only a recorded verdict gives back.
+    pub fn is_full(&self) -> bool {
+        self.0.slots.available_permits() == 0
+    }
+
+    /// How many slots there are now.
+    #[cfg(test)]
+    pub fn room(&self) -> usize {
+        self.0.room.load(Ordering::Relaxed)
     }
 }
 
@@ -692,6 +796,38 @@ mod tests {
             acknowledged.change(|acked| acked.by_term.is_empty()),
             "nothing left behind"
         );
+    }
+
+    #[tokio::test]
+    async fn the_unrecorded_room_grows_by_what_is_recorded_up_to_the_most() {
+        let unrecorded = Unrecorded::new(100);
+        let mut slots = Vec::new();
+        for _ in 0..Unrecorded::FIRST {
+            slots.push(unrecorded.slot().await.expect("a slot"));
+        }
+        assert!(unrecorded.is_full());
+        let waiting = unrecorded.starved();
+        tokio::pin!(waiting);
+        waiting.as_mut().enable();
+        let mut next = Box::pin(unrecorded.slot());
+        assert!(
+            futures::FutureExt::now_or_never(&mut next).is_none(),
+            "no room"
+        );
+        assert!(
+            futures::FutureExt::now_or_never(&mut waiting).is_some(),
+            "the wait is told"
+        );
+        // Recorded: each slot comes back, and one more for every FIRST.
+        slots.clear();
+        unrecorded.recorded(Unrecorded::FIRST);
+        assert_eq!(unrecorded.room(), Unrecorded::FIRST + 1);
+        assert!(next.await.is_some());
+        unrecorded.recorded(3 * Unrecorded::FIRST - 1);
+        assert_eq!(unrecorded.room(), Unrecorded::FIRST + 3);
+        unrecorded.recorded(10_000);
+        assert_eq!(unrecorded.room(), 100, "never past the most");
+        assert_eq!(Unrecorded::new(4).room(), 4, "a most below the first");
     }
 
     #[test]

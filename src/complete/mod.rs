@@ -42,7 +42,7 @@ use crate::observe::Metrics;
 use crate::retry::{settle, Cut};
 use crate::unreadable;
 use crate::work::{
-    Acknowledged, Budget, Finished, LastDelivery, Tally, Tenure, Unmarkable, Verdict,
+    Acknowledged, Budget, Finished, LastDelivery, Tally, Tenure, Unmarkable, Unrecorded, Verdict,
 };
 
 mod fate;
@@ -122,6 +122,10 @@ impl CompletionStage {
                 Some(recorded) => *tally += recorded,
                 None => return Err(batch),
             }
+            if let Some(tenure) = &self.tenure {
+                let sent = batch.iter().filter(|f| f.work.sent.is_some()).count();
+                tenure.unrecorded.recorded(sent);
+            }
             if let Some(position) = batch
                 .iter()
                 .rev()
@@ -147,8 +151,11 @@ impl CompletionStage {
     /// after it, and the first to come after that (or, if none comes within
     /// a second delay, none), up to the batch size; at once if the input
     /// closes, the relay stops at once, a verdict other than a mark comes,
-    /// or the budget is short or a source waits for room in it (the work
-    /// waiting here holds room, and no verdict comes while a source waits).
+    /// the budget is short or a source waits for room in it (the work
+    /// waiting here holds room, and no verdict comes while a source waits),
+    /// or every slot of the term's unrecorded messages is taken (a message
+    /// waits to be sent until a verdict here is recorded: marks are written
+    /// as acknowledgements come, before more of a backlog is published).
     ///
     /// Why wait: a mark follows its publish, so waiting delays no delivery,
     /// while an update costs much the same for one message as for fifty.
@@ -189,16 +196,30 @@ impl CompletionStage {
         input: &mut mpsc::Receiver<Finished>,
     ) -> Option<Finished> {
         // Listening before looking: a source that starts waiting for room
-        // after the look is heard, one that waited before it is seen.
+        // after the look is heard, one that waited before it is seen; and
+        // so a message waiting for a slot among the unrecorded.
         let starved = self.budget.starved();
         tokio::pin!(starved);
         starved.as_mut().enable();
-        if self.budget.is_short() {
+        let unrecorded = self.tenure.as_ref().map(|tenure| &tenure.unrecorded);
+        let unsent = async {
+            match unrecorded {
+                Some(unrecorded) => unrecorded.starved().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(unsent);
+        // Polled once, so that it listens from here on.
+        if futures::FutureExt::now_or_never(&mut unsent).is_some()
+            || self.budget.is_short()
+            || unrecorded.is_some_and(Unrecorded::is_full)
+        {
             return None;
         }
         tokio::select! {
             _ = self.abandon.cancelled() => None,
             _ = starved => None,
+            _ = unsent => None,
             next = tokio::time::timeout_at(deadline, input.recv()) => next.ok().flatten(),
         }
     }

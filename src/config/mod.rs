@@ -137,7 +137,9 @@ settings! {
         /// Create a JetStream stream of this name for <prefix>.> if no
         /// stream captures it (for local use).
         create_stream: Option<String> = None;
-        /// Publishes awaiting their acknowledgement at once.
+        /// Publishes awaiting their acknowledgement at once; with
+        /// --batch-size, the most sent and not yet marked (what a crash may
+        /// publish again).
         max_in_flight: usize = 256, within(1..=65_536);
         /// Most messages marked processed with one update.
         batch_size: usize = 500, within(1..=10_000);
@@ -367,6 +369,14 @@ impl RelayConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The most messages a term has sent and not yet recorded at once:
+    /// what a crash may publish again. Those awaiting their acknowledgement
+    /// (`--max-in-flight`) and a batch of marks being written
+    /// (`--batch-size`), so that publishing and marking overlap.
+    pub fn most_unrecorded(&self) -> usize {
+        self.max_in_flight.saturating_add(self.batch_size)
     }
 
     /// When a refused message is tried again, and when it is given up.

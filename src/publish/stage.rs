@@ -60,7 +60,7 @@ use crate::lease::Term;
 use crate::observe::{Metrics, Origin, PausedDelivery};
 use crate::order::{self, Admission, KeyOrder, ParkTicket, Turn};
 use crate::retry::{back_off, reconnect_backoff, Outage};
-use crate::work::{Acknowledged, Again, Finished, LastDelivery, Tenure, Verdict, Work};
+use crate::work::{Acknowledged, Again, Finished, LastDelivery, Tenure, Unrecorded, Verdict, Work};
 
 /// What one try at publishing a unit of work came to, once nothing about
 /// it is in doubt. Each case says the verdict it gives, how the metrics
@@ -509,6 +509,9 @@ impl std::ops::Deref for Flight {
 struct FlightShared {
     publisher: Arc<dyn Publisher>,
     term: Option<Term>,
+    /// The term's messages sent and not yet recorded, which a first send
+    /// takes a slot among; `None` outside a term.
+    unrecorded: Option<Unrecorded>,
     acknowledged: Acknowledged,
     metrics: Metrics,
     shutdown: CancellationToken,
@@ -530,24 +533,32 @@ impl Flight {
 
     /// Puts the work's message (if any) on the wire now; `None` if the
     /// relay stopped at once first (a send may wait for room in the
-    /// client, and nothing may go on the wire after the stop). A message
-    /// NATS already acknowledged to this relay is not sent again where
-    /// nothing has touched it since (see `Acknowledged`).
-    async fn put_first(&self, work: Work, started: Instant) -> Option<Sent> {
+    /// client, or for a slot among the term's unrecorded messages, and
+    /// nothing may go on the wire after the stop). A message NATS already
+    /// acknowledged to this relay is not sent again where nothing has
+    /// touched it since (see `Acknowledged`).
+    async fn put_first(&self, mut work: Work, started: Instant) -> Option<Sent> {
         let Some(message) = message_of(&work) else {
             return self.put(work, started).await;
         };
-        match self.acknowledged.again(&message.id, self.term) {
-            Again::Stored => Some(Sent::Known(Attempt {
+        let again = self.acknowledged.again(&message.id, self.term);
+        if again == Again::Stored {
+            return Some(Sent::Known(Attempt {
                 work,
                 outcome: Outcome::StoredBefore,
-            })),
-            Again::Republish => {
-                self.metrics.republished();
-                self.put(work, started).await
-            }
-            Again::Unseen => self.put(work, started).await,
+            }));
         }
+        if let Some(unrecorded) = &self.unrecorded {
+            work.sent = tokio::select! {
+                biased;
+                _ = self.abandon.cancelled() => return None,
+                slot = unrecorded.slot() => slot,
+            };
+        }
+        if again == Again::Republish {
+            self.metrics.republished();
+        }
+        self.put(work, started).await
     }
 
     /// Puts the work's message (if any) on the wire now; `None` if the
@@ -632,6 +643,9 @@ impl Flight {
     /// back: the others wait for it.
     async fn settle(&self, mut doubt: Doubt) -> Option<Attempt> {
         let _aside = self.aside.take();
+        // Its slot among the unrecorded goes to another message meanwhile
+        // (see `Unrecorded`): one whose answer never comes holds none back.
+        doubt.work.sent = None;
         let Some(subject) = message_of(&doubt.work).map(|m| m.subject.clone()) else {
             // Only a message is sent, so only a message is in doubt.
             let error = doubt.error.clone();
@@ -846,6 +860,7 @@ impl PublishStage {
         Flight(Arc::new(FlightShared {
             publisher: self.publisher.clone(),
             term: self.term(),
+            unrecorded: self.tenure.as_ref().map(|tenure| tenure.unrecorded.clone()),
             acknowledged: self.acknowledged.clone(),
             metrics: self.metrics.clone(),
             shutdown: self.shutdown.clone(),

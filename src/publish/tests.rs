@@ -29,7 +29,7 @@ use crate::contract::{header, ContractViolation, Decoded, OutboxMessage, Rule};
 use crate::lease::Term;
 use crate::observe::Metrics;
 use crate::order::{HeldKey, Holder, KeyOrder};
-use crate::work::{Acknowledged, Again, Finished, LastDelivery, Verdict, Work};
+use crate::work::{Acknowledged, Again, Finished, LastDelivery, Tenure, Unrecorded, Verdict, Work};
 
 /// Long enough for anything the stage does, backoff included; with the
 /// clock paused it passes only once every task is idle, so reaching it
@@ -239,6 +239,8 @@ struct Running {
     shutdown: CancellationToken,
     metrics: Metrics,
     deliveries: LastDelivery,
+    /// The stage's term, if it is in one.
+    tenure: Option<Tenure>,
     task: JoinHandle<()>,
 }
 
@@ -277,6 +279,11 @@ fn start_in(
     let shutdown = CancellationToken::new();
     let metrics = Metrics::new();
     let deliveries = LastDelivery::default();
+    // A stage given an order or a term is in a term, with both.
+    let tenure = match (order, term) {
+        (None, None) => None,
+        (order, term) => Some(crate::testing::tenure(term, order)),
+    };
     let stage = PublishStage {
         publisher: broker.clone(),
         max_in_flight,
@@ -284,11 +291,7 @@ fn start_in(
         abandon: abandon.clone(),
         metrics: metrics.clone(),
         deliveries: deliveries.clone(),
-        // A stage given an order or a term is in a term, with both.
-        tenure: match (order, term) {
-            (None, None) => None,
-            (order, term) => Some(crate::testing::tenure(term, order)),
-        },
+        tenure: tenure.clone(),
         acknowledged,
     };
     let task = tokio::spawn(stage.run(work, finished));
@@ -301,6 +304,7 @@ fn start_in(
         shutdown,
         metrics,
         deliveries,
+        tenure,
         task,
     };
     (broker, running)
@@ -436,6 +440,17 @@ impl Running {
         (name(&finished), finished.verdict)
     }
 
+    /// The next `n` finished works, held as completion holds a batch it
+    /// records (each keeps its slot among the term's unrecorded).
+    async fn finished(&mut self, n: usize) -> Vec<Finished> {
+        let mut finished = Vec::with_capacity(n);
+        for _ in 0..n {
+            let next = tokio::time::timeout(PATIENCE, self.output.recv()).await;
+            finished.push(next.expect("a verdict in time").expect("running"));
+        }
+        finished
+    }
+
     async fn verdicts(&mut self, n: usize) -> Vec<(String, Verdict)> {
         let mut verdicts = Vec::with_capacity(n);
         for _ in 0..n {
@@ -554,6 +569,46 @@ async fn no_more_than_max_in_flight_acknowledgements_are_awaited_at_once() {
         ["m3"],
         "one verdict out makes room for one more send"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_term_sends_no_further_ahead_of_its_records_than_its_room() {
+    let (broker, mut stage) = start_in(256, None, Some(Term(1)), Acknowledged::default());
+    let names: Vec<String> = (0..50).map(|i| format!("m{i}")).collect();
+    let feeding = {
+        let input = stage.input.clone();
+        let works: Vec<Work> = names.iter().map(|name| message(name)).collect();
+        tokio::spawn(async move {
+            for work in works {
+                let _ = input.send(work).await;
+            }
+        })
+    };
+    let first = Unrecorded::FIRST;
+    assert_eq!(
+        stage.sends_until_idle().await.len(),
+        first,
+        "the room a term begins with"
+    );
+    let recording = stage.finished(first).await;
+    assert!(
+        stage.sends_until_idle().await.is_empty(),
+        "nothing recorded yet"
+    );
+    drop(recording);
+    let unrecorded = stage.tenure.as_ref().map(|t| t.unrecorded.clone());
+    let unrecorded = unrecorded.expect("a term");
+    unrecorded.recorded(4 * first);
+    assert_eq!(
+        stage.sends_until_idle().await.len(),
+        first + 4,
+        "each recorded message gives its slot back, and every FIRST adds one"
+    );
+    let recording = stage.finished(first + 4).await;
+    drop(recording);
+    assert_eq!(stage.sends_until_idle().await.len(), 50 - 2 * first - 4);
+    feeding.await.expect("fed");
+    assert_eq!(broker.sends().len(), 50);
 }
 
 #[tokio::test(start_paused = true)]
