@@ -595,63 +595,6 @@ const PARTITIONED: [(&str, &str); 3] = [
     ("OUTBOX_PARTITIONS", "4"),
 ];
 
-/// Which relay (by pid) holds each of `count` partitions' leases, live by
-/// this host's clock (the servers run on it).
-async fn partition_holders(env: &TestEnv, count: u32) -> Vec<Option<u32>> {
-    let checkpoints = env.db.collection::<Document>("outbox_checkpoints");
-    let now = bson::DateTime::now();
-    let mut holders = Vec::new();
-    for index in 0..count {
-        let id = format!("{}.outbox:{index}/{count}", env.name);
-        let lease = checkpoints
-            .find_one(doc! { "_id": id })
-            .await
-            .ok()
-            .flatten();
-        let holder = lease.and_then(|lease| {
-            let live = lease.get_datetime("expiresAt").is_ok_and(|at| *at > now);
-            let owner = lease.get_str("owner").ok()?;
-            let pid = owner.split('/').nth(1)?.parse().ok()?;
-            live.then_some(pid)
-        });
-        holders.push(holder);
-    }
-    holders
-}
-
-/// Waits until `relays` hold all four partitions between them in fair
-/// shares (none more than one above another), and returns each relay's
-/// count in the order given.
-async fn wait_shared(env: &TestEnv, relays: &[&RelayProcess]) -> Vec<usize> {
-    let pids: Vec<u32> = relays.iter().map(|r| r.pid()).collect();
-    let shares_of = |holders: &[Option<u32>]| -> Vec<usize> {
-        pids.iter()
-            .map(|pid| holders.iter().filter(|h| **h == Some(*pid)).count())
-            .collect()
-    };
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let holders = partition_holders(env, 4).await;
-        let shares = shares_of(&holders);
-        let (least, most) = (shares.iter().min(), shares.iter().max());
-        if holders
-            .iter()
-            .all(|h| h.is_some_and(|pid| pids.contains(&pid)))
-            && most
-                .zip(least)
-                .is_some_and(|(most, least)| most - least <= 1)
-        {
-            return shares;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} relays did not share the four partitions: {holders:?}",
-            pids.len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn four_partitions_shared_by_relays_joining_killed_and_stopped() {
     let _serial = ONE_AT_A_TIME.lock().await;
@@ -660,7 +603,7 @@ async fn four_partitions_shared_by_relays_joining_killed_and_stopped() {
     let publishes = Publishes::watch(&env).await;
     let first = RelayProcess::start_with(&env, "partitions-a", &PARTITIONED);
     let second = RelayProcess::start_with(&env, "partitions-b", &PARTITIONED);
-    assert_eq!(wait_shared(&env, &[&first, &second]).await, [2, 2]);
+    assert_eq!(wait_shared(&env, &[&first, &second], 4).await, [2, 2]);
     let writer = Writer::start(&env);
     // Written without the hash (by hand, or by an older writer), or with
     // one no writer stores: partition 0's, or the one its number names.
@@ -690,7 +633,7 @@ async fn four_partitions_shared_by_relays_joining_killed_and_stopped() {
 
     // A third relay joins: the first two hand a partition over gracefully.
     let third = RelayProcess::start_with(&env, "partitions-c", &PARTITIONED);
-    let shares = wait_shared(&env, &[&first, &second, &third]).await;
+    let shares = wait_shared(&env, &[&first, &second, &third], 4).await;
     assert_eq!(shares.iter().sum::<usize>(), 4);
     publishes.wait_count_after(Instant::now(), 50).await;
     let repeats_after_join = publishes.repeats();
@@ -702,9 +645,9 @@ async fn four_partitions_shared_by_relays_joining_killed_and_stopped() {
     let least = (0..3).min_by_key(|n| shares[*n]).expect("three relays");
     let others: Vec<&RelayProcess> = (0..3).filter(|n| *n != least).map(|n| &relays[n]).collect();
     relays[least].signal("STOP");
-    assert_eq!(wait_shared(&env, &others).await, [2, 2]);
+    assert_eq!(wait_shared(&env, &others, 4).await, [2, 2]);
     relays[least].signal("CONT");
-    let shares = wait_shared(&env, &[&relays[0], &relays[1], &relays[2]]).await;
+    let shares = wait_shared(&env, &[&relays[0], &relays[1], &relays[2]], 4).await;
     publishes.wait_count_after(Instant::now(), 50).await;
 
     // The relay holding two is killed: the others take them once its leases lapse.
@@ -724,7 +667,7 @@ async fn four_partitions_shared_by_relays_joining_killed_and_stopped() {
         .filter(|(n, _)| *n != killed)
         .map(|(_, r)| r)
         .collect();
-    assert_eq!(wait_shared(&env, &survivors).await, [2, 2]);
+    assert_eq!(wait_shared(&env, &survivors, 4).await, [2, 2]);
     let all_held_after_kill = killed_at.elapsed();
     publishes.wait_count_after(Instant::now(), 50).await;
 
@@ -737,7 +680,7 @@ async fn four_partitions_shared_by_relays_joining_killed_and_stopped() {
     let mut stopping = alive.remove(0);
     let before_stop = Instant::now();
     stopping.terminate().await;
-    assert_eq!(wait_shared(&env, &[&alive[0]]).await, [4]);
+    assert_eq!(wait_shared(&env, &[&alive[0]], 4).await, [4]);
     publishes.wait_count_after(Instant::now(), 50).await;
     let paused_by_stop = publishes.longest_gap(before_stop, Instant::now());
 

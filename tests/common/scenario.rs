@@ -13,7 +13,7 @@ use futures::{StreamExt, TryStreamExt};
 use outbox_relay::{NewMessage, Outbox};
 use tokio_util::sync::CancellationToken;
 
-use super::{manifest_dir, MongoProcess, NatsProcess, TestEnv, WAIT};
+use super::{manifest_dir, MongoProcess, NatsProcess, RelayProcess, TestEnv, WAIT};
 
 /// The longest a scenario waits for everything to be delivered at the end:
 /// a bound for a relay that stopped, not a speed to meet. SecantusDB's
@@ -82,6 +82,17 @@ impl Publishes {
             .unwrap_or_default()
     }
 
+    /// The messages published after `since`.
+    pub fn published_after(&self, since: Instant) -> HashSet<String> {
+        let Ok(all) = self.0.lock() else {
+            return HashSet::new();
+        };
+        all.iter()
+            .filter(|(_, at)| *at > since)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     /// The first publish arriving after `since`.
     pub fn first_after(&self, since: Instant) -> Option<Instant> {
         let all = self.0.lock().ok()?;
@@ -128,8 +139,9 @@ impl Publishes {
 }
 
 /// Writes orders with their outbox messages in transactions, one every
-/// 20 ms, until stopped; every tenth transaction is aborted on purpose.
-/// Failed writes (a server is down) are retried. Returns the aborted ids.
+/// 20 ms, until stopped, over five keys in turn (or as many as asked);
+/// every tenth transaction is aborted on purpose. Failed writes (a server
+/// is down) are retried. Returns the aborted ids.
 pub struct Writer {
     stop: CancellationToken,
     task: tokio::task::JoinHandle<Vec<ObjectId>>,
@@ -146,9 +158,19 @@ impl Writer {
         Self::start_on(env.client.clone(), env, interval)
     }
 
+    /// A writer every `interval` over `keys` keys in turn, so that they
+    /// spread over many partitions.
+    pub fn start_keyed(env: &TestEnv, interval: Duration, keys: i64) -> Self {
+        Self::start_with(env.client.clone(), env, interval, keys)
+    }
+
     /// A writer of its own `client` (one a fail point may name) into the
     /// database of `env`.
     pub fn start_on(client: mongodb::Client, env: &TestEnv, interval: Duration) -> Self {
+        Self::start_with(client, env, interval, KEYS)
+    }
+
+    fn start_with(client: mongodb::Client, env: &TestEnv, interval: Duration, keys: i64) -> Self {
         let stop = CancellationToken::new();
         let db = client.database(&env.name);
         let until = stop.clone();
@@ -163,7 +185,8 @@ impl Writer {
                 ticks.tick().await;
                 n += 1;
                 let abort = n % 10 == 0;
-                match write_one(&client, &outbox, &orders, n, abort).await {
+                let key = format!("k{}", n % keys);
+                match write_keyed(&client, &outbox, &orders, n, abort, &key).await {
                     Ok(id) if abort => aborted.push(id),
                     Ok(_) => {}
                     Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -183,12 +206,28 @@ impl Writer {
     }
 }
 
+/// How many keys a writer writes in turn, unless asked for more.
+const KEYS: i64 = 5;
+
 pub async fn write_one(
     client: &mongodb::Client,
     outbox: &Outbox,
     orders: &mongodb::Collection<Document>,
     n: i64,
     abort: bool,
+) -> outbox_relay::Result<ObjectId> {
+    write_keyed(client, outbox, orders, n, abort, &key_of(n)).await
+}
+
+/// Writes order `n` with its outbox message of `key` in one transaction,
+/// and aborts it if `abort`.
+pub async fn write_keyed(
+    client: &mongodb::Client,
+    outbox: &Outbox,
+    orders: &mongodb::Collection<Document>,
+    n: i64,
+    abort: bool,
+    key: &str,
 ) -> outbox_relay::Result<ObjectId> {
     let failed = |e| outbox_relay::Error::Config(format!("write failed: {e}"));
     let mut session = client.start_session().await.map_err(failed)?;
@@ -200,7 +239,7 @@ pub async fn write_one(
         .map_err(failed)?;
     // A few keys, so each scenario checks the order of each key too; one
     // writer writes them in turn, so `n` is commit order.
-    let message = NewMessage::serialized("order.placed", &doc! { "n": n })?.key(key_of(n));
+    let message = NewMessage::serialized("order.placed", &doc! { "n": n })?.key(key);
     let id = outbox.add(&mut session, message).await?;
     if abort {
         session.abort_transaction().await.map_err(failed)?;
@@ -211,22 +250,26 @@ pub async fn write_one(
 }
 
 pub fn key_of(n: i64) -> String {
-    format!("k{}", n % 5)
+    format!("k{}", n % KEYS)
 }
 
 /// Each key's committed messages in commit order (by the writer's `n`).
 pub fn committed_per_key(documents: &[Document]) -> HashMap<String, Vec<ObjectId>> {
-    let mut numbered: Vec<(i64, ObjectId)> = documents
+    let mut numbered: Vec<(i64, String, ObjectId)> = documents
         .iter()
         .filter_map(|d| {
             let n = d.get_document("payload").ok()?.get_i64("n").ok()?;
-            Some((n, d.get_object_id("_id").ok()?))
+            Some((
+                n,
+                d.get_str("key").ok()?.to_owned(),
+                d.get_object_id("_id").ok()?,
+            ))
         })
         .collect();
     numbered.sort();
     let mut per_key: HashMap<String, Vec<ObjectId>> = HashMap::new();
-    for (n, id) in numbered {
-        per_key.entry(key_of(n)).or_default().push(id);
+    for (_, key, id) in numbered {
+        per_key.entry(key).or_default().push(id);
     }
     per_key
 }
@@ -239,6 +282,19 @@ pub async fn verify(
     scenario: &str,
     publishes: &Publishes,
     aborted: &[ObjectId],
+    extra: serde_json::Value,
+) {
+    verify_with_deleted(env, scenario, publishes, aborted, &[], extra).await;
+}
+
+/// [`verify`], where the messages `deleted` were delivered and then
+/// deleted from the outbox (as `--retention` does): committed all the same.
+pub async fn verify_with_deleted(
+    env: &TestEnv,
+    scenario: &str,
+    publishes: &Publishes,
+    aborted: &[ObjectId],
+    deleted: &[ObjectId],
     extra: serde_json::Value,
 ) {
     let outbox = env.outbox();
@@ -274,6 +330,7 @@ pub async fn verify(
     let committed: HashSet<String> = documents
         .iter()
         .filter_map(|d| d.get_object_id("_id").ok())
+        .chain(deleted.iter().copied())
         .map(|id| id.to_hex())
         .collect();
 
@@ -312,7 +369,7 @@ pub async fn verify(
         committed.len() >= 20,
         "{scenario}: too few messages written to mean anything"
     );
-    super::assert_order_per_key(&stored, &committed_per_key(&documents));
+    assert_order_of(&stored, &documents);
 
     // Let late duplicates land before counting them.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -328,6 +385,23 @@ pub async fn verify(
         report.extend(extra.clone());
     }
     append_report(&report);
+}
+
+/// Asserts that the stream (`stored`) holds each key's messages of
+/// `documents` in their commit order; messages of other documents (deleted
+/// ones, checked when they were there) are left out.
+pub fn assert_order_of(stored: &[super::Stored], documents: &[Document]) {
+    let ids: HashSet<String> = documents
+        .iter()
+        .filter_map(|d| d.get_object_id("_id").ok())
+        .map(|id| id.to_hex())
+        .collect();
+    let theirs: Vec<super::Stored> = stored
+        .iter()
+        .filter(|message| ids.contains(&message.id))
+        .cloned()
+        .collect();
+    super::assert_order_per_key(&theirs, &committed_per_key(documents));
 }
 
 /// Adds a scenario's figures to `target/fault-report.jsonl`.
@@ -367,5 +441,66 @@ impl Servers {
     /// A test environment on these servers.
     pub async fn env(&self) -> TestEnv {
         TestEnv::on(&self.mongo.uri(), &self.nats.url()).await
+    }
+}
+
+/// Which relay (by pid) holds each of `count` partitions' leases, live by
+/// this host's clock (the servers run on it).
+pub async fn partition_holders(env: &TestEnv, count: u32) -> Vec<Option<u32>> {
+    let checkpoints = env.db.collection::<Document>("outbox_checkpoints");
+    let now = bson::DateTime::now();
+    let mut holders = Vec::new();
+    for index in 0..count {
+        let id = if count == 1 {
+            format!("{}.outbox", env.name)
+        } else {
+            format!("{}.outbox:{index}/{count}", env.name)
+        };
+        let lease = checkpoints
+            .find_one(doc! { "_id": id })
+            .await
+            .ok()
+            .flatten();
+        let holder = lease.and_then(|lease| {
+            let live = lease.get_datetime("expiresAt").is_ok_and(|at| *at > now);
+            let owner = lease.get_str("owner").ok()?;
+            let pid = owner.split('/').nth(1)?.parse().ok()?;
+            live.then_some(pid)
+        });
+        holders.push(holder);
+    }
+    holders
+}
+
+/// Waits until `relays` hold all `count` partitions between them in fair
+/// shares (none more than one above another), and returns each relay's
+/// count in the order given.
+pub async fn wait_shared(env: &TestEnv, relays: &[&RelayProcess], count: u32) -> Vec<usize> {
+    let pids: Vec<u32> = relays.iter().map(|r| r.pid()).collect();
+    let shares_of = |holders: &[Option<u32>]| -> Vec<usize> {
+        pids.iter()
+            .map(|pid| holders.iter().filter(|h| **h == Some(*pid)).count())
+            .collect()
+    };
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let holders = partition_holders(env, count).await;
+        let shares = shares_of(&holders);
+        let (least, most) = (shares.iter().min(), shares.iter().max());
+        if holders
+            .iter()
+            .all(|h| h.is_some_and(|pid| pids.contains(&pid)))
+            && most
+                .zip(least)
+                .is_some_and(|(most, least)| most - least <= 1)
+        {
+            return shares;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} relays did not share the {count} partitions: {holders:?}",
+            pids.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
