@@ -147,8 +147,13 @@ impl StoredHolder {
     /// The holder `stored` names.
     pub(crate) fn of(stored: &RawDocument) -> StoredHolder {
         match field(stored, "owner") {
+            // The mark names the run it is of: one a later holder left
+            // behind (a relay of an earlier version takes the lease
+            // without removing it) is not its own.
             Ok(Some(RawBsonRef::String(name))) => match field(stored, SWEEP_ONCE) {
-                Ok(Some(RawBsonRef::Boolean(true))) => StoredHolder::SweepOnce(name.to_owned()),
+                Ok(Some(RawBsonRef::String(run))) if run == name => {
+                    StoredHolder::SweepOnce(name.to_owned())
+                }
                 _ => StoredHolder::Relay(name.to_owned()),
             },
             Ok(Some(RawBsonRef::Document(group))) => {
@@ -164,7 +169,8 @@ impl StoredHolder {
     }
 }
 
-/// The field that marks the outbox's lease as held by a `sweep --once` run.
+/// The field that marks the outbox's lease as held by a `sweep --once` run,
+/// naming it as `owner` does.
 const SWEEP_ONCE: &str = "sweepOnce";
 
 /// What taking the outbox's lease for a group, or renewing the hold, came
@@ -334,7 +340,7 @@ impl Lease {
         let mut unset = Document::new();
         match self.holder {
             Holder::SweepOnce => {
-                set.insert(SWEEP_ONCE, true);
+                set.insert(SWEEP_ONCE, &self.owner);
             }
             Holder::Relay => {
                 unset.insert(SWEEP_ONCE, "");
@@ -384,14 +390,24 @@ impl Lease {
         };
         let refused = match hold.hold_for_group(now).await {
             Ok(Hold::Held) => return Ok(took),
-            Ok(Hold::Busy(left)) => Ok(Err(left)),
-            Err(error) => Err(error),
+            Ok(Hold::Busy(left)) => {
+                tracing::info!(
+                    lease = %self.id,
+                    "the outbox's own lease is held by a relay of one partition, a sweep --once \
+                     run or a relay of another partition count: releasing the partition taken"
+                );
+                Ok(Err(left))
+            }
+            Err(error) => {
+                tracing::info!(
+                    lease = %self.id,
+                    %error,
+                    "could not hold the outbox's own lease for the group: releasing the \
+                     partition taken, to be taken again at the next round"
+                );
+                Err(error)
+            }
         };
-        tracing::info!(
-            lease = %self.id,
-            "the outbox's own lease is held by a relay of one partition, a sweep --once run or \
-             a relay of another partition count: releasing the partition taken"
-        );
         if let Err(error) = self.release(held).await {
             tracing::warn!(%error, "could not release the partition; its lease expires");
         }
@@ -1069,6 +1085,53 @@ mod tests {
             matches!(&far, Standing::FarAhead(said) if said.contains("further ahead than any")),
             "{far:?}"
         );
+    }
+
+    #[test]
+    fn an_expiry_more_than_twice_the_stated_lease_ahead_is_mended() {
+        let ahead = |by: Duration| {
+            standing(doc! {
+                "expiresAt": later(DateTime::from_millis(NOW), by), "term": 3_i64,
+                "leaseOwner": "gone", "leaseMillis": 2_000_i64,
+            })
+        };
+        assert_eq!(
+            ahead(Duration::from_secs(3)),
+            Standing::Held(Duration::from_secs(3))
+        );
+        let far = ahead(Duration::from_secs(30 * 60));
+        assert!(
+            matches!(&far, Standing::FarAhead(said) if said.contains("twice the lease")),
+            "a clock set back by half an hour: {far:?}"
+        );
+    }
+
+    #[test]
+    fn a_holder_is_read_as_a_relay_a_sweep_or_a_group() {
+        let holder =
+            |fields: Document| StoredHolder::of(&RawDocumentBuf::from_document(&fields).unwrap());
+        assert_eq!(
+            holder(doc! { "owner": "a" }),
+            StoredHolder::Relay("a".into())
+        );
+        assert_eq!(
+            holder(doc! { "owner": "a", "sweepOnce": "a" }),
+            StoredHolder::SweepOnce("a".into())
+        );
+        assert_eq!(
+            holder(doc! { "owner": "b", "sweepOnce": "a" }),
+            StoredHolder::Relay("b".into()),
+            "a mark a later holder left behind"
+        );
+        assert_eq!(
+            holder(doc! { "owner": { "group": "db.outbox/group", "partitions": 4_i64 } }),
+            StoredHolder::Group(4)
+        );
+        assert_eq!(
+            holder(doc! { "owner": { "group": "x" } }),
+            StoredHolder::Unknown
+        );
+        assert_eq!(holder(doc! {}), StoredHolder::Unknown);
     }
 
     #[test]

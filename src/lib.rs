@@ -35,10 +35,11 @@
 //!   replica set, or mongos), from one `hello`;
 //! - [`redact`]: the one rule that masks secrets in connection strings;
 //! - [`setup`]: indexes, retention and the validator of the outbox collection;
-//! - [`lease`]: which of several relays leads, fenced by a term;
+//! - [`lease`]: which of several relays leads, fenced by a term, and a
+//!   group's hold on the outbox's own lease while it delivers partitions;
 //! - [`partition`]: which messages a partition holds, as a query;
-//! - [`group`]: the relays sharing one outbox's partitions, and the rule
-//!   that balances them;
+//! - [`group`]: the relays sharing one outbox's partitions, the rule that
+//!   balances them, and the stored positions a change of count retires;
 //! - [`check`]: the start-up checks and their exit codes;
 //! - [`observe`]: metrics, health endpoints and the collector;
 //! - [`admin`]: the `status` and `dlq` commands;

@@ -401,20 +401,20 @@ impl Relay {
             .is_some_and(|at| at.elapsed() < lease_duration / 2);
         // A take beside another holder of the outbox's own lease would be
         // released at once (see `lease`): the group waits for it instead.
-        let outbox_open = view.outbox == OutboxLease::Open;
-        if outbox_open != shares.outbox_open {
-            shares.outbox_open = outbox_open;
-            if outbox_open {
-                tracing::info!("the outbox's own lease is free: the group takes its partitions");
-            } else {
-                tracing::info!(
+        if view.outbox != shares.outbox {
+            shares.outbox = view.outbox;
+            match view.outbox {
+                OutboxLease::Open => {
+                    tracing::info!("the outbox's own lease is free: the group takes its partitions")
+                }
+                OutboxLease::Taken => tracing::info!(
                     "the outbox's own lease is held by a relay of one partition, a sweep --once \
                      run, a relay from before groups or a group of another count: this relay \
                      takes no partition until it ends"
-                );
+                ),
             }
         }
-        if !renewed_lately || !outbox_open {
+        if !renewed_lately || view.outbox == OutboxLease::Taken {
             return Ok(());
         }
         for partition in moves.take {
@@ -870,6 +870,7 @@ impl Relay {
                 RelayMode::Push => config.oplog_headroom_warning,
                 RelayMode::Poll => None,
             },
+            started: bson::DateTime::now(),
         }
     }
 
@@ -988,6 +989,7 @@ enum SweepEnd {
 }
 
 /// The partitions this relay delivers, one unit each.
+#[derive(Default)]
 struct Shares {
     units: BTreeMap<Partition, Unit>,
     /// Each unit's task, which returns its partition when it ends.
@@ -1000,9 +1002,9 @@ struct Shares {
     renewed_at: Option<Instant>,
     /// When this relay last joined anew for holding nothing.
     rejoined_at: Option<Instant>,
-    /// Whether the last round found the outbox's own lease open to the
-    /// group (see [`OutboxLease`]), to say so only when it changes.
-    outbox_open: bool,
+    /// The outbox's own lease as the last round found it, to say so only
+    /// when it changes.
+    outbox: OutboxLease,
 }
 
 /// The group's two kinds of MongoDB work, each reported as it fails and
@@ -1023,19 +1025,6 @@ struct Unit {
     handing_over: bool,
     /// Its task in [`Shares::serving`].
     task: tokio::task::Id,
-}
-
-impl Default for Shares {
-    fn default() -> Self {
-        Shares {
-            units: BTreeMap::new(),
-            serving: JoinSet::new(),
-            cooling_until: None,
-            renewed_at: None,
-            rejoined_at: None,
-            outbox_open: true,
-        }
-    }
 }
 
 impl Shares {

@@ -686,7 +686,8 @@ impl Tenure {
 /// end); a message whose answer is in doubt gives it back while it is
 /// asked about, so that a few answers that never come hold back no other
 /// message (they are published again after a crash, as any unrecorded
-/// one). There are at most `most` slots (`--max-in-flight`), and, as a term
+/// one). There are at most `most` slots (`--max-in-flight` plus
+/// `--batch-size`: see `RelayConfig::most_unrecorded`), and, as a term
 /// begins, only [`Unrecorded::FIRST`]: one more for every `FIRST` messages
 /// the term records. A term that takes over a backlog publishes a little
 /// of it, records it, and only then more: a takeover killed having

@@ -164,8 +164,15 @@ impl Group {
             .await
             .map_err(|e| Error::mongo("reading the group of relays failed", e))?;
         let taken = match stored.as_deref() {
-            None => self.found_group(now).await?,
-            Some(group) if stored_count(group) == Some(self.partitions) => true,
+            None => self.found_group(now, Retire::OtherCounts).await?,
+            Some(group) if stored_count(group) == Some(self.partitions) => {
+                // A relay that changed the count may have stopped before
+                // it retired the positions: whoever joins next does.
+                if let Some(which) = Retire::pending(group) {
+                    self.finish_retiring(which, now).await?;
+                }
+                true
+            }
             Some(group) if live_until(group, now) => {
                 return Err(self.refusal(stored_count(group)));
             }
@@ -184,9 +191,17 @@ impl Group {
 
     /// Whether the outbox is free of relays of another count for a relay
     /// of one partition that joins no group (`sweep --once`): an error
-    /// naming their count if not (see [`Group::join`]).
+    /// naming their count if not (see [`Group::join`]). It does not wait:
+    /// a lease of another count whose expiry it mended refuses it too, and
+    /// lapses by the next run unless its holder still renews it.
     pub async fn admits_one(&self) -> Result<()> {
-        let now = self.others_gone().await?;
+        let now = server_time(self.database.client()).await?;
+        match self.other_count_leading(now).await? {
+            Others::None => {}
+            Others::Leading(theirs) | Others::Mended(theirs, _) => {
+                return Err(self.refusal(Some(theirs)))
+            }
+        }
         let stored = self
             .documents
             .find_one(doc! { "_id": self.group_id() })
@@ -277,18 +292,21 @@ impl Group {
     }
 
     /// Writes the group's document where there is none: false if another
-    /// relay wrote one first. The positions of other counts are retired:
-    /// what ran here before recorded no group (relays from before groups,
-    /// or the document was deleted), and this count's are its own.
-    async fn found_group(&self, now: DateTime) -> Result<bool> {
+    /// relay wrote one first. The positions `which` names are retired:
+    /// where the document is written fresh, those of other counts (what ran
+    /// here before recorded no group: relays from before groups, or the
+    /// document was deleted; this count's are its own).
+    async fn found_group(&self, now: DateTime, which: Retire) -> Result<bool> {
+        let mut group = self.group_fields(now);
+        group.insert(RETIRING, which.as_str());
         let inserted = self
             .documents
             .clone_with_type::<Document>()
-            .insert_one(self.group_fields(now))
+            .insert_one(group)
             .await;
         match inserted {
             Ok(_) => {
-                self.retire_positions(Retire::OtherCounts, now).await?;
+                self.finish_retiring(which, now).await?;
                 Ok(true)
             }
             Err(error) if is_duplicate_key(&error) => Ok(false),
@@ -296,12 +314,37 @@ impl Group {
         }
     }
 
-    /// Retires the stored positions `which` names: each loses its token,
-    /// its position's time and when it was written, and a lapsed lease's
-    /// term moves on by one, so that no relay resumes from it, from the
-    /// collection or from its memory of its own last term (which it keeps
-    /// only for the term just after). Its partition catches up from what
-    /// is pending instead, which is always complete.
+    /// Retires the positions `which` names, which the group's document
+    /// says are still to be retired, and then says they are no longer. The
+    /// document says it in the same write that changes the count, so a
+    /// relay that stops in between leaves the retiring to the next to join:
+    /// no relay of the count delivers before it is done.
+    async fn finish_retiring(&self, which: Retire, now: DateTime) -> Result<()> {
+        self.retire_positions(which, now).await?;
+        self.documents
+            .update_one(
+                doc! {
+                    "_id": self.group_id(),
+                    "partitions": i64::from(self.partitions),
+                    RETIRING: which.as_str(),
+                },
+                doc! { "$unset": { RETIRING: "" } },
+            )
+            .await
+            .map_err(|e| {
+                Error::mongo("retiring the stored positions of another count failed", e)
+            })?;
+        Ok(())
+    }
+
+    /// Retires the stored positions `which` names: each loses its token and
+    /// its position's time (and is said written now, so that a partition
+    /// that writes no new one shows its age from here), and a lapsed
+    /// lease's term moves on by one, so that no relay resumes from it, from
+    /// the collection or from its memory of its own last term (which it
+    /// keeps only for the term just after). Its partition catches up from
+    /// what is pending instead, which is always complete. Done twice, it
+    /// does no harm.
     async fn retire_positions(&self, which: Retire, now: DateTime) -> Result<()> {
         let failed = |e| Error::mongo("retiring the stored positions of another count failed", e);
         let ours = format!("^{}(:[0-9]+/[0-9]+)?$", regex_escaped(&self.outbox));
@@ -319,7 +362,10 @@ impl Group {
             .documents
             .update_many(
                 positions,
-                doc! { "$unset": { "token": "", POSITION_AT: "", "updatedAt": "" } },
+                doc! {
+                    "$unset": { "token": "", POSITION_AT: "" },
+                    "$set": { "updatedAt": now },
+                },
             )
             .await
             .map_err(failed)?;
@@ -370,14 +416,16 @@ impl Group {
             };
             unchanged.insert(name, condition);
         }
+        let mut group = self.group_fields(now);
+        group.insert(RETIRING, Retire::All.as_str());
         let taken = self
             .documents
-            .update_one(unchanged, doc! { "$set": self.group_fields(now) })
+            .update_one(unchanged, doc! { "$set": group })
             .await
             .map_err(failed)?;
         let taken = taken.modified_count > 0;
         if taken {
-            self.retire_positions(Retire::All, now).await?;
+            self.finish_retiring(Retire::All, now).await?;
             tracing::warn!(
                 partitions = self.partitions,
                 "no relay of the group's former partition count runs: the group now shares {} \
@@ -396,20 +444,29 @@ impl Group {
             .delete_one(doc! { "_id": self.group_id() })
             .await
             .map_err(|e| Error::mongo("joining the group of relays failed", e))?;
-        let founded = self.found_group(now).await?;
-        if founded {
-            self.retire_positions(Retire::All, now).await?;
-        }
-        Ok(founded)
+        self.found_group(now, Retire::All).await
     }
 
     /// The group's document, as this relay writes it at `now`.
     fn group_fields(&self, now: DateTime) -> Document {
-        doc! {
+        let mut group = doc! {
             "_id": self.group_id(),
             "partitions": i64::from(self.partitions),
-            "expiresAt": later(now, self.timing.duration),
+        };
+        group.extend(self.expiry(now));
+        group
+    }
+
+    /// The group's expiry from `now`, with the lease this relay states for
+    /// it: `leaseFor` names the expiry the lease was stated with, so that a
+    /// renewal by a relay of an earlier version, which states none, leaves
+    /// no lease stated for its expiry (see [`trusted_ahead`]).
+    fn expiry(&self, now: DateTime) -> Document {
+        let expires = later(now, self.timing.duration);
+        doc! {
+            "expiresAt": expires,
             "leaseMillis": self.lease_millis(),
+            "leaseFor": expires,
         }
     }
 
@@ -447,10 +504,7 @@ impl Group {
                 .documents
                 .update_one(
                     doc! { "_id": self.group_id(), "partitions": i64::from(self.partitions) },
-                    doc! { "$set": {
-                        "expiresAt": later(now, self.timing.duration),
-                        "leaseMillis": self.lease_millis(),
-                    } },
+                    doc! { "$set": self.expiry(now) },
                 )
                 .await
                 .map_err(|e| Error::mongo("renewing the group of relays failed", e))?;
@@ -468,7 +522,7 @@ impl Group {
                         "the group of relays' document is gone (deleted?): writing it anew; \
                          the group runs on"
                     );
-                    if self.found_group(now).await? {
+                    if self.found_group(now, Retire::OtherCounts).await? {
                         return Ok(());
                     }
                 }
@@ -604,6 +658,28 @@ enum Retire {
     OtherCounts,
 }
 
+/// The group document's field naming the positions still to be retired.
+const RETIRING: &str = "retiring";
+
+impl Retire {
+    fn as_str(self) -> &'static str {
+        match self {
+            Retire::All => "all",
+            Retire::OtherCounts => "otherCounts",
+        }
+    }
+
+    /// What a group document says is still to be retired. A value no relay
+    /// writes retires every position: it costs a catch-up, never a loss.
+    fn pending(group: &bson::RawDocument) -> Option<Retire> {
+        match group.get(RETIRING) {
+            Ok(None) => None,
+            Ok(Some(RawBsonRef::String("otherCounts"))) => Some(Retire::OtherCounts),
+            _ => Some(Retire::All),
+        }
+    }
+}
+
 /// How many times a join waits out leases of another count whose expiry
 /// was mended before it refuses.
 const MENDS: usize = 2;
@@ -643,12 +719,18 @@ fn live_until(document: &bson::RawDocument, now: DateTime) -> bool {
 }
 
 /// How far ahead of the server's clock a group document's expiry may be
-/// and be trusted: twice the lease its writer states, or, where it states
-/// none (an earlier version), as far as any relay writes.
+/// and be trusted: twice the lease its writer states with it, or, where it
+/// states none for that expiry (a relay of an earlier version renewed it),
+/// as far as any relay writes.
 fn trusted_ahead(document: &bson::RawDocument) -> Duration {
+    let stated_for_it = matches!(
+        (document.get("leaseFor"), document.get("expiresAt")),
+        (Ok(Some(RawBsonRef::DateTime(stated))), Ok(Some(RawBsonRef::DateTime(expires))))
+            if stated == expires
+    );
     let stated = match document.get("leaseMillis") {
-        Ok(Some(RawBsonRef::Int64(millis))) => u64::try_from(millis).ok(),
-        Ok(Some(RawBsonRef::Int32(millis))) => u64::try_from(millis).ok(),
+        Ok(Some(RawBsonRef::Int64(millis))) if stated_for_it => u64::try_from(millis).ok(),
+        Ok(Some(RawBsonRef::Int32(millis))) if stated_for_it => u64::try_from(millis).ok(),
         _ => None,
     };
     stated
@@ -702,4 +784,54 @@ fn live_member(
         _ => false,
     };
     Some((name.to_owned(), new))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(document: Document) -> RawDocumentBuf {
+        RawDocumentBuf::from_document(&document).expect("a document")
+    }
+
+    #[test]
+    fn a_group_expiry_is_trusted_twice_its_lease_ahead_only_where_stated_for_it() {
+        let expires = DateTime::from_millis(1_800_000_000_000);
+        let stated = raw(doc! {
+            "expiresAt": expires, "leaseMillis": 2_000_i64, "leaseFor": expires,
+        });
+        assert_eq!(trusted_ahead(&stated), Duration::from_secs(4));
+        // Renewed since by a relay that states no lease.
+        let renewed = raw(doc! {
+            "expiresAt": later(expires, Duration::from_secs(60)),
+            "leaseMillis": 2_000_i64, "leaseFor": expires,
+        });
+        assert_eq!(trusted_ahead(&renewed), FAR_AHEAD);
+        assert_eq!(
+            trusted_ahead(&raw(doc! { "expiresAt": expires })),
+            FAR_AHEAD
+        );
+    }
+
+    #[test]
+    fn what_is_left_to_retire_is_read_from_the_group() {
+        let pending = |value: Option<bson::Bson>| {
+            let mut group = doc! { "partitions": 4_i64 };
+            if let Some(value) = value {
+                group.insert(RETIRING, value);
+            }
+            Retire::pending(&raw(group))
+        };
+        assert_eq!(pending(None), None);
+        assert_eq!(pending(Some("all".into())), Some(Retire::All));
+        assert_eq!(
+            pending(Some("otherCounts".into())),
+            Some(Retire::OtherCounts)
+        );
+        assert_eq!(
+            pending(Some(7.into())),
+            Some(Retire::All),
+            "a value no relay writes retires all: a catch-up, never a loss"
+        );
+    }
 }

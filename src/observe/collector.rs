@@ -59,6 +59,9 @@ pub struct Collector {
     pub(crate) interval: Duration,
     /// `None`: the oplog is not read (`--oplog-headroom-warning off`).
     pub(crate) headroom_warning: Option<Duration>,
+    /// When the relay started: the age of a partition's position that was
+    /// never written counts from here.
+    pub(crate) started: DateTime,
 }
 
 /// How many times as long as a slow read took the collector waits before
@@ -247,9 +250,10 @@ impl Collector {
         for partition in Partition::all(self.partitions) {
             let store = checkpoints.clone().of_partition(partition);
             let checkpoint = Checkpoint::read(&store).await?;
-            if let Some(written) = checkpoint.updated_at {
-                self.metrics.checkpoint_saved(partition, written);
-            }
+            // One never written counts from this relay's start: a
+            // partition whose stream never stores a position shows too.
+            let written = checkpoint.updated_at.unwrap_or(self.started);
+            self.metrics.checkpoint_saved(partition, written);
             oldest = match (oldest, checkpoint.position_at) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -391,6 +395,7 @@ mod tests {
                 "outbox_checkpoints",
                 "outbox",
             )),
+            started: DateTime::now(),
             partitions: 1,
             client,
             metrics: Metrics::new(),

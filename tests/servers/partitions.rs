@@ -192,6 +192,16 @@ fn terms_held(relay: &RunningRelay) -> Vec<String> {
         .collect()
 }
 
+/// A relay of a group of `partitions` whose leases a loaded machine keeps:
+/// these tests count on no partition changing hands.
+fn steady_group(env: &TestEnv, partitions: u32) -> outbox_relay::RelayConfig {
+    let mut config = env.replica_config();
+    config.partitions = partitions;
+    config.lease_duration = Duration::from_secs(10);
+    config.lease_renew_interval = Duration::from_millis(500);
+    config
+}
+
 fn checkpoints(env: &TestEnv) -> mongodb::Collection<bson::Document> {
     env.db.collection("outbox_checkpoints")
 }
@@ -208,8 +218,7 @@ async fn a_relay_from_before_groups_stands_by_while_a_group_delivers() {
     // takes it as `Lease::try_acquire` does: a group holds it while it
     // delivers, and it lapses a lease after the group stops.
     let env = TestEnv::new().await;
-    let mut config = env.replica_config();
-    config.partitions = 2;
+    let config = steady_group(&env, 2);
     let relay = RunningRelay::start(config.clone()).await;
     wait_until("the relay to hold both partitions", || async {
         partitions_held(&relay) == Some(2)
@@ -225,7 +234,7 @@ async fn a_relay_from_before_groups_stands_by_while_a_group_delivers() {
         ),
     }
     // Nor does it take it between the group's renewals.
-    tokio::time::sleep(config.lease_duration * 2).await;
+    tokio::time::sleep(config.lease_renew_interval * 4).await;
     assert!(before_groups.try_acquire().await.unwrap().is_err());
     relay.stop().await.unwrap();
     wait_until("the group's hold to lapse", || async {
@@ -254,13 +263,12 @@ async fn a_clock_set_back_keeps_a_new_count_out_for_two_leases_not_for_the_step(
             },
             doc! {
                 "_id": format!("{outbox}/group"), "partitions": 4_i64,
-                "leaseMillis": 1500_i64, "expiresAt": ahead,
+                "leaseMillis": 1500_i64, "leaseFor": ahead, "expiresAt": ahead,
             },
         ])
         .await
         .unwrap();
-    let mut config = env.replica_config();
-    config.partitions = 2;
+    let config = steady_group(&env, 2);
     let relay = RunningRelay::start(config.clone()).await;
     wait_until("the relay to hold both partitions", || async {
         partitions_held(&relay) == Some(2)
@@ -276,10 +284,7 @@ async fn a_clock_set_back_keeps_a_new_count_out_for_two_leases_not_for_the_step(
 #[tokio::test]
 async fn a_deleted_group_document_is_written_anew_and_the_group_runs_on() {
     let env = TestEnv::new().await;
-    let mut config = env.replica_config();
-    config.partitions = 2;
-    config.lease_duration = Duration::from_secs(6);
-    config.lease_renew_interval = Duration::from_millis(500);
+    let config = steady_group(&env, 2);
     let mut receiver = env.subscribe().await;
     let relays = [
         RunningRelay::start(config.clone()).await,
@@ -344,7 +349,7 @@ async fn a_group_starts_at_once_after_sweep_once_and_waits_out_one_running() {
         .update_one(
             outbox.clone(),
             doc! { "$set": {
-                "owner": "a-sweep", "leaseOwner": "a-sweep", "sweepOnce": true,
+                "owner": "a-sweep", "leaseOwner": "a-sweep", "sweepOnce": "a-sweep",
                 "leaseMillis": 120_000_i64, "expiresAt": from_now(Duration::from_secs(60)),
             }, "$inc": { "term": 1_i64 } },
         )
@@ -373,5 +378,54 @@ async fn a_group_starts_at_once_after_sweep_once_and_waits_out_one_running() {
             .await,
         5
     );
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn a_count_change_whose_relay_stopped_before_retiring_is_retired_by_the_next() {
+    // A relay took the group for four partitions and stopped before it
+    // retired the positions four partitions stored in an earlier period.
+    let env = TestEnv::new().await;
+    let outbox = format!("{}.outbox", env.name);
+    let stale = bson::Bson::Document(doc! { "_data": "8200000001" });
+    checkpoints(&env)
+        .insert_many([
+            doc! { "_id": format!("{outbox}:0/4"), "token": stale.clone(), "term": 3_i64 },
+            doc! { "_id": format!("{outbox}:1/2"), "token": stale, "term": 7_i64 },
+            doc! {
+                "_id": format!("{outbox}/group"), "partitions": 4_i64, "retiring": "all",
+                "expiresAt": bson::DateTime::from_millis(0),
+            },
+        ])
+        .await
+        .unwrap();
+    let config = steady_group(&env, 4);
+    let relay = RunningRelay::start(config.clone()).await;
+    wait_until("the relay to hold its partitions", || async {
+        partitions_held(&relay) == Some(4)
+    })
+    .await;
+    let group = checkpoints(&env)
+        .find_one(doc! { "_id": format!("{outbox}/group") })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!group.contains_key("retiring"), "{group}");
+    let old = checkpoints(&env)
+        .find_one(doc! { "_id": format!("{outbox}:1/2") })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !old.contains_key("token"),
+        "another count's position kept: {old}"
+    );
+    assert_eq!(old.get_i64("term"), Ok(8), "its term moved on");
+    // Its own old position is gone too: the partition caught up instead
+    // (it may have stored a new one since).
+    let ids = write_orders(&env, 10).await;
+    env.wait_count(doc! { "status": "processed", "_id": { "$in": &ids } }, 10)
+        .await;
+    relay.stop().await.unwrap();
     env.drop().await;
 }
