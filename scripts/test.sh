@@ -30,6 +30,6 @@ cargo test --doc --locked
 scripts/image.sh --offline
 cargo test --test image --locked
 if [ -f target/fault-report.jsonl ]; then
-  echo "fault-injection figures (tests/faults.rs):"
+  echo "fault and operations figures (tests/faults.rs, tests/failpoints/, tests/operations.rs):"
   cat target/fault-report.jsonl
 fi
