@@ -27,12 +27,19 @@ async fn relay_killed_repeatedly_under_load() {
     let servers = Servers::start().await;
     let env = servers.env().await;
     let publishes = Publishes::watch(&env).await;
-    let writer = Writer::start(&env);
+    let mut writer = None;
     for round in 0..4 {
         let mut relay = RelayProcess::start_with(&env, &format!("kill-{round}"), &QUICK_TAKEOVER);
+        if writer.is_none() {
+            // Each later relay resumes from a stored position under load
+            // (see `wait_positions`).
+            wait_positions(&env, 1).await;
+            writer = Some(Writer::start(&env));
+        }
         tokio::time::sleep(Duration::from_millis(rand::random_range(400..1500))).await;
         relay.kill9();
     }
+    let writer = writer.expect("the writer started with the first relay");
     let mut relay = RelayProcess::start_with(&env, "final", &QUICK_TAKEOVER);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let aborted = writer.finish().await;

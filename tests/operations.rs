@@ -113,6 +113,7 @@ async fn the_partition_count_changed_and_changed_back_publishes_nothing_deleted_
             RelayProcess::start_with(&env, &format!("count-{period}-a"), &settings),
             RelayProcess::start_with(&env, &format!("count-{period}-b"), &settings),
         ];
+        wait_positions(&env, count.parse().expect("a count")).await;
         let ids = write_orders(&env, written, 300).await;
         written += 300;
         wait_processed(&env, &ids).await;
@@ -253,13 +254,19 @@ async fn a_relay_of_one_partition_beside_a_group_delivers_nothing_and_a_rollback
         relay.terminate().await;
     }
     wait_group_gone(&env).await;
+    // What was written until now waits for the rolled-back relays, whose
+    // first start reads it from a snapshot; the writer waits for their
+    // stream (see `wait_positions`).
+    let mut aborted = writer.finish().await;
     let mut rolled_back = [
         RelayProcess::start_with(&env, "rolled-back-a", &group_of("1")),
         RelayProcess::start_with(&env, "rolled-back-b", &group_of("1")),
     ];
+    wait_positions(&env, 1).await;
+    let writer = Writer::start_keyed(&env, Duration::from_millis(20), KEYS);
     publishes.wait_count_after(Instant::now(), 20).await;
     let paused = publishes.longest_gap(stopped, Instant::now());
-    let aborted = writer.finish().await;
+    aborted.extend(writer.finish().await);
     verify(
         &env,
         "operation: rollback to one partition, a group running, then stopped",
