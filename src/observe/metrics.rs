@@ -187,7 +187,9 @@ struct Inner {
     holds_unread: AtomicU64,
     /// Milliseconds since the epoch each age counts from; 0 for none.
     oldest_pending_since: AtomicI64,
-    oldest_held_since: AtomicI64,
+    /// Each live term's held keys: how many, and when the oldest message
+    /// they wait on was created (milliseconds), by the term's report.
+    held: Mutex<HeldByTerm>,
     /// When each partition's resume token was last written (milliseconds),
     /// by this relay or, as read from MongoDB, by whichever relay holds it.
     checkpoints: Mutex<BTreeMap<u32, i64>>,
@@ -353,7 +355,7 @@ impl Metrics {
             pause_reason: Mutex::new(None),
             holds_unread: AtomicU64::new(0),
             oldest_pending_since: AtomicI64::new(0),
-            oldest_held_since: AtomicI64::new(0),
+            held: Mutex::default(),
             checkpoints: Mutex::default(),
             streams: Mutex::default(),
             role: AtomicU8::new(Role::Starting as u8),
@@ -568,18 +570,26 @@ impl Metrics {
             .set(DateTime::now().timestamp_millis() as f64 / 1000.0);
     }
 
-    /// How many keys wait on a refused or held message, and when the oldest
-    /// message they wait on was created.
-    pub(crate) fn held_keys(&self, keys: usize, oldest: Option<DateTime>) {
-        let inner = &self.0;
-        inner
+    /// A new term's report of its held keys, counted in the relay's gauges
+    /// until it is dropped with the term: a relay that lost its lease
+    /// reports none of that term's keys, and one holding several
+    /// partitions reports the sum of their keys and the oldest of their
+    /// waits.
+    pub(crate) fn held_keys_report(&self) -> HeldKeysReport {
+        let mut held = self.0.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.reports += 1;
+        HeldKeysReport {
+            metrics: self.clone(),
+            id: held.reports,
+        }
+    }
+
+    fn held_keys_changed(&self, held: &HeldByTerm) {
+        let keys: usize = held.terms.values().map(|(keys, _)| keys).sum();
+        self.0
             .exported
             .held_keys
             .set(i64::try_from(keys).unwrap_or(i64::MAX));
-        inner.oldest_held_since.store(
-            oldest.map_or(0, |t| t.timestamp_millis()),
-            Ordering::Relaxed,
-        );
     }
 
     /// The oplog's span, and how far its first entry lies before the
@@ -711,10 +721,17 @@ impl Metrics {
             .exported
             .oldest_pending_age
             .set(age(&inner.oldest_pending_since));
-        inner
-            .exported
-            .oldest_held_age
-            .set(age(&inner.oldest_held_since));
+        let oldest_held = inner
+            .held
+            .lock()
+            .map(|held| {
+                let oldest = held.terms.values().filter_map(|(_, since)| *since).min();
+                oldest.map_or(0.0, |millis| {
+                    (now.timestamp_millis() - millis).max(0) as f64 / 1000.0
+                })
+            })
+            .unwrap_or(0.0);
+        inner.exported.oldest_held_age.set(oldest_held);
         // The outbox's checkpoint age is its oldest partition's.
         let mut oldest_checkpoint: f64 = 0.0;
         if let Ok(checkpoints) = inner.checkpoints.lock() {
@@ -752,6 +769,43 @@ impl Metrics {
             }
         }
         inner.exported.stream_lag.set(lag);
+    }
+}
+
+/// The held keys of each live term, by its report's number.
+#[derive(Default)]
+struct HeldByTerm {
+    /// Reports handed out so far: the next one's number.
+    reports: u64,
+    /// Each live report's keys, and when its oldest wait began.
+    terms: BTreeMap<u64, (usize, Option<i64>)>,
+}
+
+/// One term's held keys in the relay's gauges; dropped with the term,
+/// which takes them out.
+pub(crate) struct HeldKeysReport {
+    metrics: Metrics,
+    id: u64,
+}
+
+impl HeldKeysReport {
+    /// How many keys wait on a refused or held message, and when the oldest
+    /// message they wait on was created.
+    pub(crate) fn set(&self, keys: usize, oldest: Option<DateTime>) {
+        let inner = &self.metrics.0;
+        let mut held = inner.held.lock().unwrap_or_else(|e| e.into_inner());
+        let since = oldest.map(|t| t.timestamp_millis());
+        held.terms.insert(self.id, (keys, since));
+        self.metrics.held_keys_changed(&held);
+    }
+}
+
+impl Drop for HeldKeysReport {
+    fn drop(&mut self) {
+        let inner = &self.metrics.0;
+        let mut held = inner.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.terms.remove(&self.id);
+        self.metrics.held_keys_changed(&held);
     }
 }
 
@@ -845,5 +899,31 @@ mod tests {
         // A relay whose NATS client is the application's own says nothing
         // of NATS.
         assert!(!metrics.render().contains("server=\"nats\""));
+    }
+
+    #[test]
+    fn held_keys_are_each_live_terms_and_go_with_the_term() {
+        let metrics = Metrics::new();
+        let (keys, age) = ("outbox_held_keys", "outbox_oldest_held_age_seconds");
+        let first = metrics.held_keys_report();
+        let second = metrics.held_keys_report();
+        let minute_ago = DateTime::from_millis(DateTime::now().timestamp_millis() - 60_000);
+        first.set(2, Some(minute_ago));
+        second.set(3, Some(DateTime::now()));
+        assert_eq!(value(&metrics, keys), Some(5.0), "the sum of the terms'");
+        assert!(
+            value(&metrics, age).is_some_and(|age| age >= 60.0),
+            "the oldest wait"
+        );
+        drop(first);
+        assert_eq!(value(&metrics, keys), Some(3.0), "a lost term's keys go");
+        assert!(value(&metrics, age).is_some_and(|age| age < 60.0));
+        drop(second);
+        assert_eq!(value(&metrics, keys), Some(0.0));
+        assert_eq!(
+            value(&metrics, age),
+            Some(0.0),
+            "no age grows after the term"
+        );
     }
 }

@@ -14,8 +14,8 @@ mod server;
 
 pub(crate) use collector::collect;
 pub use collector::Collector;
-pub(crate) use metrics::PausedDelivery;
 pub use metrics::{FailureKind, Metrics, Origin, Readiness, Role, Server};
+pub(crate) use metrics::{HeldKeysReport, PausedDelivery};
 pub use server::{serve, Endpoints};
 
 use mongodb::event::sdam::SdamEvent;

@@ -36,7 +36,7 @@ use bson::{oid::ObjectId, Bson, DateTime};
 use tokio::sync::{oneshot, watch, Notify};
 
 use crate::config::DeadLetters;
-use crate::observe::Metrics;
+use crate::observe::{HeldKeysReport, Metrics};
 
 pub(crate) use stored::count_of;
 pub use stored::{held_keys, HeldKey, Holder, PARKED};
@@ -118,7 +118,8 @@ struct Shared {
     /// Whether a message is sent only once the one before it is answered:
     /// only where an answer means the message is stored (JetStream).
     chained: bool,
-    metrics: Metrics,
+    /// The term's held keys in the relay's gauges, until the term ends.
+    held_keys: HeldKeysReport,
     /// Whether the holds the collection recorded at the term's start are
     /// taken on: until then no message may take its turn, as a key the
     /// term has yet to learn is held would let it overtake the holder.
@@ -199,7 +200,7 @@ impl KeyOrder {
             releasing: Notify::new(),
             dead_letters,
             chained,
-            metrics,
+            held_keys: metrics.held_keys_report(),
             stored_read: watch::Sender::new(false),
         }))
     }
@@ -277,7 +278,7 @@ impl KeyOrder {
 
     fn report(&self, keys: &Keys) {
         let oldest = keys.holds.values().map(|h| h.since).min();
-        self.0.metrics.held_keys(keys.holds.len(), oldest);
+        self.0.held_keys.set(keys.holds.len(), oldest);
     }
 
     /// Lets a message of `key` in line: it goes after every message of the
