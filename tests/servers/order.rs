@@ -415,7 +415,10 @@ async fn a_first_start_catching_up_while_keys_are_written_keeps_each_key_in_orde
 async fn a_hold_written_out_of_the_leaders_sight_is_taken_on_and_released() {
     let env = TestEnv::new().await;
     let mut config = env.quick_config(3);
+    // The holds are read back every collect interval, however seldom the
+    // sweep passes.
     config.collect_interval = Duration::from_millis(100);
+    config.sweep_interval = Duration::from_secs(3600);
     let relay = RunningRelay::start(config).await;
     let committed = Committed::default();
     committed.write(&env, "warm", 10).await;

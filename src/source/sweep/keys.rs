@@ -6,7 +6,7 @@
 //! parked messages of releasing keys, one read at a time, in `_id` order.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, RawDocumentBuf};
 use futures::TryStreamExt;
@@ -70,6 +70,14 @@ impl Sweeper {
     /// (a term starts having read them).
     fn reconcile_due(&self) -> bool {
         due(&self.holds_read, self.holds_interval)
+    }
+
+    /// How long until reading the held keys back falls due; `None` where
+    /// the term keeps no order, or has yet to take on its stored holds.
+    pub(super) fn until_reconcile(&self) -> Option<Duration> {
+        self.pipeline.order()?;
+        let read = self.holds_read.lock().ok().and_then(|read| *read)?;
+        Some(self.holds_interval.saturating_sub(read.elapsed()))
     }
 
     /// Tends the keys the term's order holds: takes on holds written out of

@@ -100,6 +100,15 @@ pub struct Pass {
     pub full: bool,
 }
 
+/// What the sweep's loop does next.
+#[derive(Clone, Copy)]
+enum Next {
+    /// A pass, then the held keys tended.
+    Pass,
+    /// The held keys alone: their reading back fell due before the pass.
+    Tend,
+}
+
 /// What one pass did, for its caller and for giving back its claim.
 struct Swept {
     pass: Pass,
@@ -111,11 +120,23 @@ struct Swept {
 impl Sweeper {
     /// Runs passes until shutdown: at once again after a full pass, else
     /// after `interval` or as soon as a key starts releasing. After each
-    /// pass it tends the held keys (see [`Sweeper::tend_keys`]).
+    /// pass it tends the held keys (see [`Sweeper::tend_keys`]), and
+    /// between passes too when their reading back falls due first: the
+    /// holds interval (`--collect-interval`) bounds how late a hold the
+    /// term did not write is found, whatever the sweep interval.
     pub(crate) async fn run(self, interval: Duration, shutdown: CancellationToken) {
         let mut outage = Outage::new("MongoDB sweep");
+        let mut next = Next::Pass;
         while !shutdown.is_cancelled() {
-            let full = match self.pass_and_tend().await {
+            let done = match next {
+                Next::Pass => self.pass_and_tend().await,
+                Next::Tend => self.tend_keys().await.map(|(tally, more)| Pass {
+                    tally,
+                    claimed: 0,
+                    full: more,
+                }),
+            };
+            let full = match done {
                 Ok(pass) => {
                     outage.recovered();
                     if pass.claimed > 0 {
@@ -136,11 +157,19 @@ impl Sweeper {
                         None => std::future::pending().await,
                     }
                 };
-                tokio::select! {
+                // Never shorter than a millisecond: no loop spins.
+                let holds_due = self
+                    .until_reconcile()
+                    .filter(|due| *due < interval)
+                    .map(|due| due.max(Duration::from_millis(1)));
+                next = tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(interval) => {}
-                    _ = release_wanted => {}
-                }
+                    _ = tokio::time::sleep(interval) => Next::Pass,
+                    _ = release_wanted => Next::Pass,
+                    _ = tokio::time::sleep(holds_due.unwrap_or(interval)), if holds_due.is_some() => Next::Tend,
+                };
+            } else {
+                next = Next::Pass;
             }
         }
     }
