@@ -6,7 +6,8 @@
 //!
 //! 1. MongoDB answers and is a replica set or a sharded cluster (change
 //!    streams and transactions need one);
-//! 2. the outbox collection's indexes exist or can be created;
+//! 2. the outbox collection can be read, and what a relay would change in
+//!    it (a missing index, another retention, the validator) is said;
 //! 3. NATS answers;
 //! 4. in JetStream mode, a stream captures the relay's subjects, and
 //! 5. its duplicate window covers the relay's longest redelivery gap
@@ -90,8 +91,29 @@ impl Report {
     }
 }
 
-/// Runs every check against the deployment `config` names. The outbox's
-/// indexes are created where missing, as the relay would on start.
+/// What preparing the outbox would change, read without writing.
+async fn outbox_plan(
+    database: &mongodb::Database,
+    config: &RelayConfig,
+) -> Result<Vec<setup::Change>> {
+    let found = setup::inspect(database, &config.collection)
+        .await
+        .map_err(|error| {
+            Error::check(
+                CheckKind::OutboxSetup,
+                format!(
+                    "cannot read the outbox collection {}.{}: {error}; check that the user may \
+                     list its indexes and collections (docs/configuration.md, permissions)",
+                    config.database, config.collection
+                ),
+            )
+        })?;
+    setup::plan(&found, config)
+}
+
+/// Runs every check against the deployment `config` names. Nothing is
+/// written: what a relay would change in the outbox (a missing index, a
+/// different retention) is reported, as `run` would make it.
 pub async fn run(config: &RelayConfig) -> Report {
     let mut report = Report::default();
     let rules = config.subject_rules();
@@ -109,12 +131,15 @@ pub async fn run(config: &RelayConfig) -> Report {
         format!("{shown} is {deployment}")
     }) {
         Some((client, _)) => {
-            let prepared = setup::prepare(&client.database(&config.database), config).await;
-            report.record("outbox collection", prepared, |_| {
-                format!(
-                    "{}.{} and its indexes are in place",
-                    config.database, config.collection
-                )
+            let planned = outbox_plan(&client.database(&config.database), config).await;
+            report.record("outbox collection", planned, |changes| {
+                let namespace = format!("{}.{}", config.database, config.collection);
+                if changes.is_empty() {
+                    format!("{namespace}: its indexes, retention and validator are as configured")
+                } else {
+                    let said: Vec<String> = changes.iter().map(ToString::to_string).collect();
+                    format!("{namespace}: run would {}", said.join("; "))
+                }
             });
         }
         None => report.skip("outbox collection"),

@@ -90,7 +90,7 @@ mod usage;
 mod work;
 pub mod writer;
 
-pub use config::{DeadLetters, NatsMode, RelayConfig, RelayMode, RetryPolicy};
+pub use config::{DeadLetters, NatsMode, RelayConfig, RelayMode, Retention, RetryPolicy};
 pub use contract::{ContractViolation, OutboxMessage, Rule};
 pub use error::{CheckKind, Error, Result};
 pub use observe::Metrics;

@@ -96,7 +96,7 @@ async fn execute(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Sweep(args) => {
-            let relay = Relay::connect(args.settings.resolve()?).await?;
+            let relay = Relay::connect_for_sweep_once(args.settings.resolve()?).await?;
             let tally = relay.sweep_once(args.give_up_after).await?;
             println!(
                 "delivered {}, retried {}, failed {}, parked {}",

@@ -76,8 +76,23 @@ impl Relay {
         Self::connect_observed(config, Metrics::new()).await
     }
 
+    /// [`Relay::connect`] for `sweep --once`, which creates a missing sweep
+    /// index but leaves retention and the validator to the relays
+    /// ([`setup::Preparer`]).
+    pub async fn connect_for_sweep_once(config: RelayConfig) -> Result<Self> {
+        Self::connect_as(config, Metrics::new(), setup::Preparer::SweepOnce).await
+    }
+
     /// [`Relay::connect`], recording into `metrics` from the first connection on.
     pub async fn connect_observed(config: RelayConfig, metrics: Metrics) -> Result<Self> {
+        Self::connect_as(config, metrics, setup::Preparer::Run).await
+    }
+
+    async fn connect_as(
+        config: RelayConfig,
+        metrics: Metrics,
+        preparer: setup::Preparer,
+    ) -> Result<Self> {
         config.validate()?;
         let streams = config.partitions;
         let (client, _) =
@@ -96,7 +111,7 @@ impl Relay {
         let mut relay = Self::with_publisher(config, database, Arc::new(nats))?
             .with_coordination(&coordination);
         relay.metrics = metrics;
-        relay.prepare().await?;
+        setup::prepare(&relay.database, &relay.config, preparer).await?;
         Ok(relay)
     }
 
@@ -145,7 +160,7 @@ impl Relay {
     /// A server that does not finish this within [`setup::SETUP_TIMEOUT`] is
     /// reported rather than waited on forever.
     pub async fn prepare(&self) -> Result<()> {
-        setup::prepare(&self.database, &self.config).await
+        setup::prepare(&self.database, &self.config, setup::Preparer::Run).await
     }
 
     /// Runs until `shutdown` fires, then stops gracefully: in-flight messages
@@ -847,7 +862,7 @@ impl Relay {
         let (database, config) = (self.database.clone(), self.config.clone());
         Arc::new(move || {
             let (database, config) = (database.clone(), config.clone());
-            Box::pin(async move { setup::prepare(&database, &config).await })
+            Box::pin(async move { setup::prepare(&database, &config, setup::Preparer::Run).await })
         })
     }
 

@@ -1,17 +1,20 @@
 //! Preparing the outbox collection: indexes, retention and the validator.
 //!
 //! Every relay does this on start, so it must be idempotent and safe when
-//! several relays start at once: creating an index that exists is a no-op,
-//! a changed TTL is applied with `collMod`, and dropping an index that
-//! another relay already dropped is not an error.
+//! several relays start at once: it reads what is there first and changes
+//! only what differs, creating an index that exists is a no-op, a changed
+//! TTL is applied with `collMod`, and dropping an index that another relay
+//! already dropped is not an error. Which process may change what is
+//! [`Preparer`]'s rule.
 
 use std::time::Duration;
 
 use bson::{doc, Document};
+use futures::TryStreamExt;
 use mongodb::options::IndexOptions;
 use mongodb::{Collection, Database, IndexModel};
 
-use crate::config::RelayConfig;
+use crate::config::{RelayConfig, Retention};
 use crate::contract::{contract_schema, field, SubjectRules};
 use crate::error::{command_code, CheckKind, Error, Result};
 
@@ -44,17 +47,197 @@ pub(crate) async fn collection_exists(
     Ok(!names.is_empty())
 }
 
-/// Prepares the outbox collection `config` names: indexes, retention, and
-/// the validator if asked. A server that does not finish within
-/// [`SETUP_TIMEOUT`] is reported rather than waited on forever.
-pub async fn prepare(database: &Database, config: &RelayConfig) -> Result<()> {
-    let outbox = database.collection(&config.collection);
+/// Who prepares the outbox, and so which of its shared settings it may
+/// change. The sweep index every process needs is created by whichever
+/// finds it missing; retention and the validator, which every process of
+/// the outbox shares, are changed only by a relay (`run`) that is told to,
+/// so that a process which disagrees or says nothing (a cron job's
+/// `sweep --once`) cannot undo them for the others. `check` changes
+/// nothing: it reads what [`inspect`] finds and says what [`plan`] would do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preparer {
+    /// A relay that delivers: applies what its settings ask.
+    Run,
+    /// `sweep --once`: creates a missing sweep index, and only says where
+    /// its settings differ from the outbox's.
+    SweepOnce,
+}
+
+/// The outbox collection's set-up as MongoDB holds it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Found {
+    /// Whether the sweep's index exists.
+    pub sweep_index: bool,
+    /// Each retention TTL index found, by name, and its retention.
+    pub retention: Vec<(&'static str, Duration)>,
+    /// The collection's `$jsonSchema` validator as installed, if any, and
+    /// whether it is the relay's at the relay's level and action.
+    pub validator: Option<Document>,
+}
+
+impl Found {
+    /// The retention the TTL indexes keep: `None` with none, `Some` with
+    /// the first found (both are set alike).
+    pub fn retention(&self) -> Option<Duration> {
+        self.retention.first().map(|(_, keep)| *keep)
+    }
+}
+
+/// One change preparing the outbox would make.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// The sweep's index is missing.
+    CreateSweepIndex,
+    /// A TTL index is set (`from` none) or changed to `to`.
+    SetRetention {
+        index: &'static str,
+        from: Option<Duration>,
+        to: Duration,
+    },
+    /// A TTL index is dropped: retention is off.
+    DropRetention { index: &'static str, was: Duration },
+    /// The contract's validator is missing or differs.
+    InstallValidator,
+}
+
+impl Change {
+    /// Whether it changes a setting every process of the outbox shares.
+    pub fn is_shared(&self) -> bool {
+        !matches!(self, Change::CreateSweepIndex)
+    }
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = |d: &Duration| humantime::format_duration(*d).to_string();
+        match self {
+            Change::CreateSweepIndex => write!(f, "create the sweep index {SWEEP_INDEX}"),
+            Change::SetRetention {
+                index,
+                from: None,
+                to,
+            } => write!(f, "create {index}, keeping messages {}", shown(to)),
+            Change::SetRetention {
+                index,
+                from: Some(from),
+                to,
+            } => write!(f, "change {index} from {} to {}", shown(from), shown(to)),
+            Change::DropRetention { index, was } => {
+                write!(f, "drop {index} (retention {}): retention off", shown(was))
+            }
+            Change::InstallValidator => write!(f, "install the contract's validator"),
+        }
+    }
+}
+
+/// Reads the outbox collection's indexes and validator; nothing is
+/// written. A collection that does not exist yet has none of them.
+pub async fn inspect(database: &Database, collection: &str) -> Result<Found> {
+    let outbox = database.collection::<Document>(collection);
+    let failed = |e| Error::mongo(format!("listing the indexes of {collection} failed"), e);
+    let indexes: Vec<IndexModel> = match outbox.list_indexes().await {
+        Ok(cursor) => cursor.try_collect().await.map_err(failed)?,
+        Err(e) if command_code(&e) == Some(NAMESPACE_NOT_FOUND) => Vec::new(),
+        Err(e) => return Err(failed(e)),
+    };
+    let named = |name: &str| {
+        indexes
+            .iter()
+            .find(|index| index.options.as_ref().and_then(|o| o.name.as_deref()) == Some(name))
+    };
+    let retention = TTL_INDEXES
+        .into_iter()
+        .filter_map(|(name, _)| {
+            let keep = named(name)?.options.as_ref()?.expire_after?;
+            Some((name, keep))
+        })
+        .collect();
+    let validator = database
+        .list_collections()
+        .filter(doc! { "name": collection })
+        .await
+        .map_err(|e| Error::mongo(format!("reading the options of {collection} failed"), e))?
+        .try_collect::<Vec<_>>()
+        .await
+        .map_err(|e| Error::mongo(format!("reading the options of {collection} failed"), e))?
+        .into_iter()
+        .next()
+        .and_then(|found| {
+            let options = found.options;
+            let ours = options.validation_level
+                == Some(mongodb::options::ValidationLevel::Moderate)
+                && options.validation_action == Some(mongodb::options::ValidationAction::Error);
+            options.validator.filter(|_| ours)
+        });
+    Ok(Found {
+        sweep_index: named(SWEEP_INDEX).is_some(),
+        retention,
+        validator,
+    })
+}
+
+/// The changes that bring `found` to what `config` asks, in the order
+/// they are made; none if it is as asked.
+pub fn plan(found: &Found, config: &RelayConfig) -> Result<Vec<Change>> {
+    let mut changes = Vec::new();
+    if !found.sweep_index {
+        changes.push(Change::CreateSweepIndex);
+    }
+    for (index, _) in TTL_INDEXES {
+        let current = found
+            .retention
+            .iter()
+            .find(|(name, _)| *name == index)
+            .map(|(_, keep)| *keep);
+        match (config.retention, current) {
+            (None, _) => {}
+            (Some(Retention::Off), None) => {}
+            (Some(Retention::Off), Some(was)) => changes.push(Change::DropRetention { index, was }),
+            (Some(Retention::Keep(to)), from) if from != Some(whole_seconds(to)) => {
+                changes.push(Change::SetRetention { index, from, to })
+            }
+            (Some(Retention::Keep(_)), _) => {}
+        }
+    }
+    if config.install_validator {
+        let wanted = doc! { "$jsonSchema": contract_schema(&config.subject_rules()?) };
+        if found.validator.as_ref() != Some(&wanted) {
+            changes.push(Change::InstallValidator);
+        }
+    }
+    Ok(changes)
+}
+
+/// A TTL as the server keeps it: whole seconds.
+fn whole_seconds(duration: Duration) -> Duration {
+    Duration::from_secs(duration.as_secs())
+}
+
+/// The retention TTL indexes, and the field each counts from.
+const TTL_INDEXES: [(&str, &str); 2] = [
+    (PROCESSED_TTL_INDEX, field::PROCESSED_AT),
+    (FAILED_TTL_INDEX, field::FAILED_AT),
+];
+
+/// Prepares the outbox collection `config` names, as `preparer` may: what
+/// [`inspect`] finds missing or different is made as [`plan`] says, and
+/// what `preparer` may not change is reported in the log. A server that
+/// does not finish within [`SETUP_TIMEOUT`] is reported rather than waited
+/// on forever.
+pub async fn prepare(database: &Database, config: &RelayConfig, preparer: Preparer) -> Result<()> {
     let namespace = format!("{}.{}", config.database, config.collection);
     let steps = async {
-        ensure_indexes(&outbox, config.retention).await?;
-        if config.install_validator {
-            install_validator(database, &config.collection, &config.subject_rules()?).await?;
-            tracing::info!(collection = %config.collection, "installed the outbox validator");
+        let found = inspect(database, &config.collection).await?;
+        for change in plan(&found, config)? {
+            match preparer {
+                Preparer::SweepOnce if change.is_shared() => tracing::warn!(
+                    collection = %config.collection,
+                    "the outbox differs from this process's settings, which would {change}; \
+                     sweep --once leaves retention and the validator to the relays (run): \
+                     give every process of the outbox the same settings"
+                ),
+                _ => apply(database, config, &found, &change).await?,
+            }
         }
         Ok::<_, Error>(())
     };
@@ -64,7 +247,7 @@ pub async fn prepare(database: &Database, config: &RelayConfig) -> Result<()> {
             CheckKind::OutboxSetup,
             format!(
                 "cannot prepare the outbox collection {namespace}: {error}; check that the user \
-                 may create indexes there"
+                 may list, create and change its indexes (docs/configuration.md, permissions)"
             ),
         )),
         Err(_) => Err(Error::check(
@@ -77,11 +260,50 @@ pub async fn prepare(database: &Database, config: &RelayConfig) -> Result<()> {
     }
 }
 
-/// Ensures the sweep index and the retention TTL indexes (or their absence).
-pub async fn ensure_indexes(
-    outbox: &Collection<Document>,
-    retention: Option<Duration>,
+/// Makes one change.
+async fn apply(
+    database: &Database,
+    config: &RelayConfig,
+    found: &Found,
+    change: &Change,
 ) -> Result<()> {
+    let outbox = database.collection::<Document>(&config.collection);
+    match change {
+        Change::CreateSweepIndex => ensure_sweep_index(&outbox).await,
+        Change::SetRetention { index, from, to } => {
+            let key = TTL_INDEXES
+                .into_iter()
+                .find(|(name, _)| name == index)
+                .map_or(field::PROCESSED_AT, |(_, key)| key);
+            if from.is_some() {
+                tracing::warn!(
+                    collection = %config.collection,
+                    "retention changed: {change}; every relay of the outbox should say the same \
+                     --retention, or each start changes it back"
+                );
+            }
+            ensure_ttl(&outbox, index, key, *to).await
+        }
+        Change::DropRetention { index, .. } => {
+            tracing::warn!(collection = %config.collection, "--retention off: {change}");
+            drop_index(&outbox, index).await
+        }
+        Change::InstallValidator => {
+            install_validator(database, &config.collection, &config.subject_rules()?).await?;
+            let replaced = if found.validator.is_some() {
+                " (replacing one that differed)"
+            } else {
+                ""
+            };
+            tracing::info!(collection = %config.collection, "installed the outbox validator{replaced}");
+            Ok(())
+        }
+    }
+}
+
+/// Creates the sweep index (a no-op where it exists): all a benchmark or
+/// a test needs of a fresh outbox.
+pub async fn ensure_sweep_index(outbox: &Collection<Document>) -> Result<()> {
     let sweep = IndexModel::builder()
         .keys(doc! { field::STATUS: 1, field::NEXT_ATTEMPT_AT: 1, field::ID: 1 })
         .options(IndexOptions::builder().name(SWEEP_INDEX.to_owned()).build())
@@ -89,17 +311,8 @@ pub async fn ensure_indexes(
     outbox
         .create_index(sweep)
         .await
-        .map_err(|e| Error::mongo(format!("creating index {SWEEP_INDEX} failed"), e))?;
-    for (name, key) in [
-        (PROCESSED_TTL_INDEX, field::PROCESSED_AT),
-        (FAILED_TTL_INDEX, field::FAILED_AT),
-    ] {
-        match retention {
-            Some(retention) => ensure_ttl(outbox, name, key, retention).await?,
-            None => drop_index(outbox, name).await?,
-        }
-    }
-    Ok(())
+        .map(drop)
+        .map_err(|e| Error::mongo(format!("creating index {SWEEP_INDEX} failed"), e))
 }
 
 async fn ensure_ttl(

@@ -76,7 +76,7 @@ impl Bench<'_> {
         let (prefix, collection) = self.names(&tag);
         let stream = self.stream_for(&prefix).await?;
         let outbox = self.database.collection::<Document>(&collection);
-        crate::setup::ensure_indexes(&outbox, None).await?;
+        crate::setup::ensure_sweep_index(&outbox).await?;
         let (started, arrived, stop) =
             (Clock::default(), Clock::default(), CancellationToken::new());
         let _stop_receiver = stop.clone().drop_guard();
@@ -161,7 +161,7 @@ impl Bench<'_> {
     async fn streams_floor(&self, tag: &str, partitions: u32, burst: usize) -> Result<f64> {
         let (_, collection) = self.names(&format!("{tag}_streams"));
         let outbox = self.database.collection::<Document>(&collection);
-        crate::setup::ensure_indexes(&outbox, None).await?;
+        crate::setup::ensure_sweep_index(&outbox).await?;
         let (seen, stop) = (Arc::new(AtomicUsize::new(0)), CancellationToken::new());
         let _stop_streams = stop.clone().drop_guard();
         load::watch_partitions(outbox.clone(), partitions, seen.clone(), stop).await?;

@@ -161,7 +161,7 @@ impl Bench<'_> {
         // The collection and its indexes before any writer, as in the other
         // runs (see docs/developing.md on index builds).
         let outbox = self.database.collection::<Document>(&collection);
-        crate::setup::ensure_indexes(&outbox, None).await?;
+        crate::setup::ensure_sweep_index(&outbox).await?;
         let relay =
             self.start_relay(&tag, &collection, &prefix, Mode::Push(NatsMode::Jetstream))?;
         let (started, committed) = (Clock::default(), Clock::default());

@@ -764,7 +764,7 @@ impl Bench<'_> {
         );
         let batched = self.database.collection::<Document>(&name);
         if indexed {
-            crate::setup::ensure_indexes(&batched, None).await?;
+            crate::setup::ensure_sweep_index(&batched).await?;
         }
         self.insert_backlog(&batched, n, Keys::None).await?;
         let ids: Vec<ObjectId> = batched
@@ -791,7 +791,7 @@ impl Bench<'_> {
         let outbox = self
             .database
             .collection::<Document>(&format!("outbox_read_and_mark_{n}"));
-        crate::setup::ensure_indexes(&outbox, None).await?;
+        crate::setup::ensure_sweep_index(&outbox).await?;
         self.insert_backlog(&outbox, n, Keys::None).await?;
         let failed = |e| Error::mongo("reading pending documents failed", e);
         let began = Instant::now();
@@ -831,7 +831,7 @@ impl Bench<'_> {
         // The collection is laid out as a relay that ran before left it:
         // an index built over a large backlog could outlast the relay's
         // set-up limit.
-        crate::setup::ensure_indexes(&outbox, None).await?;
+        crate::setup::ensure_sweep_index(&outbox).await?;
         self.insert_backlog(&outbox, n, keys).await?;
         let total = n + before;
         let push = Mode::Push(NatsMode::Jetstream);
@@ -949,7 +949,7 @@ impl Bench<'_> {
         prefix: &str,
         stream: &str,
     ) -> Result<usize> {
-        crate::setup::ensure_indexes(outbox, None).await?;
+        crate::setup::ensure_sweep_index(outbox).await?;
         let first = format!("{tag}_first");
         let relay = self.start_relay(
             &first,

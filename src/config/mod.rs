@@ -70,6 +70,18 @@ impl Named for DeadLetters {
     ];
 }
 
+/// What a relay asks of the outbox's retention (its TTL indexes). Unset,
+/// it leaves them as it finds them: retention is shared by every process
+/// of the outbox, and one started without the setting (a cron job's
+/// `sweep --once`, a debugging run) must not turn it off for the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retention {
+    /// No TTL indexes: processed and failed messages are kept.
+    Off,
+    /// Processed and failed messages are deleted this long after.
+    Keep(Duration),
+}
+
 const MS: Duration = Duration::from_millis(1);
 const SECOND: Duration = Duration::from_secs(1);
 const MINUTE: Duration = Duration::from_secs(60);
@@ -199,9 +211,9 @@ settings! {
         /// How often a standby checks whether the lease is free.
         standby_poll_interval: Duration = 500 * MS, within(MS..=MINUTE);
         /// Keep processed and failed messages this long, e.g. 7d (TTL
-        /// indexes; a TTL counts seconds in 32 bits); unset or "off" keeps
-        /// them.
-        retention: Option<Duration> = None, within(SECOND..=3650 * DAY);
+        /// indexes; a TTL counts seconds in 32 bits); "off" keeps them;
+        /// unset leaves the outbox's retention as it is.
+        retention: Option<Retention> = None, within(SECOND..=3650 * DAY);
         /// Install a $jsonSchema validator enforcing the document contract
         /// on the outbox collection.
         install_validator: bool = false;

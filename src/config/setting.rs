@@ -13,7 +13,7 @@ use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::RelayConfig;
+use super::{RelayConfig, Retention};
 
 /// One setting of the relay.
 pub struct Setting {
@@ -248,6 +248,25 @@ impl Value for Option<Duration> {
     }
 }
 
+/// A retention: a duration, or "off" for none; unset leaves it alone.
+impl Value for Option<Retention> {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text.to_ascii_lowercase().as_str() {
+            "off" | "none" => Ok(Some(Retention::Off)),
+            _ => Duration::parse(text)
+                .map(|keep| Some(Retention::Keep(keep)))
+                .map_err(|why| format!("{why}, or \"off\"")),
+        }
+    }
+    fn show(&self) -> Option<String> {
+        match self {
+            None => None,
+            Some(Retention::Off) => Some("off".to_owned()),
+            Some(Retention::Keep(keep)) => keep.show(),
+        }
+    }
+}
+
 /// A file's path; empty for none.
 impl Value for Option<PathBuf> {
     fn parse(text: &str) -> Result<Self, String> {
@@ -408,6 +427,16 @@ impl Bounded for Option<Duration> {
     type Bound = Duration;
     fn bounded(&self) -> Option<&Duration> {
         self.as_ref()
+    }
+}
+
+impl Bounded for Option<Retention> {
+    type Bound = Duration;
+    fn bounded(&self) -> Option<&Duration> {
+        match self {
+            Some(Retention::Keep(keep)) => Some(keep),
+            _ => None,
+        }
     }
 }
 

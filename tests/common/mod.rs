@@ -97,7 +97,7 @@ impl TestEnv {
                 .await
                 .expect("create a collection");
         }
-        outbox_relay::setup::ensure_indexes(&db.collection("outbox"), None)
+        outbox_relay::setup::ensure_sweep_index(&db.collection("outbox"))
             .await
             .expect("create the outbox's indexes");
         TestEnv {

@@ -377,3 +377,38 @@ async fn readiness_follows_nats_and_a_short_oplog_is_reported() {
     relay.terminate().await;
     env.drop().await;
 }
+
+#[tokio::test]
+async fn check_writes_nothing_and_says_what_run_would_change() {
+    let env = TestEnv::new().await;
+    let mut config = env.config();
+    config.retention = Some(outbox_relay::Retention::Keep(Duration::from_secs(
+        7 * 86_400,
+    )));
+    outbox_relay::Relay::connect(config).await.unwrap();
+    let before = crate::sweep::set_up(&env).await;
+    // As the docs show it, and with settings that differ from the outbox's.
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["check"],
+            "its indexes, retention and validator are as configured",
+        ),
+        (
+            &["check", "--retention", "1d"],
+            "change outbox_processed_ttl from 7days to 1day",
+        ),
+        (
+            &["check", "--retention", "off"],
+            "drop outbox_processed_ttl (retention 7days)",
+        ),
+        (
+            &["check", "--install-validator"],
+            "install the contract's validator",
+        ),
+    ];
+    for (args, saying) in cases {
+        assert_exit(&relay_command(&env, args), 0, saying);
+        assert_eq!(crate::sweep::set_up(&env).await, before, "{args:?}");
+    }
+    env.drop().await;
+}

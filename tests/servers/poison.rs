@@ -462,7 +462,7 @@ async fn dropped_under_a_running_relay(drop_database: bool) {
         .create_collection("outbox")
         .await
         .expect("recreate the outbox");
-    outbox_relay::setup::ensure_indexes(&env.outbox(), None)
+    outbox_relay::setup::ensure_sweep_index(&env.outbox())
         .await
         .expect("index it");
     let after = write_orders(&env, 3).await;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::common::{plan_uses_index, write_orders, NatsProcess, RunningRelay, TestEnv};
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
-use outbox_relay::{NatsMode, Relay, RelayConfig, RelayMode};
+use outbox_relay::{NatsMode, Relay, RelayConfig, RelayMode, Retention};
 
 fn poll_config(env: &TestEnv) -> RelayConfig {
     let mut config = env.config();
@@ -368,18 +368,7 @@ async fn a_corrupted_resume_token_loses_nothing() {
 
 /// The TTL indexes of the outbox, as (name, seconds), sorted by name.
 async fn ttl_indexes(env: &TestEnv) -> Vec<(String, i64)> {
-    let indexes: Vec<Document> = env
-        .db
-        .run_command(doc! { "listIndexes": "outbox" })
-        .await
-        .unwrap()
-        .get_document("cursor")
-        .unwrap()
-        .get_array("firstBatch")
-        .unwrap()
-        .iter()
-        .filter_map(|index| index.as_document().cloned())
-        .collect();
+    let indexes = listed(env, doc! { "listIndexes": "outbox" }).await;
     let mut found: Vec<(String, i64)> = indexes
         .iter()
         .filter_map(|index| {
@@ -399,11 +388,12 @@ async fn ttl_indexes(env: &TestEnv) -> Vec<(String, i64)> {
 #[tokio::test]
 async fn retention_indexes_follow_the_setting_and_tolerate_concurrent_starts() {
     let env = TestEnv::new().await;
-    let prepare = |retention: Option<Duration>| {
+    let prepare = |retention: Option<Retention>| {
         let mut config = env.config();
         config.retention = retention;
         async move { Relay::connect(config).await.map(drop) }
     };
+    let days = |n: u64| Some(Retention::Keep(Duration::from_secs(n * 86_400)));
     let both = |seconds: i64| {
         vec![
             ("outbox_failed_ttl".to_owned(), seconds),
@@ -411,20 +401,74 @@ async fn retention_indexes_follow_the_setting_and_tolerate_concurrent_starts() {
         ]
     };
 
-    let week = Some(Duration::from_secs(7 * 86_400));
-    let (first, second) = tokio::join!(prepare(week), prepare(week));
+    let (first, second) = tokio::join!(prepare(days(7)), prepare(days(7)));
     first.unwrap();
     second.unwrap();
     assert_eq!(ttl_indexes(&env).await, both(604_800));
 
-    prepare(Some(Duration::from_secs(86_400))).await.unwrap();
+    prepare(days(1)).await.unwrap();
     assert_eq!(ttl_indexes(&env).await, both(86_400));
 
-    let (first, second) = tokio::join!(prepare(None), prepare(None));
+    // Unset, a relay leaves the outbox's retention as it finds it.
+    prepare(None).await.unwrap();
+    assert_eq!(ttl_indexes(&env).await, both(86_400));
+
+    let off = Some(Retention::Off);
+    let (first, second) = tokio::join!(prepare(off), prepare(off));
     first.unwrap();
     second.unwrap();
     assert!(ttl_indexes(&env).await.is_empty());
     env.drop().await;
+}
+
+#[tokio::test]
+async fn sweep_once_leaves_retention_and_the_validator_to_the_relays() {
+    let env = TestEnv::new().await;
+    let mut config = env.config();
+    config.retention = Some(Retention::Keep(Duration::from_secs(7 * 86_400)));
+    Relay::connect(config).await.unwrap();
+    let before = set_up(&env).await;
+    for retention in [None, Some("1d"), Some("off")] {
+        let mut command = crate::common::relay_command(&env);
+        command.args(["sweep", "--once", "--install-validator"]);
+        if let Some(retention) = retention {
+            command.args(["--retention", retention]);
+        }
+        let output = crate::common::bounded(command).await;
+        crate::common::assert_exit(&output, 0, "delivered 0");
+        assert_eq!(
+            set_up(&env).await,
+            before,
+            "sweep --once --retention {retention:?}"
+        );
+    }
+    env.drop().await;
+}
+
+/// The outbox's indexes and options exactly as the server lists them.
+pub(crate) async fn set_up(env: &TestEnv) -> (Vec<Document>, Option<Document>) {
+    let indexes = listed(env, doc! { "listIndexes": "outbox" }).await;
+    let outbox = doc! { "listCollections": 1, "filter": { "name": "outbox" } };
+    let options = listed(env, outbox)
+        .await
+        .first()
+        .and_then(|found| found.get_document("options").ok().cloned());
+    (indexes, options)
+}
+
+/// The first batch a listing command returns, as the server wrote it.
+async fn listed(env: &TestEnv, command: Document) -> Vec<Document> {
+    env.db
+        .run_command(command)
+        .await
+        .unwrap()
+        .get_document("cursor")
+        .unwrap()
+        .get_array("firstBatch")
+        .unwrap()
+        .iter()
+        .filter_map(|entry| entry.as_document().cloned())
+        .collect()
 }
 
 #[tokio::test]
