@@ -14,6 +14,10 @@ pub struct SettingsFile {
     given: HashMap<String, Given>,
 }
 
+/// The one flag that is not a setting of the file: logging starts before
+/// the file is read.
+const LOG_FORMAT: &str = "log_format";
+
 impl SettingsFile {
     /// Reads and parses a TOML file; an unknown key or a value of the wrong
     /// kind is an error that names the file and the key.
@@ -37,6 +41,12 @@ impl SettingsFile {
         let mut given = HashMap::new();
         for (key, value) in table {
             let Some(setting) = RelayConfig::SETTINGS.iter().find(|s| s.key == key) else {
+                if key == LOG_FORMAT {
+                    return Err(invalid(format!(
+                        "{LOG_FORMAT:?} is not read from a config file, as logging starts \
+                         before the file is read; set --log-format or OUTBOX_LOG_FORMAT instead"
+                    )));
+                }
                 return Err(invalid(format!(
                     "unknown key {key:?}; the keys are the flags' names with '_' for '-'"
                 )));
@@ -98,6 +108,15 @@ mod tests {
         let error = parse("nats_ulr = \"x\"").unwrap_err().to_string();
         assert!(
             error.contains("nats_ulr") && error.contains("relay.toml"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn says_where_the_log_format_is_set_instead() {
+        let error = parse("log_format = \"json\"").unwrap_err().to_string();
+        assert!(
+            error.contains("OUTBOX_LOG_FORMAT") && error.contains("--log-format"),
             "{error}"
         );
     }
