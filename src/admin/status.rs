@@ -160,6 +160,9 @@ pub struct PartitionStatus {
     pub owner: Option<String>,
     /// Its lease's term, held or last held.
     pub term: Option<i64>,
+    /// Seconds until its lease lapses unless renewed; negative: it lapsed
+    /// that long ago. By this host's clock against the holder's.
+    pub lease_expires_in_seconds: Option<f64>,
     /// Its pending messages.
     pub pending: u64,
     /// Time since its resume token was last written.
@@ -196,6 +199,9 @@ impl PartitionStatus {
             partition: partition.to_string(),
             owner: checkpoint.owner.filter(|_| live),
             term: checkpoint.term,
+            lease_expires_in_seconds: checkpoint
+                .lease_expires_at
+                .map(|at| -seconds_between(at, now)),
             pending,
             checkpoint_age_seconds: checkpoint
                 .updated_at
@@ -393,12 +399,23 @@ impl Status {
     /// The leader and the stored position of an outbox one relay delivers.
     fn render_single(&self, lines: &mut Vec<String>) {
         let lease = &self.checkpoint;
-        lines.push(match (&lease.owner, lease.term) {
-            (Some(owner), Some(term)) if self.leader_active => {
-                format!("  leader: {owner} (term {term})")
+        let expires = self
+            .partitions
+            .first()
+            .and_then(|p| p.lease_expires_in_seconds);
+        lines.push(match (&lease.owner, lease.term, expires) {
+            (Some(owner), Some(term), Some(left)) if self.leader_active => {
+                format!(
+                    "  leader: {owner} (term {term}, lease expires in {} unless renewed)",
+                    age(left)
+                )
             }
-            (Some(owner), Some(term)) => {
-                format!("  leader: none (last: {owner}, term {term}, lease expired)")
+            (Some(owner), Some(term), Some(left)) => format!(
+                "  leader: none (last: {owner}, term {term}, lease expired {} ago)",
+                age(-left)
+            ),
+            (Some(owner), Some(term), None) => {
+                format!("  leader: none (last: {owner}, term {term})")
             }
             _ => "  leader: none yet".to_owned(),
         });
@@ -472,8 +489,14 @@ impl Status {
             lines.push(format!(
                 "    {}: {}, {} pending, checkpoint {}, lag {}",
                 partition.partition,
-                match (&partition.owner, partition.term) {
-                    (Some(owner), Some(term)) => format!("{owner} (term {term})"),
+                match (
+                    &partition.owner,
+                    partition.term,
+                    partition.lease_expires_in_seconds
+                ) {
+                    (Some(owner), Some(term), Some(left)) => {
+                        format!("{owner} (term {term}, lease expires in {})", age(left))
+                    }
                     _ => "no owner".to_owned(),
                 },
                 partition.pending,
@@ -527,6 +550,7 @@ mod tests {
             partition: name.to_owned(),
             owner: owner.map(str::to_owned),
             term: owner.map(|_| 3),
+            lease_expires_in_seconds: owner.map(|_| 7.5),
             pending: 0,
             checkpoint_age_seconds: checkpoint_age,
             lag_seconds: lag,
@@ -580,7 +604,8 @@ mod tests {
             "checkpoint: oldest written 1m 35s ago (1/3)",
             "relay lag: 1m 34s at most (1/3)",
             "1h 55m of it before the oldest stored position",
-            "1/3: relay-b (term 3), 0 pending, checkpoint 1m 35s ago, lag 1m 34s",
+            "1/3: relay-b (term 3, lease expires in 7.5s), 0 pending, checkpoint 1m 35s ago, \
+             lag 1m 34s",
         ] {
             assert!(shown.contains(said), "{said:?} in {shown}");
         }
@@ -610,5 +635,30 @@ mod tests {
         let json = serde_json::to_value(&status).expect("serializes");
         assert_eq!(json["leader_active"], false);
         assert_eq!(json["unowned_partitions"], serde_json::json!(["1/2"]));
+    }
+
+    #[test]
+    fn one_partition_shows_when_its_lease_expires() {
+        let mut status = group(vec![partition(
+            "0/1",
+            Some("relay-a"),
+            Some(1.0),
+            None,
+            None,
+        )]);
+        status.checkpoint.owner = Some("relay-a".to_owned());
+        status.checkpoint.term = Some(3);
+        let shown = status.render();
+        assert!(
+            shown.contains("leader: relay-a (term 3, lease expires in 7.5s unless renewed)"),
+            "{shown}"
+        );
+        status.leader_active = false;
+        status.partitions[0].lease_expires_in_seconds = Some(-42.0);
+        let shown = status.render();
+        assert!(
+            shown.contains("leader: none (last: relay-a, term 3, lease expired 42s ago)"),
+            "{shown}"
+        );
     }
 }
