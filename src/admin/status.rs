@@ -661,4 +661,97 @@ mod tests {
             "{shown}"
         );
     }
+
+    /// The `status` samples of docs/operating.md, after their command line.
+    fn documented_samples() -> Vec<String> {
+        include_str!("../../docs/operating.md")
+            .split("```text\n$ outbox-relay status")
+            .skip(1)
+            .filter_map(|block| {
+                let sample = block.split("\n```").next()?;
+                Some(sample.split_once('\n')?.1.to_owned())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_operating_docs_status_samples_are_what_the_code_renders() {
+        let mut single = group(vec![PartitionStatus {
+            lease_expires_in_seconds: Some(7.4),
+            ..partition(
+                "0/1",
+                Some("vm/2072/6b0cca6ca900f13ead6484a6"),
+                Some(3.2),
+                Some(3.1),
+                Some(3689.0),
+            )
+        }]);
+        single.counts = Counts {
+            pending: 0,
+            processed: 40,
+            failed: 2,
+        };
+        single.oplog_window_seconds = Some(3690.0);
+        single.checkpoint = Checkpoint {
+            has_token: true,
+            owner: Some("vm/2072/6b0cca6ca900f13ead6484a6".to_owned()),
+            term: Some(1),
+            ..Checkpoint::default()
+        };
+        single.held_keys_total = 1;
+        single.held_keys = vec![HeldKeyStatus {
+            key: "order-1041".to_owned(),
+            holder: Some("6b0cd0a1e4b0c3d2a1f00e77".to_owned()),
+            state: "dead letter",
+            parked: 3,
+            age_seconds: 725.0,
+        }];
+        let failed = |message_type: &str, last_error: &str| FailedType {
+            message_type: message_type.to_owned(),
+            count: 1,
+            last_error: Some(last_error.to_owned()),
+            last_failed_at: None,
+        };
+        single.failed_by_type = vec![
+            failed(
+                "invoice.sent",
+                "refused by the broker: maximum messages exceeded (gave up after 10 attempts)",
+            ),
+            failed(
+                "order placed",
+                "invalid subject \"shop.order placed\": it contains whitespace or a control \
+                 character",
+            ),
+        ];
+        let relay = |name: &str, term, pending, checkpoint, lag, expires| PartitionStatus {
+            term: Some(term),
+            pending,
+            lease_expires_in_seconds: Some(expires),
+            ..partition(
+                name.split(' ').next().unwrap_or_default(),
+                name.split(' ').nth(1),
+                Some(checkpoint),
+                Some(lag),
+                Some(3688.0),
+            )
+        };
+        let mut four = group(vec![
+            relay("0/4 web-1/7/6b0cca6ca900f13ead6484a6", 12, 1, 0.3, 0.2, 8.1),
+            relay("1/4 web-1/7/6b0cca6ca900f13ead6484a6", 9, 0, 0.4, 0.4, 8.1),
+            relay("2/4 web-2/7/6b0cca71c4e2ab5a1d0f9913", 10, 2, 0.2, 0.1, 9.6),
+            relay("3/4 web-2/7/6b0cca71c4e2ab5a1d0f9913", 11, 0, 2.1, 2.0, 9.6),
+        ]);
+        four.counts = Counts {
+            pending: 3,
+            processed: 18240,
+            failed: 0,
+        };
+        four.oldest_pending_age_seconds = Some(0.4);
+        four.oplog_window_seconds = Some(3690.0);
+        assert_eq!(
+            documented_samples(),
+            vec![single.render(), four.render()],
+            "docs/operating.md's status samples (left) and the code's (right)"
+        );
+    }
 }

@@ -926,4 +926,36 @@ mod tests {
             "no age grows after the term"
         );
     }
+
+    /// The sample scrape in docs/operating.md says each metric's help and
+    /// type as the code does.
+    #[test]
+    fn the_operating_docs_sample_scrape_is_the_codes() {
+        let docs = include_str!("../../docs/operating.md");
+        let sample = docs
+            .split("A sample scrape")
+            .nth(1)
+            .and_then(|rest| rest.split("```text").nth(1))
+            .and_then(|block| block.split("```").next())
+            .expect("docs/operating.md has a sample scrape");
+        let metrics = Metrics::new();
+        // A family with labels is described once it has a series.
+        metrics.published(Origin::Stream, Duration::ZERO, false);
+        let rendered = metrics.render();
+        let described: Vec<&str> = rendered
+            .lines()
+            .filter(|line| line.starts_with("# HELP") || line.starts_with("# TYPE"))
+            .collect();
+        let wrong: Vec<&str> = sample
+            .lines()
+            .filter(|line| line.starts_with("# HELP") || line.starts_with("# TYPE"))
+            .filter(|line| !described.contains(line))
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "not the code's:\n{}\n\nthe code's:\n{}",
+            wrong.join("\n"),
+            described.join("\n")
+        );
+    }
 }

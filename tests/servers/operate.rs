@@ -412,3 +412,50 @@ async fn check_writes_nothing_and_says_what_run_would_change() {
     }
     env.drop().await;
 }
+
+#[tokio::test]
+async fn the_operating_docs_check_sample_is_what_check_prints() {
+    let env = TestEnv::new().await;
+    let docs = std::fs::read_to_string(crate::common::manifest_dir().join("docs/operating.md"))
+        .expect("docs/operating.md");
+    let sample = docs
+        .split("```text\n$ outbox-relay check")
+        .nth(1)
+        .and_then(|block| block.split("\n```").next())
+        .and_then(|block| block.split_once('\n'))
+        .map(|(_, printed)| printed.to_owned())
+        .expect("docs/operating.md has a check sample");
+    // As the sample: an outbox not created yet, and no stream for it.
+    let (database, prefix) = (format!("{}_new", env.name), format!("{}none", env.prefix));
+    let output = relay_command(
+        &env,
+        &[
+            "check",
+            "--database",
+            &database,
+            "--subject-prefix",
+            &prefix,
+        ],
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(7),
+        "{}",
+        crate::common::output_text(&output)
+    );
+    let printed = String::from_utf8_lossy(&output.stdout)
+        .replace(&env.mongodb_uri, "mongodb://127.0.0.1:27017")
+        .replace(&env.nats_url, "nats://127.0.0.1:4222")
+        .replace(&database, "shop")
+        .replace(&prefix, "outbox");
+    let version = |text: &str| {
+        text.lines()
+            .map(|line| match line.split_once("(nats-server ") {
+                Some((before, _)) => format!("{before}(nats-server …)"),
+                None => line.to_owned(),
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(version(&sample), version(printed.trim_end()));
+    env.drop().await;
+}
