@@ -413,3 +413,64 @@ async fn writers_transactions_that_fail_publish_only_what_committed() {
     })
     .await;
 }
+
+/// The settings of the relay whose marks are refused: a window of
+/// `--max-in-flight` plus `--batch-size` unrecorded messages, 10, below a
+/// new term's first window (16), so it is all there at once; without it,
+/// a mark batch and the completion stage's queue of `--batch-size` each
+/// would hold 16 acknowledged messages, far more than `--max-in-flight`.
+const SMALL_WINDOW: [(&str, &str); 4] = [
+    ("OUTBOX_MAX_IN_FLIGHT", "2"),
+    ("OUTBOX_BATCH_SIZE", "8"),
+    ("OUTBOX_LEASE_DURATION", "2s"),
+    ("OUTBOX_LEASE_RENEW_INTERVAL", "500ms"),
+];
+
+#[tokio::test]
+async fn a_relay_killed_with_its_marks_held_repeats_at_most_its_window() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let servers = Servers::with_fail_points().await;
+    let env = servers.env().await;
+    let publishes = Publishes::watch(&env).await;
+    let (mut first, _) = tailing(&servers, &env, "first", &SMALL_WINDOW).await;
+    let began = Instant::now();
+    common::write_orders(&env, 2).await;
+    publishes.wait_count_after(began, 2).await;
+    first.terminate().await;
+
+    // A backlog the relay under test takes over, every mark of it refused
+    // as a stepped-down primary refuses it, and retried: NATS acknowledges
+    // what no mark records, waiting in a batch being marked and in the
+    // completion stage's queue as well as on the wire, and the window alone
+    // bounds it. (SecantusDB holds every connection while it holds one, so
+    // a held mark cannot stand in for a refused one.)
+    common::write_orders(&env, 40).await;
+    let not_primary = Failure::Code(10107, &[]);
+    failpoint::arm_always(&env.client, RELAY, &["update"], &not_primary).await;
+    let held = Instant::now();
+    let (mut relay, _) = tailing(&servers, &env, "under-test", &SMALL_WINDOW).await;
+    let window = 2 + 8;
+    publishes.wait_count_after(held, window).await;
+    relay.kill9();
+    failpoint::off(&env.client).await;
+    let (mut next, _) = tailing(&servers, &env, "next", &SMALL_WINDOW).await;
+    verify(
+        &env,
+        "relay killed with its marks held: at most its window again",
+        &publishes,
+        &[],
+        serde_json::json!({ "window": window }),
+    )
+    .await;
+    let repeats = publishes.repeats();
+    assert!(
+        repeats <= window,
+        "{repeats} published again, more than --max-in-flight plus --batch-size ({window})"
+    );
+    assert!(
+        repeats > 2,
+        "{repeats} published again: no more than --max-in-flight was left unrecorded"
+    );
+    next.terminate().await;
+    env.drop().await;
+}
