@@ -102,8 +102,8 @@ async fn outbox_plan(
             Error::check(
                 CheckKind::OutboxSetup,
                 format!(
-                    "cannot read the outbox collection {}.{}: {error}; check that the user may \
-                     list its indexes and collections (docs/configuration.md, permissions)",
+                    "cannot read the outbox collection {}.{}: {error}; give the user the \
+                     role docs/configuration.md#permissions gives",
                     config.database, config.collection
                 ),
             )

@@ -137,7 +137,10 @@ impl CheckpointStore {
             .clone_with_type::<RawDocumentBuf>()
             .find_one(doc! { "_id": &self.id })
             .await
-            .map_err(|e| Error::mongo("reading the checkpoint failed", e))
+            .map_err(|e| {
+                Error::mongo("reading the checkpoint failed", e)
+                    .needing("find", self.collection.namespace())
+            })
     }
 
     /// The stored token, if any; read alone, so that no other field of the

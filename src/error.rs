@@ -184,6 +184,29 @@ impl Error {
         }
     }
 
+    /// Where MongoDB refused the operation to the relay's user, says which
+    /// privilege the user lacks: `action` on `resource` (a collection, or
+    /// a database for a database's action). Any other error is unchanged.
+    pub(crate) fn needing(self, action: &str, resource: impl std::fmt::Display) -> Self {
+        match self {
+            Error::Mongo { context, source } if is_unauthorized(&source) => {
+                let actions = if action.contains(" and ") {
+                    "actions"
+                } else {
+                    "action"
+                };
+                Error::Mongo {
+                    context: format!(
+                        "{context}: the relay's user needs the {action} {actions} on {resource} \
+                         (docs/configuration.md#permissions)"
+                    ),
+                    source,
+                }
+            }
+            other => other,
+        }
+    }
+
     /// An I/O failure, with what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {

@@ -322,7 +322,10 @@ impl Lease {
             Ok(None) => Err(self.timing.standby_poll_interval),
             // The lease exists, and is not lapsed with a countable term.
             Err(error) if is_duplicate_key(&error) => self.judge(now, sent).await?,
-            Err(error) => return Err(Error::mongo("taking the lease failed", error)),
+            Err(error) => {
+                return Err(Error::mongo("taking the lease failed", error)
+                    .needing("update and insert", self.documents.namespace()))
+            }
         };
         Ok((took, now))
     }
@@ -432,7 +435,10 @@ impl Lease {
                 } },
             )
             .await
-            .map_err(|e| Error::mongo("holding the outbox's lease for the group failed", e))?;
+            .map_err(|e| {
+                Error::mongo("holding the outbox's lease for the group failed", e)
+                    .needing("update", self.documents.namespace())
+            })?;
         if extended.matched_count > 0 {
             return Ok(Hold::Held);
         }
@@ -483,7 +489,10 @@ impl Lease {
             .documents
             .find_one(doc! { "_id": &self.id })
             .await
-            .map_err(|e| Error::mongo("reading the lease failed", e))?;
+            .map_err(|e| {
+                Error::mongo("reading the lease failed", e)
+                    .needing("find", self.documents.namespace())
+            })?;
         // Removed since: it is taken anew at the next try.
         let Some(stored) = stored else {
             return Ok(Err(Duration::ZERO));
@@ -515,7 +524,10 @@ impl Lease {
             .documents
             .find_one(doc! { "_id": &self.id })
             .await
-            .map_err(|e| Error::mongo("reading the lease failed", e))?;
+            .map_err(|e| {
+                Error::mongo("reading the lease failed", e)
+                    .needing("find", self.documents.namespace())
+            })?;
         let Some(stored) = stored else {
             return Ok(None);
         };
@@ -573,7 +585,10 @@ impl Lease {
                 doc! { "$set": { "expiresAt": later(now, lasts) } },
             )
             .await
-            .map_err(|e| Error::mongo("writing the lease's expiry failed", e))?;
+            .map_err(|e| {
+                Error::mongo("writing the lease's expiry failed", e)
+                    .needing("update", self.documents.namespace())
+            })?;
         if dated.modified_count > 0 {
             tracing::warn!(
                 lease = ?lasts,
@@ -611,7 +626,10 @@ impl Lease {
             )
             .return_document(ReturnDocument::After)
             .await
-            .map_err(|e| Error::mongo("taking the lease failed", e))?;
+            .map_err(|e| {
+                Error::mongo("taking the lease failed", e)
+                    .needing("update and insert", self.documents.namespace())
+            })?;
         let Some(document) = taken else {
             return Ok(Err(Duration::ZERO));
         };
@@ -647,7 +665,10 @@ impl Lease {
                 } },
             )
             .await
-            .map_err(|e| Error::mongo("renewing the lease failed", e))?;
+            .map_err(|e| {
+                Error::mongo("renewing the lease failed", e)
+                    .needing("update", self.documents.namespace())
+            })?;
         if renewed.matched_count == 0 {
             return Ok(false);
         }
@@ -677,7 +698,10 @@ impl Lease {
                 doc! { "$set": { "expiresAt": DateTime::from_millis(0) } },
             )
             .await
-            .map_err(|e| Error::mongo("releasing the lease failed", e))?;
+            .map_err(|e| {
+                Error::mongo("releasing the lease failed", e)
+                    .needing("update", self.documents.namespace())
+            })?;
         tracing::info!(term = held.term.0, lease = %self.id, "released the lease");
         Ok(())
     }

@@ -36,7 +36,10 @@ impl Depths {
             outbox
                 .count_documents(doc! { field::STATUS: state })
                 .await
-                .map_err(|e| Error::mongo(format!("counting {state} messages failed"), e))
+                .map_err(|e| {
+                    Error::mongo(format!("counting {state} messages failed"), e)
+                        .needing("find", outbox.namespace())
+                })
         };
         Ok(Depths {
             pending: count(status::PENDING).await?,
@@ -53,7 +56,10 @@ impl Depths {
 /// pending document with another `_id` breaks the contract and is failed
 /// as soon as the relay reads it.
 async fn oldest_pending(outbox: &Collection<Document>) -> Result<Option<DateTime>> {
-    let failed = |e| Error::mongo("finding the oldest pending message failed", e);
+    let failed = |e| {
+        Error::mongo("finding the oldest pending message failed", e)
+            .needing("find", outbox.namespace())
+    };
     let any_object_id = doc! { "$gte": ObjectId::from_bytes([0; 12]) };
     let never_tried = outbox
         .find_one(doc! {

@@ -134,7 +134,10 @@ impl std::fmt::Display for Change {
 /// written. A collection that does not exist yet has none of them.
 pub async fn inspect(database: &Database, collection: &str) -> Result<Found> {
     let outbox = database.collection::<Document>(collection);
-    let failed = |e| Error::mongo(format!("listing the indexes of {collection} failed"), e);
+    let failed = |e| {
+        Error::mongo(format!("listing the indexes of {collection} failed"), e)
+            .needing("listIndexes", outbox.namespace())
+    };
     let indexes: Vec<IndexModel> = match outbox.list_indexes().await {
         Ok(cursor) => cursor.try_collect().await.map_err(failed)?,
         Err(e) if command_code(&e) == Some(NAMESPACE_NOT_FOUND) => Vec::new(),
@@ -152,14 +155,18 @@ pub async fn inspect(database: &Database, collection: &str) -> Result<Found> {
             Some((name, keep))
         })
         .collect();
+    let options_failed = |e| {
+        Error::mongo(format!("reading the options of {collection} failed"), e)
+            .needing("listCollections", format!("database {}", database.name()))
+    };
     let validator = database
         .list_collections()
         .filter(doc! { "name": collection })
         .await
-        .map_err(|e| Error::mongo(format!("reading the options of {collection} failed"), e))?
+        .map_err(options_failed)?
         .try_collect::<Vec<_>>()
         .await
-        .map_err(|e| Error::mongo(format!("reading the options of {collection} failed"), e))?
+        .map_err(options_failed)?
         .into_iter()
         .next()
         .and_then(|found| {
@@ -246,8 +253,8 @@ pub async fn prepare(database: &Database, config: &RelayConfig, preparer: Prepar
         Ok(Err(error)) => Err(Error::check(
             CheckKind::OutboxSetup,
             format!(
-                "cannot prepare the outbox collection {namespace}: {error}; check that the user \
-                 may list, create and change its indexes (docs/configuration.md, permissions)"
+                "cannot prepare the outbox collection {namespace}: {error}; give the user the \
+                 role docs/configuration.md#permissions gives"
             ),
         )),
         Err(_) => Err(Error::check(
@@ -308,11 +315,10 @@ pub async fn ensure_sweep_index(outbox: &Collection<Document>) -> Result<()> {
         .keys(doc! { field::STATUS: 1, field::NEXT_ATTEMPT_AT: 1, field::ID: 1 })
         .options(IndexOptions::builder().name(SWEEP_INDEX.to_owned()).build())
         .build();
-    outbox
-        .create_index(sweep)
-        .await
-        .map(drop)
-        .map_err(|e| Error::mongo(format!("creating index {SWEEP_INDEX} failed"), e))
+    outbox.create_index(sweep).await.map(drop).map_err(|e| {
+        Error::mongo(format!("creating index {SWEEP_INDEX} failed"), e)
+            .needing("createIndex", outbox.namespace())
+    })
 }
 
 async fn ensure_ttl(
@@ -347,10 +353,14 @@ async fn ensure_ttl(
                     "index": { "name": name, "expireAfterSeconds": seconds },
                 })
                 .await
-                .map_err(|e| Error::mongo(format!("changing the retention of {name} failed"), e))?;
+                .map_err(|e| {
+                    Error::mongo(format!("changing the retention of {name} failed"), e)
+                        .needing("collMod", outbox.namespace())
+                })?;
             Ok(())
         }
-        Err(e) => Err(Error::mongo(format!("creating index {name} failed"), e)),
+        Err(e) => Err(Error::mongo(format!("creating index {name} failed"), e)
+            .needing("createIndex", outbox.namespace())),
     }
 }
 
@@ -368,7 +378,8 @@ async fn drop_index(outbox: &Collection<Document>, name: &str) -> Result<()> {
         {
             Ok(())
         }
-        Err(e) => Err(Error::mongo(format!("dropping index {name} failed"), e)),
+        Err(e) => Err(Error::mongo(format!("dropping index {name} failed"), e)
+            .needing("dropIndex", outbox.namespace())),
     }
 }
 
@@ -392,11 +403,13 @@ pub async fn install_validator(
         "validationLevel": "moderate",
         "validationAction": "error",
     };
+    let namespace = format!("{}.{collection}", database.name());
     let failed = |e| {
         Error::mongo(
             format!("installing the validator on {collection} failed"),
             e,
         )
+        .needing("collMod", &namespace)
     };
     match database.run_command(modify.clone()).await {
         Ok(_) => Ok(()),
@@ -412,7 +425,11 @@ pub async fn install_validator(
                 Err(e) if command_code(&e) == Some(NAMESPACE_EXISTS) => {
                     database.run_command(modify).await.map(drop).map_err(failed)
                 }
-                Err(e) => Err(failed(e)),
+                Err(e) => Err(Error::mongo(
+                    format!("creating {collection} with the validator failed"),
+                    e,
+                )
+                .needing("createCollection", &namespace)),
             }
         }
         Err(e) => Err(failed(e)),

@@ -99,7 +99,9 @@ pub async fn count(outbox: &Collection<Document>, selection: &Selection) -> Resu
     outbox
         .count_documents(selection.filter())
         .await
-        .map_err(|e| Error::mongo("counting failed messages failed", e))
+        .map_err(|e| {
+            Error::mongo("counting failed messages failed", e).needing("find", outbox.namespace())
+        })
 }
 
 /// The newest failed messages matching `selection`, at most `limit`.
@@ -108,7 +110,8 @@ pub async fn list(
     selection: &Selection,
     limit: u32,
 ) -> Result<Vec<DeadLetter>> {
-    let failed = |e| Error::mongo("listing failed messages failed", e);
+    let failed =
+        |e| Error::mongo("listing failed messages failed", e).needing("find", outbox.namespace());
     let documents: Vec<RawDocumentBuf> = outbox
         .clone_with_type::<RawDocumentBuf>()
         .find(selection.filter())
@@ -128,7 +131,8 @@ pub async fn list(
 
 /// Puts the selected failed messages back to `pending`; returns how many.
 pub async fn replay(outbox: &Collection<Document>, selection: &Selection) -> Result<u64> {
-    let failed = |e| Error::mongo("replaying failed messages failed", e);
+    let failed =
+        |e| Error::mongo("replaying failed messages failed", e).needing("find", outbox.namespace());
     let now = DateTime::now();
     let found = outbox
         .clone_with_type::<RawDocumentBuf>()
@@ -186,7 +190,10 @@ async fn replay_one(
             update,
         )
         .await
-        .map_err(|e| Error::mongo("replaying a failed message failed", e))?;
+        .map_err(|e| {
+            Error::mongo("replaying a failed message failed", e)
+                .needing("update", outbox.namespace())
+        })?;
     Ok(result.modified_count)
 }
 
@@ -196,7 +203,10 @@ pub async fn discard(outbox: &Collection<Document>, selection: &Selection) -> Re
         .delete_many(selection.filter())
         .await
         .map(|result| result.deleted_count)
-        .map_err(|e| Error::mongo("discarding failed messages failed", e))
+        .map_err(|e| {
+            Error::mongo("discarding failed messages failed", e)
+                .needing("remove", outbox.namespace())
+        })
 }
 
 #[cfg(test)]

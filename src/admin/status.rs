@@ -49,7 +49,8 @@ pub struct FailedType {
 
 /// Failed messages grouped by type, most numerous first.
 pub async fn failed_by_type(outbox: &Collection<Document>) -> Result<Vec<FailedType>> {
-    let failed = |e| Error::mongo("grouping failed messages failed", e);
+    let failed =
+        |e| Error::mongo("grouping failed messages failed", e).needing("find", outbox.namespace());
     // As stored: a type that is not UTF-8 is one group's oddity, not the
     // whole command's failure.
     let groups: Vec<RawDocumentBuf> = outbox
@@ -191,7 +192,10 @@ impl PartitionStatus {
             None => outbox
                 .count_documents(partition.scope(doc! { field::STATUS: status::PENDING }))
                 .await
-                .map_err(|e| Error::mongo("counting a partition's pending messages failed", e))?,
+                .map_err(|e| {
+                    Error::mongo("counting a partition's pending messages failed", e)
+                        .needing("find", outbox.namespace())
+                })?,
         };
         let live = checkpoint.lease_expires_at.is_some_and(|at| at > now);
         let position_at = checkpoint.position_at.filter(|_| checkpoint.has_token);
@@ -279,7 +283,10 @@ impl Status {
         let processed = outbox
             .count_documents(doc! { field::STATUS: status::PROCESSED })
             .await
-            .map_err(|e| Error::mongo("counting processed messages failed", e))?;
+            .map_err(|e| {
+                Error::mongo("counting processed messages failed", e)
+                    .needing("find", outbox.namespace())
+            })?;
         let store = CheckpointStore::for_config(database, config);
         let checkpoint = Checkpoint::read(&store).await?;
         let held = held_keys(&outbox, Partition::WHOLE, config.on_dead_letter).await?;

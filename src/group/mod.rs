@@ -135,7 +135,12 @@ impl Group {
             .collection::<RawDocumentBuf>(checkpoint_collection)
             .find_one(doc! { "_id": id })
             .await
-            .map_err(|e| Error::mongo("reading the group of relays failed", e))?;
+            .map_err(|e| {
+                Error::mongo("reading the group of relays failed", e).needing(
+                    "find",
+                    format!("{}.{checkpoint_collection}", database.name()),
+                )
+            })?;
         Ok(stored.and_then(|stored| Some((stored_count(&stored)?, live_until(&stored, now)))))
     }
 
@@ -162,7 +167,10 @@ impl Group {
             .documents
             .find_one(doc! { "_id": self.group_id() })
             .await
-            .map_err(|e| Error::mongo("reading the group of relays failed", e))?;
+            .map_err(|e| {
+                Error::mongo("reading the group of relays failed", e)
+                    .needing("find", self.documents.namespace())
+            })?;
         let taken = match stored.as_deref() {
             None => self.found_group(now, Retire::OtherCounts).await?,
             Some(group) if stored_count(group) == Some(self.partitions) => {
@@ -206,7 +214,10 @@ impl Group {
             .documents
             .find_one(doc! { "_id": self.group_id() })
             .await
-            .map_err(|e| Error::mongo("reading the group of relays failed", e))?;
+            .map_err(|e| {
+                Error::mongo("reading the group of relays failed", e)
+                    .needing("find", self.documents.namespace())
+            })?;
         match stored.as_deref() {
             Some(group)
                 if stored_count(group) != Some(self.partitions) && live_until(group, now) =>
@@ -253,7 +264,10 @@ impl Group {
     /// counts deliver nor keep a new count out for as long as the step),
     /// and said as mended.
     async fn other_count_leading(&self, now: DateTime) -> Result<Others> {
-        let failed = |e| Error::mongo("reading the group's leases failed", e);
+        let failed = |e| {
+            Error::mongo("reading the group's leases failed", e)
+                .needing("find", self.documents.namespace())
+        };
         let ours = format!("^{}(:[0-9]+/[0-9]+)?$", regex_escaped(&self.outbox));
         let mut leases = self
             .documents
@@ -310,7 +324,8 @@ impl Group {
                 Ok(true)
             }
             Err(error) if is_duplicate_key(&error) => Ok(false),
-            Err(error) => Err(Error::mongo("joining the group of relays failed", error)),
+            Err(error) => Err(Error::mongo("joining the group of relays failed", error)
+                .needing("insert", self.documents.namespace())),
         }
     }
 
@@ -333,6 +348,7 @@ impl Group {
             .await
             .map_err(|e| {
                 Error::mongo("retiring the stored positions of another count failed", e)
+                    .needing("update", self.documents.namespace())
             })?;
         Ok(())
     }
@@ -346,7 +362,10 @@ impl Group {
     /// what is pending instead, which is always complete. Done twice, it
     /// does no harm.
     async fn retire_positions(&self, which: Retire, now: DateTime) -> Result<()> {
-        let failed = |e| Error::mongo("retiring the stored positions of another count failed", e);
+        let failed = |e| {
+            Error::mongo("retiring the stored positions of another count failed", e)
+                .needing("update", self.documents.namespace())
+        };
         let ours = format!("^{}(:[0-9]+/[0-9]+)?$", regex_escaped(&self.outbox));
         let mut filter = doc! { "_id": { "$regex": ours } };
         if which == Retire::OtherCounts {
@@ -399,7 +418,10 @@ impl Group {
     /// still as read (`stored`): false if another relay changed it first.
     /// A document whose fields cannot be read is replaced.
     async fn take_group(&self, stored: &bson::RawDocument, now: DateTime) -> Result<bool> {
-        let failed = |e| Error::mongo("joining the group of relays failed", e);
+        let failed = |e| {
+            Error::mongo("joining the group of relays failed", e)
+                .needing("update", self.documents.namespace())
+        };
         let mut unchanged = doc! { "_id": self.group_id() };
         for name in ["partitions", "expiresAt"] {
             let value = match stored.get(name) {
@@ -443,7 +465,10 @@ impl Group {
         self.documents
             .delete_one(doc! { "_id": self.group_id() })
             .await
-            .map_err(|e| Error::mongo("joining the group of relays failed", e))?;
+            .map_err(|e| {
+                Error::mongo("joining the group of relays failed", e)
+                    .needing("remove", self.documents.namespace())
+            })?;
         self.found_group(now, Retire::All).await
     }
 
@@ -507,7 +532,10 @@ impl Group {
                     doc! { "$set": self.expiry(now) },
                 )
                 .await
-                .map_err(|e| Error::mongo("renewing the group of relays failed", e))?;
+                .map_err(|e| {
+                    Error::mongo("renewing the group of relays failed", e)
+                        .needing("update", self.documents.namespace())
+                })?;
             if kept.matched_count > 0 {
                 return Ok(());
             }
@@ -515,7 +543,10 @@ impl Group {
                 .documents
                 .find_one(doc! { "_id": self.group_id() })
                 .await
-                .map_err(|e| Error::mongo("reading the group of relays failed", e))?;
+                .map_err(|e| {
+                    Error::mongo("reading the group of relays failed", e)
+                        .needing("find", self.documents.namespace())
+                })?;
             match stored.as_deref() {
                 None => {
                     tracing::warn!(
@@ -563,7 +594,10 @@ impl Group {
             .update_one(doc! { "_id": self.member_id() }, update)
             .upsert(true)
             .await
-            .map_err(|e| Error::mongo("announcing this relay to its group failed", e))?;
+            .map_err(|e| {
+                Error::mongo("announcing this relay to its group failed", e)
+                    .needing("update and insert", self.documents.namespace())
+            })?;
         Ok(())
     }
 
@@ -572,14 +606,20 @@ impl Group {
         self.documents
             .delete_one(doc! { "_id": self.member_id() })
             .await
-            .map_err(|e| Error::mongo("leaving the group of relays failed", e))?;
+            .map_err(|e| {
+                Error::mongo("leaving the group of relays failed", e)
+                    .needing("remove", self.documents.namespace())
+            })?;
         Ok(())
     }
 
     /// Reads the group: the live members, and who holds each partition.
     pub async fn view(&self) -> Result<View> {
         let now = server_time(self.database.client()).await?;
-        let failed = |e| Error::mongo("reading the group of relays failed", e);
+        let failed = |e| {
+            Error::mongo("reading the group of relays failed", e)
+                .needing("find", self.documents.namespace())
+        };
         let leases: BTreeMap<String, Partition> = self
             .partitions()
             .map(|p| (p.document_id(&self.outbox), p))

@@ -358,7 +358,10 @@ async fn existing_outbox(
 ) -> Result<Collection<Document>> {
     let exists = collection_exists(database, &config.collection)
         .await
-        .map_err(|e| Error::mongo("listing the database's collections failed", e))?;
+        .map_err(|e| {
+            Error::mongo("listing the database's collections failed", e)
+                .needing("listCollections", format!("database {}", database.name()))
+        })?;
     if !exists {
         return Err(Error::Config(format!(
             "there is no outbox collection {:?} in database {:?}: give the relay's --database \
@@ -379,7 +382,9 @@ async fn count(
     prefix: Option<&str>,
     progress: &Progress,
 ) -> Result<Progress> {
-    let failed = |e| Error::mongo("reading the messages to replay failed", e);
+    let failed = |e| {
+        Error::mongo("reading the messages to replay failed", e).needing("find", outbox.namespace())
+    };
     let mut cursor = outbox
         .clone_with_type::<RawDocumentBuf>()
         .find(selection.filter(progress.after))

@@ -192,10 +192,10 @@ impl Records {
             created_at: now,
             updated_at: now,
         };
-        self.collection
-            .insert_one(&record)
-            .await
-            .map_err(|e| Error::mongo("recording the replay failed", e))?;
+        self.collection.insert_one(&record).await.map_err(|e| {
+            Error::mongo("recording the replay failed", e)
+                .needing("insert", self.collection.namespace())
+        })?;
         Ok(record)
     }
 
@@ -219,7 +219,10 @@ impl Records {
             )
             .return_document(ReturnDocument::After)
             .await
-            .map_err(|e| Error::mongo("taking up the replay failed", e))?;
+            .map_err(|e| {
+                Error::mongo("taking up the replay failed", e)
+                    .needing("update", self.collection.namespace())
+            })?;
         match taken {
             Some(record) => Ok(record),
             None => Err(self.why_not_resumable(id, outbox).await?),
@@ -232,7 +235,10 @@ impl Records {
             .collection
             .find_one(doc! { "_id": id })
             .await
-            .map_err(|e| Error::mongo("reading the replay failed", e))?;
+            .map_err(|e| {
+                Error::mongo("reading the replay failed", e)
+                    .needing("find", self.collection.namespace())
+            })?;
         let why = match found {
             None => format!(
                 "no replay {id:?} is recorded in {}: resume takes the id a replay printed",
@@ -306,7 +312,10 @@ impl Records {
             .collection
             .find_one(doc! { "_id": id, "outbox": outbox })
             .await
-            .map_err(|e| Error::mongo("reading the replay failed", e))?;
+            .map_err(|e| {
+                Error::mongo("reading the replay failed", e)
+                    .needing("find", self.collection.namespace())
+            })?;
         match found {
             Some(record) => Ok(record),
             None => Err(self.why_not_resumable(id, outbox).await?),
@@ -318,7 +327,10 @@ impl Records {
         self.collection
             .delete_one(doc! { "_id": id, "owner": &self.owner })
             .await
-            .map_err(|e| Error::mongo("removing the replay's record failed", e))?;
+            .map_err(|e| {
+                Error::mongo("removing the replay's record failed", e)
+                    .needing("remove", self.collection.namespace())
+            })?;
         Ok(())
     }
 
@@ -347,7 +359,10 @@ impl Records {
                 doc! { "$set": set },
             )
             .await
-            .map_err(|e| Error::mongo("recording the replay's progress failed", e))?;
+            .map_err(|e| {
+                Error::mongo("recording the replay's progress failed", e)
+                    .needing("update", self.collection.namespace())
+            })?;
         if saved.matched_count == 0 {
             return Err(self.taken_over(id).await);
         }

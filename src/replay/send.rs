@@ -225,7 +225,10 @@ impl Sender<'_> {
     /// Sends the selected messages after `progress.after`, recording
     /// progress as it goes, until the last or a stop.
     pub async fn run(&self, progress: &mut Progress, stop: &CancellationToken) -> Result<Ended> {
-        let failed = |e| Error::mongo("reading the messages to replay failed", e);
+        let failed = |e| {
+            Error::mongo("reading the messages to replay failed", e)
+                .needing("find", self.outbox.namespace())
+        };
         let mut cursor = self
             .outbox
             .clone_with_type::<RawDocumentBuf>()

@@ -198,7 +198,9 @@ impl Snapshot {
         partition: Partition,
         batch: u32,
     ) -> Result<Self> {
-        let failed = |e| Error::mongo("reading pending messages failed", e);
+        let failed = |e| {
+            Error::mongo("reading pending messages failed", e).needing("find", outbox.namespace())
+        };
         let taken = DateTime::now();
         let namespace = outbox.namespace();
         let database = outbox.client().database(&namespace.db);

@@ -517,8 +517,10 @@ impl ChangeStreamSource {
         let Some(opened) = opened else {
             return Ok(None);
         };
-        let events = opened
-            .map_err(|e| crate::error::Error::mongo("opening the change stream failed", e))?;
+        let events = opened.map_err(|e| {
+            crate::error::Error::mongo("opening the change stream failed", e)
+                .needing("changeStream and find", self.outbox.namespace())
+        })?;
         self.metrics.set_role_unless_stopping(Role::Tailing);
         Ok(Some(events))
     }

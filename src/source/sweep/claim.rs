@@ -164,7 +164,10 @@ impl Sweeper {
         gate: &mut KeyGate,
     ) -> Result<Candidates> {
         let unmarkable = &self.pipeline.unmarkable;
-        let failed = |e| Error::mongo("sweep: reading due messages failed", e);
+        let failed = |e| {
+            Error::mongo("sweep: reading due messages failed", e)
+                .needing("find", self.pipeline.outbox.namespace())
+        };
         let mut cursor = self
             .pipeline
             .outbox
@@ -309,7 +312,8 @@ impl Sweeper {
             Err(e) if is_document_error(&e) => {
                 self.claim_each(filter, take, &ids, unnamable, claim).await
             }
-            Err(e) => Err(Error::mongo("sweep: claiming messages failed", e)),
+            Err(e) => Err(Error::mongo("sweep: claiming messages failed", e)
+                .needing("update", self.pipeline.outbox.namespace())),
         }
     }
 
@@ -345,7 +349,11 @@ impl Sweeper {
                 }
                 Ok(_) => {
                     let holds = self.pipeline.outbox.count_documents(held).await;
-                    if holds.map_err(|e| Error::mongo("sweep: reading claims failed", e))? > 0 {
+                    if holds.map_err(|e| {
+                        Error::mongo("sweep: reading claims failed", e)
+                            .needing("find", self.pipeline.outbox.namespace())
+                    })? > 0
+                    {
                         holders.pass.insert(id_key(id));
                     }
                 }
@@ -353,7 +361,10 @@ impl Sweeper {
                     tracing::warn!(%id, error = %brief(&e), "outbox message cannot take a claim");
                     holders.unclaimable.insert(id_key(id));
                 }
-                Err(e) => return Err(Error::mongo("sweep: claiming messages failed", e)),
+                Err(e) => {
+                    return Err(Error::mongo("sweep: claiming messages failed", e)
+                        .needing("update", self.pipeline.outbox.namespace()))
+                }
             }
         }
         Ok(holders)
@@ -361,7 +372,10 @@ impl Sweeper {
 
     /// The keys of the candidates this claim holds (others took the rest).
     async fn held_by(&self, ids: Vec<Bson>, claim: ObjectId) -> Result<HashSet<String>> {
-        let failed = |e| Error::mongo("sweep: reading claims failed", e);
+        let failed = |e| {
+            Error::mongo("sweep: reading claims failed", e)
+                .needing("find", self.pipeline.outbox.namespace())
+        };
         let held: Vec<Document> = self
             .pipeline
             .outbox

@@ -132,7 +132,10 @@ impl Sweeper {
     /// write can change. A failed holder keeps its key only if it is marked
     /// `holdsKey` and dead letters hold their keys.
     async fn check_holders(&self, order: &KeyOrder) -> Result<()> {
-        let failed = |e| Error::mongo("sweep: reading the messages holding keys failed", e);
+        let failed = |e| {
+            Error::mongo("sweep: reading the messages holding keys failed", e)
+                .needing("find", self.pipeline.outbox.namespace())
+        };
         for holders in order.holders().chunks(RELEASE_KEYS) {
             let ids: Vec<&Bson> = holders.iter().map(|(_, id, _)| id).collect();
             // As stored: a field the driver cannot read fails one holder's

@@ -46,7 +46,10 @@ impl Sweeper {
                 doc! { "$unset": { field::LOCK_ID: "", field::LOCKED_AT: "" } },
             )
             .await
-            .map_err(|e| Error::mongo("sweep: clearing a former leader's claims failed", e))?;
+            .map_err(|e| {
+                Error::mongo("sweep: clearing a former leader's claims failed", e)
+                    .needing("update", self.pipeline.outbox.namespace())
+            })?;
         self.claims_cleared.store(true, Ordering::Release);
         Ok(())
     }
@@ -65,7 +68,7 @@ impl Sweeper {
                 doc! { "$unset": { field::LOCK_ID: "", field::LOCKED_AT: "" } },
             )
             .await
-            .map_err(|e| Error::mongo("sweep: releasing claims failed", e))?;
+            .map_err(|e| Error::mongo("sweep: releasing claims failed", e).needing("update", self.pipeline.outbox.namespace()))?;
         Ok(())
     }
 
@@ -79,7 +82,10 @@ impl Sweeper {
                 doc! { "$unset": { field::LOCK_ID: "", field::LOCKED_AT: "" } },
             )
             .await
-            .map_err(|e| Error::mongo("sweep: releasing claims failed", e))?;
+            .map_err(|e| {
+                Error::mongo("sweep: releasing claims failed", e)
+                    .needing("update", self.pipeline.outbox.namespace())
+            })?;
         Ok(())
     }
 }
