@@ -13,6 +13,7 @@ mod leader;
 mod operate;
 mod order;
 mod partitions;
+mod permissions;
 mod poison;
 mod process;
 mod prometheus;
