@@ -168,6 +168,9 @@ pub(crate) enum Verdict {
         /// The broker was found to take other messages meanwhile (the
         /// probe said so), so the refusal is this message's own.
         own: bool,
+        /// Its answer was in doubt (a timeout): the broker may hold it, and
+        /// a retry is a repeat, dropped only within the duplicate window.
+        maybe_stored: bool,
     },
     /// Not sent: an earlier message of its key holds the key, so it is
     /// parked until the key is released (see `order`).

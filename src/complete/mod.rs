@@ -282,10 +282,18 @@ impl CompletionStage {
                         tally.failed += 1;
                     }
                 }
-                Verdict::Refused { reason, own } => {
+                Verdict::Refused {
+                    reason,
+                    own,
+                    maybe_stored,
+                } => {
                     match self.refuse(message, claim, reason, *own, now).await? {
                         Retry::Scheduled => {
                             self.metrics.retried();
+                            // Sent again later, perhaps past the window.
+                            if *maybe_stored {
+                                self.metrics.resent();
+                            }
                             tally.retried += 1;
                         }
                         Retry::GaveUp => tally.failed += 1,

@@ -171,6 +171,7 @@ async fn a_stage_that_gives_up_remembers_the_deliveries_it_did_not_mark() {
     let refusal = Verdict::Refused {
         reason: "no".into(),
         own: true,
+        maybe_stored: false,
     };
     input.send(verdict_on(refused, refusal)).await.unwrap();
     input
@@ -294,6 +295,7 @@ async fn a_verdict_other_than_a_mark_is_written_without_the_delay() {
     let refusal = Verdict::Refused {
         reason: "no".into(),
         own: true,
+        maybe_stored: false,
     };
     input.send(verdict_on(refused, refusal)).await.unwrap();
     let both = doc! { "$or": [
@@ -304,6 +306,28 @@ async fn a_verdict_other_than_a_mark_is_written_without_the_delay() {
     until_counted(&outbox, both, 2, at_once).await;
     drop(input);
     running.await.expect("no panic");
+    database.drop().await.expect("drop");
+}
+
+#[tokio::test]
+async fn a_retry_of_a_message_that_may_be_stored_counts_as_sent_again() {
+    let (database, outbox, ids) = outbox_with_pending(2).await;
+    let stage = stage(outbox.clone());
+    let metrics = stage.metrics.clone();
+    let (input, running) = running(stage);
+    for (id, maybe_stored) in [(ids[0], true), (ids[1], false)] {
+        let refusal = Verdict::Refused {
+            reason: "timed out".into(),
+            own: true,
+            maybe_stored,
+        };
+        input.send(verdict_on(id, refusal)).await.unwrap();
+    }
+    drop(input);
+    running.await.expect("no panic");
+    let scrape = metrics.render();
+    assert!(scrape.contains("outbox_retries_total 2"), "{scrape}");
+    assert!(scrape.contains("outbox_resent_total 1"), "{scrape}");
     database.drop().await.expect("drop");
 }
 
@@ -423,6 +447,7 @@ fn refusal() -> Verdict {
     Verdict::Refused {
         reason: "no".into(),
         own: false,
+        maybe_stored: false,
     }
 }
 

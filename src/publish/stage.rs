@@ -88,7 +88,13 @@ enum Outcome {
     /// The broker refused it: refused, an attempt charged; holds its key.
     /// `own` where the broker was seen taking other messages meanwhile,
     /// which is what lets completion dead-letter it.
-    Refused { reason: String, own: bool },
+    /// `maybe_stored` where its answer was in doubt (a timeout, say): the
+    /// broker may hold it, and a retry sends it again.
+    Refused {
+        reason: String,
+        own: bool,
+        maybe_stored: bool,
+    },
 }
 
 impl Outcome {
@@ -96,6 +102,7 @@ impl Outcome {
         Outcome::Refused {
             reason: error.to_string(),
             own,
+            maybe_stored: false,
         }
     }
 
@@ -134,7 +141,15 @@ impl Attempt {
             Outcome::Passed => Verdict::Passed,
             Outcome::Parked => Verdict::Parked,
             Outcome::Rejected(violation) => Verdict::Rejected(violation),
-            Outcome::Refused { reason, own } => Verdict::Refused { reason, own },
+            Outcome::Refused {
+                reason,
+                own,
+                maybe_stored,
+            } => Verdict::Refused {
+                reason,
+                own,
+                maybe_stored,
+            },
             Outcome::StoredBefore => {
                 metrics.republish_avoided();
                 Verdict::Delivered
@@ -215,7 +230,12 @@ impl Doubt {
     fn refused(self, error: &PublishError, own: bool) -> Attempt {
         Attempt {
             work: self.work,
-            outcome: Outcome::refused(error, own),
+            outcome: Outcome::Refused {
+                reason: error.to_string(),
+                own,
+                // Unanswered, not refused: JetStream may have stored it.
+                maybe_stored: matches!(self.error, PublishError::Unavailable(_)),
+            },
         }
     }
 }

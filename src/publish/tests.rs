@@ -723,7 +723,7 @@ async fn direct_refusals_are_charged_one_by_one_and_not_as_the_messages_own() {
     let verdicts = stage.verdicts(denied.len()).await;
     for (name, verdict) in &verdicts {
         match verdict {
-            Verdict::Refused { reason, own } => {
+            Verdict::Refused { reason, own, .. } => {
                 assert!(reason.contains("permission denied"), "{name}: {reason}");
                 assert!(
                     !own,
@@ -777,6 +777,37 @@ async fn a_doubtful_failure_where_the_broker_takes_messages_is_sent_once_more_th
     assert_eq!(verdicts[2].1, Verdict::Delivered);
     assert_eq!(broker.sends_to("poison"), 2, "sent once more, not more");
     assert_eq!(delivery(&stage.metrics), "delivery: flowing");
+    assert!(
+        matches!(
+            verdicts[1].1,
+            Verdict::Refused {
+                maybe_stored: false,
+                ..
+            }
+        ),
+        "nothing took it, so nothing holds it"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_that_timed_out_where_the_broker_takes_messages_may_be_stored() {
+    let (broker, mut stage) = start(8);
+    let timed_out = || Reply::AckFails(PublishError::Unavailable("timed out".into()));
+    broker.reply("slow", [timed_out(), timed_out()]);
+    broker.health(Health::Takes);
+    stage.feed([message("slow")]).await;
+    let (_, verdict) = stage.verdict().await;
+    assert!(
+        matches!(
+            verdict,
+            Verdict::Refused {
+                own: true,
+                maybe_stored: true,
+                ..
+            }
+        ),
+        "a retry of it is a repeat, which the window alone drops: {verdict:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -818,7 +849,7 @@ async fn a_destination_that_takes_nothing_refuses_its_message_without_pausing_th
     let verdicts = stage.verdicts(3).await;
     assert_eq!(names(&verdicts), ["a", "audit.x", "b"]);
     match &verdicts[1].1 {
-        Verdict::Refused { reason, own } => {
+        Verdict::Refused { reason, own, .. } => {
             assert!(reason.contains("stream AUDIT is full"), "{reason}");
             assert!(!own, "the destination's fault is not the message's own");
         }
