@@ -178,6 +178,12 @@ impl Group {
                 // it retired the positions: whoever joins next does.
                 if let Some(which) = Retire::pending(group) {
                     self.finish_retiring(which, now).await?;
+                } else if self.led_alone_since().await? {
+                    self.retire_positions(Retire::All, now).await?;
+                    tracing::info!(
+                        "a relay of one partition delivered the outbox since this group did: \
+                         each partition catches up from what is pending in it"
+                    );
                 }
                 true
             }
@@ -195,6 +201,30 @@ impl Group {
         }
         self.renew_at(now).await?;
         self.announce(now, Joining::Again).await
+    }
+
+    /// Whether a relay of one partition held the outbox's own lease last,
+    /// after this group: a rollback to a version from before groups, which
+    /// leaves the group's document as it was. Its deliveries moved the
+    /// outbox past the partitions' stored positions, which are retired as
+    /// for a change of count (the group marks the lease as its own while it
+    /// delivers, and a `sweep --once` marks its run, so neither counts).
+    /// Until the group takes the lease again the evidence stays, so a join
+    /// that stops half way is finished by the next.
+    async fn led_alone_since(&self) -> Result<bool> {
+        let outbox = self
+            .documents
+            .clone_with_type::<RawDocumentBuf>()
+            .find_one(doc! { "_id": &self.outbox })
+            .await
+            .map_err(|e| {
+                Error::mongo("reading the outbox's lease failed", e)
+                    .needing("find", self.documents.namespace())
+            })?;
+        Ok(
+            outbox
+                .is_some_and(|outbox| matches!(StoredHolder::of(&outbox), StoredHolder::Relay(_))),
+        )
     }
 
     /// Whether the outbox is free of relays of another count for a relay

@@ -429,3 +429,48 @@ async fn a_count_change_whose_relay_stopped_before_retiring_is_retired_by_the_ne
     relay.stop().await.unwrap();
     env.drop().await;
 }
+
+#[tokio::test]
+async fn a_group_back_after_a_relay_of_one_partition_led_retires_its_positions() {
+    // A group of four ran and stopped; then a relay from before groups led
+    // the outbox alone (a rollback), which leaves the group's document as
+    // it was; now the group of four is back.
+    let env = TestEnv::new().await;
+    let outbox = format!("{}.outbox", env.name);
+    let stale = bson::Bson::Document(doc! { "_data": "8200000001" });
+    let lapsed = bson::DateTime::from_millis(0);
+    checkpoints(&env)
+        .insert_many([
+            doc! {
+                "_id": format!("{outbox}:0/4"), "token": stale, "term": 3_i64,
+                "owner": "web-1", "expiresAt": lapsed,
+            },
+            doc! { "_id": format!("{outbox}/group"), "partitions": 4_i64, "expiresAt": lapsed },
+            doc! {
+                "_id": &outbox, "owner": "before-groups/1", "term": 9_i64,
+                "token": { "_data": "8200000002" }, "expiresAt": lapsed,
+            },
+        ])
+        .await
+        .unwrap();
+    let relay = RunningRelay::start(steady_group(&env, 4)).await;
+    wait_until("the relay to hold its partitions", || async {
+        partitions_held(&relay) == Some(4)
+    })
+    .await;
+    let partition = checkpoints(&env)
+        .find_one(doc! { "_id": format!("{outbox}:0/4") })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        partition.get_i64("term"),
+        Ok(5),
+        "retired (its term moved on) before the group took it: {partition}"
+    );
+    let ids = write_orders(&env, 10).await;
+    env.wait_count(doc! { "status": "processed", "_id": { "$in": &ids } }, 10)
+        .await;
+    relay.stop().await.unwrap();
+    env.drop().await;
+}

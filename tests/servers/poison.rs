@@ -579,3 +579,64 @@ async fn a_broker_that_refuses_every_message_dead_letters_none() {
     relay.stop().await;
     env.drop().await;
 }
+
+#[tokio::test]
+async fn a_message_its_stream_never_acknowledges_counts_every_send_again() {
+    let env = TestEnv::new().await;
+    let sightings = Sightings::watch(&env).await;
+    // An allowed stream that stores what it is sent and never answers
+    // (`no_ack`), its duplicate window shorter than the retry's delay: each
+    // publish times out while the broker takes other messages, so the
+    // message is refused as its own, and a retry is stored again.
+    let silent = format!("s{}", env.prefix);
+    let window = Duration::from_secs(1);
+    env.jetstream
+        .create_stream(jetstream::stream::Config {
+            name: silent.to_uppercase(),
+            subjects: vec![format!("{silent}.>")],
+            no_ack: true,
+            duplicate_window: window,
+            ..Default::default()
+        })
+        .await
+        .expect("create the silent stream");
+    let mut config = quick(&env);
+    config.allow_subject = vec![format!("{silent}.>")];
+    config.retry_initial_delay = window * 2;
+    config.retry_max_delay = window * 2;
+    let relay = Observed::start(config).await;
+    // Evidence that the broker takes other messages, before and after.
+    write_orders(&env, 2).await;
+    let (id, document) = pending(doc! { "subject": format!("{silent}.m") });
+    env.outbox().insert_one(document).await.expect("insert");
+    let reason = failed_with(&env, id).await;
+    assert!(reason.contains("gave up after 2 attempts"), "{reason}");
+    write_orders(&env, 1).await;
+
+    let sends = sightings.of(&id).len();
+    assert_eq!(
+        sends, 4,
+        "each of two attempts sent once, and once more in doubt"
+    );
+    let mut stream = env
+        .jetstream
+        .get_stream(silent.to_uppercase())
+        .await
+        .expect("the silent stream");
+    let stored = stream.info().await.expect("its info").state.messages;
+    assert!(
+        stored >= 2,
+        "a retry past the window is stored again ({stored} stored): the case the docs list"
+    );
+    assert_eq!(
+        relay.sample("outbox_resent_total"),
+        (sends - 1) as f64,
+        "every send after the first is counted"
+    );
+    relay.stop().await;
+    env.jetstream
+        .delete_stream(silent.to_uppercase())
+        .await
+        .expect("delete the silent stream");
+    env.drop().await;
+}
