@@ -178,7 +178,7 @@ impl Group {
                 // it retired the positions: whoever joins next does.
                 if let Some(which) = Retire::pending(group) {
                     self.finish_retiring(which, now).await?;
-                } else if self.led_alone_since().await? {
+                } else if self.partitions > 1 && self.led_alone_since().await? {
                     self.retire_positions(Retire::All, now).await?;
                     tracing::info!(
                         "a relay of one partition delivered the outbox since this group did: \
@@ -204,7 +204,8 @@ impl Group {
     }
 
     /// Whether a relay of one partition held the outbox's own lease last,
-    /// after this group: a rollback to a version from before groups, which
+    /// after this group of several: a rollback to a version from before
+    /// groups, which
     /// leaves the group's document as it was. Its deliveries moved the
     /// outbox past the partitions' stored positions, which are retired as
     /// for a change of count (the group marks the lease as its own while it

@@ -127,9 +127,15 @@ impl Sweeper {
     pub(crate) async fn run(self, interval: Duration, shutdown: CancellationToken) {
         let mut outage = Outage::new("MongoDB sweep");
         let mut next = Next::Pass;
+        // The next pass is due an interval after the last, however often
+        // the held keys are read back between.
+        let mut pass_due = tokio::time::Instant::now();
         while !shutdown.is_cancelled() {
             let done = match next {
-                Next::Pass => self.pass_and_tend().await,
+                Next::Pass => {
+                    pass_due = tokio::time::Instant::now() + interval;
+                    self.pass_and_tend().await
+                }
                 Next::Tend => self.tend_keys().await.map(|(tally, more)| Pass {
                     tally,
                     claimed: 0,
@@ -149,28 +155,28 @@ impl Sweeper {
                     false
                 }
             };
-            if !full {
-                let order = self.pipeline.order().cloned();
-                let release_wanted = async move {
-                    match order {
-                        Some(order) => order.release_wanted().await,
-                        None => std::future::pending().await,
-                    }
-                };
-                // Never shorter than a millisecond: no loop spins.
-                let holds_due = self
-                    .until_reconcile()
-                    .filter(|due| *due < interval)
-                    .map(|due| due.max(Duration::from_millis(1)));
-                next = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(interval) => Next::Pass,
-                    _ = release_wanted => Next::Pass,
-                    _ = tokio::time::sleep(holds_due.unwrap_or(interval)), if holds_due.is_some() => Next::Tend,
-                };
-            } else {
+            if full {
                 next = Next::Pass;
+                continue;
             }
+            let order = self.pipeline.order().cloned();
+            let release_wanted = async move {
+                match order {
+                    Some(order) => order.release_wanted().await,
+                    None => std::future::pending().await,
+                }
+            };
+            // Never sooner than a millisecond from now: no loop spins.
+            let holds_due = self
+                .until_reconcile()
+                .map(|due| tokio::time::Instant::now() + due.max(Duration::from_millis(1)))
+                .filter(|due| *due < pass_due);
+            next = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep_until(pass_due) => Next::Pass,
+                _ = release_wanted => Next::Pass,
+                _ = tokio::time::sleep_until(holds_due.unwrap_or(pass_due)), if holds_due.is_some() => Next::Tend,
+            };
         }
     }
 
