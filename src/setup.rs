@@ -9,8 +9,7 @@
 
 use std::time::Duration;
 
-use bson::{doc, Document};
-use futures::TryStreamExt;
+use bson::{doc, Bson, Document};
 use mongodb::options::IndexOptions;
 use mongodb::{Collection, Database, IndexModel};
 
@@ -68,19 +67,12 @@ pub enum Preparer {
 pub struct Found {
     /// Whether the sweep's index exists.
     pub sweep_index: bool,
-    /// Each retention TTL index found, by name, and its retention.
-    pub retention: Vec<(&'static str, Duration)>,
+    /// Each retention TTL index found, by name, and its retention (`None`
+    /// where the index has none a relay could have set).
+    pub retention: Vec<(&'static str, Option<Duration>)>,
     /// The collection's `$jsonSchema` validator as installed, if any, and
     /// whether it is the relay's at the relay's level and action.
     pub validator: Option<Document>,
-}
-
-impl Found {
-    /// The retention the TTL indexes keep: `None` with none, `Some` with
-    /// the first found (both are set alike).
-    pub fn retention(&self) -> Option<Duration> {
-        self.retention.first().map(|(_, keep)| *keep)
-    }
 }
 
 /// One change preparing the outbox would make.
@@ -95,7 +87,10 @@ pub enum Change {
         to: Duration,
     },
     /// A TTL index is dropped: retention is off.
-    DropRetention { index: &'static str, was: Duration },
+    DropRetention {
+        index: &'static str,
+        was: Option<Duration>,
+    },
     /// The contract's validator is missing or differs.
     InstallValidator,
 }
@@ -122,8 +117,12 @@ impl std::fmt::Display for Change {
                 from: Some(from),
                 to,
             } => write!(f, "change {index} from {} to {}", shown(from), shown(to)),
-            Change::DropRetention { index, was } => {
-                write!(f, "drop {index} (retention {}): retention off", shown(was))
+            Change::DropRetention {
+                index,
+                was: Some(was),
+            } => write!(f, "drop {index} (retention {}): retention off", shown(was)),
+            Change::DropRetention { index, was: None } => {
+                write!(f, "drop {index}: retention off")
             }
             Change::InstallValidator => write!(f, "install the contract's validator"),
         }
@@ -132,55 +131,81 @@ impl std::fmt::Display for Change {
 
 /// Reads the outbox collection's indexes and validator; nothing is
 /// written. A collection that does not exist yet has none of them.
+///
+/// Read as the server wrote them, not through the driver's typed
+/// options: a TTL some client wrote as a double, or a validation action
+/// newer than the driver knows, would otherwise read as no index or fail
+/// the read.
 pub async fn inspect(database: &Database, collection: &str) -> Result<Found> {
-    let outbox = database.collection::<Document>(collection);
-    let failed = |e| {
-        Error::mongo(format!("listing the indexes of {collection} failed"), e)
-            .needing("listIndexes", outbox.namespace())
-    };
-    let indexes: Vec<IndexModel> = match outbox.list_indexes().await {
-        Ok(cursor) => cursor.try_collect().await.map_err(failed)?,
+    let namespace = format!("{}.{collection}", database.name());
+    let indexes = match listed(database, doc! { "listIndexes": collection }).await {
+        Ok(indexes) => indexes,
         Err(e) if command_code(&e) == Some(NAMESPACE_NOT_FOUND) => Vec::new(),
-        Err(e) => return Err(failed(e)),
+        Err(e) => {
+            return Err(
+                Error::mongo(format!("listing the indexes of {collection} failed"), e)
+                    .needing("listIndexes", namespace),
+            )
+        }
     };
     let named = |name: &str| {
         indexes
             .iter()
-            .find(|index| index.options.as_ref().and_then(|o| o.name.as_deref()) == Some(name))
+            .find(|index| index.get_str("name") == Ok(name))
     };
     let retention = TTL_INDEXES
         .into_iter()
-        .filter_map(|(name, _)| {
-            let keep = named(name)?.options.as_ref()?.expire_after?;
-            Some((name, keep))
-        })
+        .filter_map(|(name, _)| Some((name, ttl_of(named(name)?))))
         .collect();
-    let options_failed = |e| {
+    let listing = doc! { "listCollections": 1, "filter": { "name": collection } };
+    let collections = listed(database, listing).await.map_err(|e| {
         Error::mongo(format!("reading the options of {collection} failed"), e)
             .needing("listCollections", format!("database {}", database.name()))
-    };
-    let validator = database
-        .list_collections()
-        .filter(doc! { "name": collection })
-        .await
-        .map_err(options_failed)?
-        .try_collect::<Vec<_>>()
-        .await
-        .map_err(options_failed)?
-        .into_iter()
-        .next()
-        .and_then(|found| {
-            let options = found.options;
-            let ours = options.validation_level
-                == Some(mongodb::options::ValidationLevel::Moderate)
-                && options.validation_action == Some(mongodb::options::ValidationAction::Error);
-            options.validator.filter(|_| ours)
-        });
+    })?;
+    let validator = collections.first().and_then(|found| {
+        let options = found.get_document("options").ok()?;
+        let ours = options.get_str("validationLevel") == Ok("moderate")
+            && options.get_str("validationAction") == Ok("error");
+        options
+            .get_document("validator")
+            .ok()
+            .filter(|_| ours)
+            .cloned()
+    });
     Ok(Found {
         sweep_index: named(SWEEP_INDEX).is_some(),
         retention,
         validator,
     })
+}
+
+/// The documents a listing command returns: its first batch, which holds
+/// every index or collection asked for here (a few, under the 101 of a
+/// first batch).
+async fn listed(database: &Database, command: Document) -> mongodb::error::Result<Vec<Document>> {
+    let reply = database.run_command(command).await?;
+    Ok(reply
+        .get_document("cursor")
+        .and_then(|cursor| cursor.get_array("firstBatch"))
+        .map(|batch| {
+            batch
+                .iter()
+                .filter_map(|d| d.as_document().cloned())
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// An index's TTL, whatever number type the server kept it as; `None`
+/// for none, or one no relay could have meant (negative, not a number).
+fn ttl_of(index: &Document) -> Option<Duration> {
+    let seconds = match index.get("expireAfterSeconds")? {
+        Bson::Int32(n) => f64::from(*n),
+        Bson::Int64(n) => *n as f64,
+        Bson::Double(n) => *n,
+        _ => return None,
+    };
+    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs(seconds as u64))
 }
 
 /// The changes that bring `found` to what `config` asks, in the order
@@ -191,19 +216,21 @@ pub fn plan(found: &Found, config: &RelayConfig) -> Result<Vec<Change>> {
         changes.push(Change::CreateSweepIndex);
     }
     for (index, _) in TTL_INDEXES {
-        let current = found
+        // Found: the index is there, with the TTL it keeps, if any.
+        let found = found
             .retention
             .iter()
             .find(|(name, _)| *name == index)
             .map(|(_, keep)| *keep);
-        match (config.retention, current) {
-            (None, _) => {}
-            (Some(Retention::Off), None) => {}
+        match (config.retention, found) {
+            (None, _) | (Some(Retention::Off), None) => {}
             (Some(Retention::Off), Some(was)) => changes.push(Change::DropRetention { index, was }),
-            (Some(Retention::Keep(to)), from) if from != Some(whole_seconds(to)) => {
-                changes.push(Change::SetRetention { index, from, to })
-            }
-            (Some(Retention::Keep(_)), _) => {}
+            (Some(Retention::Keep(to)), Some(Some(kept))) if kept == whole_seconds(to) => {}
+            (Some(Retention::Keep(to)), found) => changes.push(Change::SetRetention {
+                index,
+                from: found.flatten(),
+                to,
+            }),
         }
     }
     if config.install_validator {
@@ -433,5 +460,54 @@ pub async fn install_validator(
             }
         }
         Err(e) => Err(failed(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ttl_reads_whatever_number_the_server_kept() {
+        let day = Some(Duration::from_secs(86_400));
+        for ttl in [
+            Bson::Int32(86_400),
+            Bson::Int64(86_400),
+            Bson::Double(86_400.0),
+        ] {
+            assert_eq!(
+                ttl_of(&doc! { "expireAfterSeconds": ttl.clone() }),
+                day,
+                "{ttl}"
+            );
+        }
+        assert_eq!(ttl_of(&doc! { "expireAfterSeconds": -1 }), None);
+        assert_eq!(ttl_of(&doc! { "name": "outbox_processed_ttl" }), None);
+    }
+
+    #[test]
+    fn retention_off_drops_an_index_of_its_name_whatever_it_keeps() {
+        let mut config = RelayConfig::default();
+        config.retention = Some(Retention::Off);
+        let found = Found {
+            sweep_index: true,
+            retention: vec![(PROCESSED_TTL_INDEX, None)],
+            validator: None,
+        };
+        let planned = plan(&found, &config).expect("a plan");
+        assert_eq!(
+            planned,
+            [Change::DropRetention {
+                index: PROCESSED_TTL_INDEX,
+                was: None
+            }]
+        );
+        config.retention = Some(Retention::Keep(Duration::from_secs(60)));
+        let planned = plan(&found, &config).expect("a plan");
+        assert_eq!(
+            planned.len(),
+            2,
+            "both set, the one found kept nothing: {planned:?}"
+        );
     }
 }

@@ -162,7 +162,7 @@ pub struct PartitionStatus {
     /// Its lease's term, held or last held.
     pub term: Option<i64>,
     /// Seconds until its lease lapses unless renewed; negative: it lapsed
-    /// that long ago. By this host's clock against the holder's.
+    /// that long ago. By the server's clock.
     pub lease_expires_in_seconds: Option<f64>,
     /// Its pending messages.
     pub pending: u64,

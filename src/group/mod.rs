@@ -176,9 +176,14 @@ impl Group {
             Some(group) if stored_count(group) == Some(self.partitions) => {
                 // A relay that changed the count may have stopped before
                 // it retired the positions: whoever joins next does.
-                if let Some(which) = Retire::pending(group) {
+                let pending = Retire::pending(group);
+                if let Some(which) = pending {
                     self.finish_retiring(which, now).await?;
-                } else if self.partitions > 1 && self.led_alone_since().await? {
+                }
+                if pending != Some(Retire::All)
+                    && self.partitions > 1
+                    && self.led_alone_since().await?
+                {
                     self.retire_positions(Retire::All, now).await?;
                     tracing::info!(
                         "a relay of one partition delivered the outbox since this group did: \

@@ -59,7 +59,8 @@ pub async fn held_keys(
     partition: Partition,
     dead_letters: DeadLetters,
 ) -> Result<Vec<HeldKey>> {
-    let failed = |e| Error::mongo("reading held keys failed", e);
+    let failed =
+        |e| Error::mongo("reading held keys failed", e).needing("find", outbox.namespace());
     let outbox = outbox.clone_with_type::<RawDocumentBuf>();
     let mut keys: BTreeMap<String, HeldKey> = BTreeMap::new();
     let mut holders = outbox

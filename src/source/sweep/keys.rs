@@ -96,7 +96,13 @@ impl Sweeper {
                 self.pipeline.partition,
                 self.dead_letters,
             )
-            .await?;
+            .await;
+            // The next reading is an interval after this one ends: one
+            // slower than the interval is not followed at once by another.
+            if let Ok(mut read) = self.holds_read.lock() {
+                *read = Some(Instant::now());
+            }
+            let held = held?;
             let adopted = order.adopt(held);
             if adopted > 0 {
                 tracing::warn!(

@@ -127,14 +127,16 @@ impl Sweeper {
     pub(crate) async fn run(self, interval: Duration, shutdown: CancellationToken) {
         let mut outage = Outage::new("MongoDB sweep");
         let mut next = Next::Pass;
-        // The next pass is due an interval after the last, however often
-        // the held keys are read back between.
+        // The next pass is due an interval after the last ended, however
+        // often the held keys are read back between.
         let mut pass_due = tokio::time::Instant::now();
         while !shutdown.is_cancelled() {
             let done = match next {
                 Next::Pass => {
+                    let pass = self.pass_and_tend().await;
+                    // An interval after it ends: a slow server gets a pause.
                     pass_due = tokio::time::Instant::now() + interval;
-                    self.pass_and_tend().await
+                    pass
                 }
                 Next::Tend => self.tend_keys().await.map(|(tally, more)| Pass {
                     tally,
