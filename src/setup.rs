@@ -487,8 +487,10 @@ mod tests {
 
     #[test]
     fn retention_off_drops_an_index_of_its_name_whatever_it_keeps() {
-        let mut config = RelayConfig::default();
-        config.retention = Some(Retention::Off);
+        let mut config = RelayConfig {
+            retention: Some(Retention::Off),
+            ..RelayConfig::default()
+        };
         let found = Found {
             sweep_index: true,
             retention: vec![(PROCESSED_TTL_INDEX, None)],
