@@ -17,10 +17,8 @@ use mongodb::{Collection, Database};
 use crate::config::RelayConfig;
 use crate::error::{Error, Result};
 use crate::lease::Term;
+pub use crate::lease::POSITION_AT;
 use crate::partition::Partition;
-
-/// The checkpoint field holding when the stored position was reached.
-pub const POSITION_AT: &str = "positionAt";
 
 /// Reads and writes the resume token of one outbox collection.
 #[derive(Debug, Clone)]

@@ -62,6 +62,11 @@ use crate::partition::Partition;
 use crate::retry::Outage;
 use crate::time::later;
 
+/// The field of a lease's document holding when its stored position was
+/// reached: the document is its partition's checkpoint too (written by
+/// `crate::checkpoint`), and a group's hold of the outbox's clears it.
+pub const POSITION_AT: &str = "positionAt";
+
 /// The database server's clock (`hello.localTime`), which judges leases.
 pub(crate) async fn server_time(client: &mongodb::Client) -> Result<DateTime> {
     let hello = client
@@ -351,12 +356,7 @@ impl Lease {
             // The group keeps its positions in its partitions: one stored
             // here is a relay of one partition's, and stale from now on.
             Holder::Group(_) => {
-                for stale in [
-                    SWEEP_ONCE,
-                    "token",
-                    crate::checkpoint::POSITION_AT,
-                    "updatedAt",
-                ] {
+                for stale in [SWEEP_ONCE, "token", POSITION_AT, "updatedAt"] {
                     unset.insert(stale, "");
                 }
             }
