@@ -22,6 +22,21 @@ fn partitions_held(relay: &RunningRelay) -> Option<u32> {
         .and_then(|value| value.trim().parse().ok())
 }
 
+/// Waits until `relay` holds `count` partitions.
+async fn wait_holding(relay: &RunningRelay, count: u32) {
+    wait_until(&format!("the relay to hold {count} partitions"), || async {
+        partitions_held(relay) == Some(count)
+    })
+    .await;
+}
+
+/// Writes ten orders and waits until each is delivered and marked.
+async fn delivers_what_is_written(env: &TestEnv) {
+    let ids = write_orders(env, 10).await;
+    env.wait_count(doc! { "status": "processed", "_id": { "$in": &ids } }, 10)
+        .await;
+}
+
 /// Runs a relay with `config` and holds it to a refusal at start: a
 /// configuration error (exit code 2) naming the group's `count`.
 async fn refused_naming(config: outbox_relay::RelayConfig, count: u32) {
@@ -146,10 +161,7 @@ async fn a_relay_with_another_count_is_refused_while_the_group_runs() {
     let mut config = env.replica_config();
     config.partitions = 3;
     let relay = RunningRelay::start(config.clone()).await;
-    wait_until("the relay to hold its three partitions", || async {
-        partitions_held(&relay) == Some(3)
-    })
-    .await;
+    wait_holding(&relay, 3).await;
     let mut other = config.clone();
     other.partitions = 1;
     refused_naming(other, 3).await;
@@ -220,10 +232,7 @@ async fn a_relay_from_before_groups_stands_by_while_a_group_delivers() {
     let env = TestEnv::new().await;
     let config = steady_group(&env, 2);
     let relay = RunningRelay::start(config.clone()).await;
-    wait_until("the relay to hold both partitions", || async {
-        partitions_held(&relay) == Some(2)
-    })
-    .await;
+    wait_holding(&relay, 2).await;
     let timing = config.lease_timing();
     let before_groups = Lease::new(&env.db, "outbox_checkpoints", "outbox", timing);
     match before_groups.try_acquire().await.unwrap() {
@@ -270,13 +279,8 @@ async fn a_clock_set_back_keeps_a_new_count_out_for_two_leases_not_for_the_step(
         .unwrap();
     let config = steady_group(&env, 2);
     let relay = RunningRelay::start(config.clone()).await;
-    wait_until("the relay to hold both partitions", || async {
-        partitions_held(&relay) == Some(2)
-    })
-    .await;
-    let ids = write_orders(&env, 10).await;
-    env.wait_count(doc! { "status": "processed", "_id": { "$in": &ids } }, 10)
-        .await;
+    wait_holding(&relay, 2).await;
+    delivers_what_is_written(&env).await;
     relay.stop().await.unwrap();
     env.drop().await;
 }
@@ -336,10 +340,7 @@ async fn a_group_starts_at_once_after_sweep_once_and_waits_out_one_running() {
     config.partitions = 2;
     config.lease_duration = once.lease_duration;
     let relay = RunningRelay::start(config.clone()).await;
-    wait_until("the group to hold both partitions", || async {
-        partitions_held(&relay) == Some(2)
-    })
-    .await;
+    wait_holding(&relay, 2).await;
     relay.stop().await.unwrap();
 
     // A sweep under way holds the outbox's lease: a group starting meanwhile
@@ -366,10 +367,7 @@ async fn a_group_starts_at_once_after_sweep_once_and_waits_out_one_running() {
         )
         .await
         .unwrap();
-    wait_until("the group to hold both partitions", || async {
-        partitions_held(&relay) == Some(2)
-    })
-    .await;
+    wait_holding(&relay, 2).await;
     env.wait_count(doc! { "status": "processed", "_id": { "$in": &more } }, 5)
         .await;
     relay.stop().await.unwrap();
@@ -401,10 +399,7 @@ async fn a_count_change_whose_relay_stopped_before_retiring_is_retired_by_the_ne
         .unwrap();
     let config = steady_group(&env, 4);
     let relay = RunningRelay::start(config.clone()).await;
-    wait_until("the relay to hold its partitions", || async {
-        partitions_held(&relay) == Some(4)
-    })
-    .await;
+    wait_holding(&relay, 4).await;
     let group = checkpoints(&env)
         .find_one(doc! { "_id": format!("{outbox}/group") })
         .await
@@ -423,9 +418,7 @@ async fn a_count_change_whose_relay_stopped_before_retiring_is_retired_by_the_ne
     assert_eq!(old.get_i64("term"), Ok(8), "its term moved on");
     // Its own old position is gone too: the partition caught up instead
     // (it may have stored a new one since).
-    let ids = write_orders(&env, 10).await;
-    env.wait_count(doc! { "status": "processed", "_id": { "$in": &ids } }, 10)
-        .await;
+    delivers_what_is_written(&env).await;
     relay.stop().await.unwrap();
     env.drop().await;
 }
@@ -454,10 +447,7 @@ async fn a_group_back_after_a_relay_of_one_partition_led_retires_its_positions()
         .await
         .unwrap();
     let relay = RunningRelay::start(steady_group(&env, 4)).await;
-    wait_until("the relay to hold its partitions", || async {
-        partitions_held(&relay) == Some(4)
-    })
-    .await;
+    wait_holding(&relay, 4).await;
     let partition = checkpoints(&env)
         .find_one(doc! { "_id": format!("{outbox}:0/4") })
         .await
@@ -468,9 +458,7 @@ async fn a_group_back_after_a_relay_of_one_partition_led_retires_its_positions()
         Ok(5),
         "retired (its term moved on) before the group took it: {partition}"
     );
-    let ids = write_orders(&env, 10).await;
-    env.wait_count(doc! { "status": "processed", "_id": { "$in": &ids } }, 10)
-        .await;
+    delivers_what_is_written(&env).await;
     relay.stop().await.unwrap();
     env.drop().await;
 }
