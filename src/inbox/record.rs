@@ -280,6 +280,11 @@ pub(crate) async fn record_handled(
 pub(crate) enum Counted {
     /// Counted: the record as it was before.
     Before(Before),
+    /// Not counted: the record, as it stands, allows no run (see
+    /// [`Before::allows_a_run`]). A refused delivery changes nothing, so
+    /// two copies of a message given up on, delivered at once, are both
+    /// refused for what the record says, not one for the other's count.
+    Refused(Before),
     /// Handled meanwhile: nothing counted.
     Handled,
     /// Another transaction holds the record (a copy being handled, or one
@@ -291,7 +296,8 @@ pub(crate) enum Counted {
 /// Counts a run about to begin, apart from the run's own transaction, so
 /// that a run that never ends still counts. A `failed` record is taken
 /// back to `failing`: the message is being tried again, and the next count
-/// finds it so (see [`Before::allows_a_run`]).
+/// finds it so (see [`Before::allows_a_run`]). The record is read first, in
+/// the same transaction: a run the record refuses is not counted.
 ///
 /// The count is a transaction of its own: a write outside any transaction
 /// would wait for a record another transaction holds until that one ends,
@@ -303,6 +309,7 @@ pub(crate) enum Counted {
 pub(crate) async fn record_run(
     inbox: &Collection<Document>,
     entry: &Entry<'_>,
+    max_runs: u64,
     now: DateTime,
 ) -> mongodb::error::Result<Counted> {
     let mut filter = entry.key();
@@ -326,6 +333,37 @@ pub(crate) async fn record_run(
             .start_transaction()
             .write_concern(majority.clone())
             .await?;
+        let found = inbox
+            .find_one(entry.key())
+            .projection(doc! { field::STATUS: 1, field::ATTEMPTS: 1, field::STREAM_SEQUENCE: 1 })
+            .session(&mut session)
+            .await;
+        let found = match found {
+            Ok(found) => found,
+            Err(error) => {
+                let _ = session.abort_transaction().await;
+                match held_or_again(error)? {
+                    Some(counted) => return Ok(counted),
+                    None => continue,
+                }
+            }
+        };
+        let standing = match &found {
+            Some(record) if is_handled(record) => None,
+            Some(record) => Some(Before::of(record, entry.stream_sequence)),
+            None => Some(Before::NONE),
+        };
+        match standing {
+            None => {
+                let _ = session.abort_transaction().await;
+                return Ok(Counted::Handled);
+            }
+            Some(before) if !before.allows_a_run(max_runs) => {
+                let _ = session.abort_transaction().await;
+                return Ok(Counted::Refused(before));
+            }
+            Some(_) => {}
+        }
         let before = inbox
             .find_one_and_update(filter.clone(), update.clone())
             .upsert(true)

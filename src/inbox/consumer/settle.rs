@@ -177,12 +177,12 @@ impl Shared {
             // commit, and the next would count the same run again. Its
             // commit is sent again while its result is unknown instead,
             // which the server answers once.
-            let counted = record_run(self.inbox.collection(), &entry, DateTime::now()).await;
+            let counted = record_run(self.inbox.collection(), &entry, limit, DateTime::now()).await;
             held.counted = match counted {
                 // Handled meanwhile: the transaction finds it a repeat.
                 Ok(Counted::Handled) => Some(0),
                 Ok(Counted::Held) => return Err(Outcome::Busy),
-                Ok(Counted::Before(before)) if !before.allows_a_run(limit) => {
+                Ok(Counted::Refused(before)) => {
                     held.delivery.attempt = before.runs;
                     return Err(Outcome::refused(&before));
                 }
