@@ -195,7 +195,7 @@ pub(crate) async fn jetstream(client: &async_nats::Client, config: &RelayConfig)
 
 /// What a stream must capture: `<prefix>.>`, and the subjects the
 /// subject template renders where they are outside it.
-fn captured_subjects(config: &RelayConfig) -> Vec<String> {
+pub(crate) fn captured_subjects(config: &RelayConfig) -> Vec<String> {
     let under_prefix = format!("{}.>", config.subject_prefix);
     let mut subjects = vec![under_prefix];
     if let Ok(rules) = config.subject_rules() {

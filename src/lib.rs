@@ -48,6 +48,8 @@
 //!   leaf below both);
 //! - [`replay`]: sending delivered messages again, resumable, beside a
 //!   running relay;
+//! - [`audit`]: proving that what the outbox says was delivered is in the
+//!   stream, and publishing again what is not;
 //! - [`bench`](mod@bench): the latency and drain benchmark;
 //! - `retry`: waiting out a server, shared by every stage;
 //! - `usage`: a process's peak memory, for the benchmark and a replay;
@@ -56,6 +58,7 @@
 //! - [`error`]: the library's error kinds.
 
 pub mod admin;
+pub mod audit;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod check;

@@ -91,6 +91,7 @@ async fn execute(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Replay(args) => args.run(stop_on_signal(None)).await,
+        Command::Audit(args) => args.run(stop_on_signal(None)).await,
         Command::Inbox(command) => {
             command.run().await?;
             Ok(ExitCode::SUCCESS)

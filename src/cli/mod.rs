@@ -4,6 +4,7 @@
 //! the `bench` feature. A command with more to say than a line (`dlq`,
 //! `inbox`, `replay`) has a module of its own, with what it prints.
 
+pub mod audit;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod dlq;
@@ -11,10 +12,11 @@ pub mod inbox;
 pub mod replay;
 mod settings;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use outbox_relay::config::Value;
+use outbox_relay::replay::{parse_moment, Selection};
 use outbox_relay::{Error, RelayConfig, Result};
 
 pub use settings::RunArgs;
@@ -58,9 +60,64 @@ pub enum Command {
     Dlq(dlq::DlqCommand),
     /// Send delivered messages again, chosen by time, type, subject or key, to their subjects or a new prefix.
     Replay(Box<replay::ReplayArgs>),
+    /// Check that every delivered message is in the stream, and publish again what is missing.
+    Audit(Box<audit::AuditArgs>),
     /// Look into a consumer's inbox (see outbox_relay::inbox).
     #[command(subcommand)]
     Inbox(inbox::InboxCommand),
+}
+
+/// Which messages `replay` and `audit` take: a range of commit time, and
+/// types, subjects and keys.
+#[derive(Debug, Args)]
+pub struct WindowArgs {
+    /// Messages created at or after this: an RFC 3339 time, or a duration ago (2h, 7days).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Messages created before this: an RFC 3339 time, or a duration ago.
+    #[arg(long)]
+    pub until: Option<String>,
+    /// Messages of types matching this NATS-style pattern (order.*, billing.>); repeatable.
+    #[arg(long = "type")]
+    pub types: Vec<String>,
+    /// Messages first delivered to subjects matching this pattern; repeatable.
+    #[arg(long = "subject")]
+    pub subjects: Vec<String>,
+    /// Messages of this key; repeatable.
+    #[arg(long = "key")]
+    pub keys: Vec<String>,
+    /// Every message (needed when no other criterion is given).
+    #[arg(long)]
+    pub all: bool,
+}
+
+impl WindowArgs {
+    /// The checked selection; without a criterion, `--all` must say that
+    /// `everything` is meant, for `command`.
+    pub fn selection(&self, command: &str, everything: &str) -> Result<Selection> {
+        let now = SystemTime::now();
+        let moment = |flag: &str, text: &Option<String>| {
+            text.as_deref()
+                .map(|text| parse_moment(text, now))
+                .transpose()
+                .map_err(|e| Error::Config(format!("{flag} {e}")))
+        };
+        let selection = Selection {
+            since: moment("--since", &self.since)?,
+            until: moment("--until", &self.until)?,
+            types: self.types.clone(),
+            subjects: self.subjects.clone(),
+            keys: self.keys.clone(),
+            include_failed: false,
+        };
+        if selection.is_everything() && !self.all {
+            return Err(Error::Config(format!(
+                "say what to {command} (--since, --until, --type, --subject, --key), or --all for \
+                 {everything}"
+            )));
+        }
+        Ok(selection)
+    }
 }
 
 /// `outbox-relay status`.

@@ -4,36 +4,20 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use clap::Args;
-use outbox_relay::replay::{self, parse_moment, Report, Request, Selection, State, Summary};
-use outbox_relay::{Error, Result};
+use outbox_relay::replay::{self, Report, Request, State, Summary};
+use outbox_relay::Result;
 use tokio_util::sync::CancellationToken;
 
-use super::{to_json, RunArgs};
+use super::{to_json, RunArgs, WindowArgs};
 
 /// `outbox-relay replay`.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// Messages created at or after this: an RFC 3339 time, or a duration ago (2h, 7days).
-    #[arg(long)]
-    pub since: Option<String>,
-    /// Messages created before this: an RFC 3339 time, or a duration ago.
-    #[arg(long)]
-    pub until: Option<String>,
-    /// Messages of types matching this NATS-style pattern (order.*, billing.>); repeatable.
-    #[arg(long = "type")]
-    pub types: Vec<String>,
-    /// Messages first delivered to subjects matching this pattern; repeatable.
-    #[arg(long = "subject")]
-    pub subjects: Vec<String>,
-    /// Messages of this key; repeatable.
-    #[arg(long = "key")]
-    pub keys: Vec<String>,
-    /// Every delivered message (needed when no other criterion is given).
-    #[arg(long)]
-    pub all: bool,
+    #[command(flatten)]
+    pub window: WindowArgs,
     /// Failed messages too, not only delivered ones.
     #[arg(long)]
     pub include_failed: bool,
@@ -70,28 +54,8 @@ impl ReplayArgs {
         if let Some(id) = &self.resume {
             return Ok((Request::Resume(id.trim().to_owned()), options));
         }
-        let now = SystemTime::now();
-        let moment = |flag: &str, text: &Option<String>| {
-            text.as_deref()
-                .map(|text| parse_moment(text, now))
-                .transpose()
-                .map_err(|e| Error::Config(format!("{flag} {e}")))
-        };
-        let selection = Selection {
-            since: moment("--since", &self.since)?,
-            until: moment("--until", &self.until)?,
-            types: self.types.clone(),
-            subjects: self.subjects.clone(),
-            keys: self.keys.clone(),
-            include_failed: self.include_failed,
-        };
-        if selection.is_everything() && !self.all {
-            return Err(Error::Config(
-                "say what to replay (--since, --until, --type, --subject, --key), or --all for \
-                 every delivered message"
-                    .to_owned(),
-            ));
-        }
+        let mut selection = self.window.selection("replay", "every delivered message")?;
+        selection.include_failed = self.include_failed;
         let request = Request::New {
             selection,
             replay_prefix: self.replay_prefix.as_ref().map(|p| p.trim().to_owned()),

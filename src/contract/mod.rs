@@ -313,6 +313,21 @@ impl DecodeRules {
         }
     }
 
+    /// The subject a document that cannot be decoded would have had: its
+    /// own, or the template's (from its key; `<prefix>.<type>` where that
+    /// cannot be said). What a replay or an audit selects it by.
+    pub fn likely_subject(&self, document: &RawDocument) -> String {
+        let message_type = document.get_str(field::TYPE).unwrap_or_default();
+        let key = document.get_str(field::KEY).ok();
+        match document.get_str(field::SUBJECT) {
+            Ok(subject) => subject.to_owned(),
+            Err(_) => self
+                .subjects
+                .subject_of(message_type, key, &[])
+                .unwrap_or_else(|_| self.subjects.type_subject(message_type)),
+        }
+    }
+
     /// Decodes one outbox document as inserted (the change event's
     /// `fullDocument`, or a document read by a sweep).
     pub fn decode(&self, document: &Document) -> Decoded {

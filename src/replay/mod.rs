@@ -260,7 +260,7 @@ pub async fn run(
 }
 
 /// The least time between two sends at `rate` messages a second.
-fn pace(rate: Option<f64>) -> Result<Option<Duration>> {
+pub(crate) fn pace(rate: Option<f64>) -> Result<Option<Duration>> {
     let Some(rate) = rate else {
         return Ok(None);
     };
@@ -352,7 +352,7 @@ fn check_prefix(rules: &SubjectRules, prefix: Option<&str>) -> Result<()> {
 
 /// The outbox collection, if it exists: a replay of a mistyped name must
 /// not report that it found nothing to send.
-async fn existing_outbox(
+pub(crate) async fn existing_outbox(
     database: &Database,
     config: &RelayConfig,
 ) -> Result<Collection<Document>> {

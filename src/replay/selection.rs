@@ -99,6 +99,19 @@ impl Selection {
             states.push(status::FAILED);
         }
         let mut filter = doc! { field::STATUS: { "$in": states } };
+        filter.extend(self.criteria(after));
+        filter
+    }
+
+    /// The MongoDB filter of every message in the range and of the keys
+    /// and types, whatever its state: what an audit compares.
+    pub fn window_filter(&self) -> Document {
+        self.criteria(None)
+    }
+
+    /// The range after `after`, the keys and the types, as a filter.
+    fn criteria(&self, after: Option<ObjectId>) -> Document {
+        let mut filter = Document::new();
         let mut id = Document::new();
         // Only ObjectIds: an `_id` of another type has no time, and no
         // message of it was delivered.
@@ -133,6 +146,18 @@ impl Selection {
             filter.insert(field::TYPE, doc! { "$in": types });
         }
         filter
+    }
+
+    /// Whether a moment's `_id`s are in the range: at or after `since`'s
+    /// second, before `until`'s.
+    pub fn in_range(&self, id: &ObjectId) -> bool {
+        self.since.is_none_or(|since| *id >= object_id_at(since))
+            && self.until.is_none_or(|until| *id < object_id_at(until))
+    }
+
+    /// Whether `key` is among the keys asked for (any, if none is).
+    pub fn has_key(&self, key: Option<&str>) -> bool {
+        self.keys.is_empty() || key.is_some_and(|key| self.keys.iter().any(|k| k == key))
     }
 
     /// Whether a message of `message_type`, delivered to `subject`,

@@ -84,16 +84,7 @@ pub(super) fn outgoing(
         Ok(message) => message,
         Err(violation) => {
             let message_type = document.get_str(field::TYPE).unwrap_or_default();
-            // The subject it would have had: its own, or the template's
-            // (from its key; `<prefix>.<type>` where that cannot be said).
-            let key = document.get_str(field::KEY).ok();
-            let subject = match document.get_str(field::SUBJECT) {
-                Ok(subject) => subject.to_owned(),
-                Err(_) => rules
-                    .subjects
-                    .subject_of(message_type, key, &[])
-                    .unwrap_or_else(|_| rules.subjects.type_subject(message_type)),
-            };
+            let subject = rules.likely_subject(document);
             if !selection.matches(message_type, &subject) {
                 return Outgoing::Unselected;
             }

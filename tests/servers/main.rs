@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod audit;
 mod contract;
 mod coordination;
 mod inbox;

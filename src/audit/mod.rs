@@ -1,0 +1,460 @@
+//! Audit: proves that what the outbox says was delivered is in the stream,
+//! and mends what is not.
+//!
+//! The relay marks a message `processed` once JetStream acknowledges it,
+//! and that acknowledgement is not a write to disk: a crash of the
+//! server's host loses what it acknowledged since its last flush (every
+//! two minutes by default), and an operator may purge a stream, delete
+//! messages, or create a stream anew. The outbox is the durable record of
+//! what was committed, so an audit reads both over a window of commit time
+//! (the `_id`'s second, as a replay selects) and matches them by
+//! `Nats-Msg-Id`:
+//!
+//! - delivered: processed, and stored once;
+//! - missing: processed, and in no stream;
+//! - stored more than once: a repeat past the duplicate window;
+//! - pending and failed: not delivered (yet), counted apart;
+//! - unrecorded: stored with an outbox id the outbox does not hold (its
+//!   retention deleted it, or something else wrote it), and foreign: under
+//!   the relay's subjects with no outbox id at all.
+//!
+//! The streams are read first, from the window's start less
+//! [`CLOCK_MARGIN`] (the writer's clock against the NATS server's), to
+//! their ends; then the outbox. A message processed after the streams'
+//! read began may be stored after it too: those found missing are looked
+//! for again in a short read from just before they were processed.
+//!
+//! `--repair` publishes the missing messages again (see `repair`), then
+//! audits again. Core NATS keeps nothing to read back: an audit refuses it.
+//!
+//! Layout:
+//! - `stream`: the streams that capture the relay's subjects, read back;
+//! - `compare`: the outbox's window against the ids stored;
+//! - `repair`: publishing the missing again, as the relay sent them.
+
+mod compare;
+mod repair;
+mod stream;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use bson::oid::ObjectId;
+use bson::DateTime;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+pub use repair::{Repaired, Unsendable};
+pub use stream::MAX_STORED;
+
+use crate::config::{NatsMode, RelayConfig, Retention};
+use crate::contract::{header, DecodeRules};
+use crate::error::{Error, Result};
+use crate::observe::Metrics;
+use crate::publish::{NatsPublisher, Publisher};
+use crate::replay::{existing_outbox, Selection};
+use crate::time::later;
+use compare::{Compared, Described, Missing};
+use repair::{shown, Repair};
+use stream::{CapturingStream, Seen, Verdict};
+
+/// How far the writer's clock (which stamps the `_id`) and the NATS
+/// server's (which stamps what it stores) may disagree: a stream is read
+/// from this long before the window's start.
+pub const CLOCK_MARGIN: Duration = Duration::from_secs(60);
+
+/// How an audit runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Publish the missing messages again, then audit again.
+    pub repair: bool,
+    /// Most messages a second a repair sends.
+    pub rate: Option<f64>,
+    /// The longest a repair waits for JetStream to forget the ids of
+    /// messages it deleted within its duplicate window.
+    pub repair_wait: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            repair: false,
+            rate: None,
+            repair_wait: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What an audit found, and a repair did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// The window audited: `_id` seconds from `since` (none: the first)
+    /// to before `until`.
+    pub since: Option<String>,
+    pub until: String,
+    /// The streams read, with what each says of durability.
+    pub streams: Vec<StreamSummary>,
+    /// What the audit found.
+    pub found: Findings,
+    /// What `--repair` did, and what a second audit found after it.
+    pub repair: Option<RepairSummary>,
+    pub seconds: f64,
+    /// The process's peak resident memory, where Linux says it.
+    pub peak_memory_mib: Option<f64>,
+}
+
+impl Summary {
+    /// Whether every processed message of the window is in a stream, after
+    /// the repair where there was one: the exit code's question.
+    pub fn nothing_missing(&self) -> bool {
+        match &self.repair {
+            Some(repair) => repair.after.missing == 0,
+            None => self.found.missing == 0,
+        }
+    }
+}
+
+/// A stream read.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StreamSummary {
+    pub name: String,
+    pub replicas: usize,
+    pub duplicate_window_seconds: f64,
+}
+
+/// What one audit found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Findings {
+    /// Messages of the window in the outbox, in any state.
+    pub messages: u64,
+    /// Processed and stored once.
+    pub delivered: u64,
+    /// Processed, and in no stream.
+    pub missing: u64,
+    /// Processed, and stored more than once.
+    pub stored_more_than_once: u64,
+    /// Not delivered yet.
+    pub pending: u64,
+    /// Given up on (dead letters).
+    pub failed: u64,
+    /// Stored with an outbox id the outbox does not hold.
+    pub unrecorded: Unrecorded,
+    /// Stored under the relay's subjects with no outbox id.
+    pub foreign: u64,
+    /// Copies a replay sent (`Outbox-Replay`), not judged.
+    pub replayed: u64,
+    /// Missing ones whose id JetStream may still remember, so that a
+    /// repeat is dropped as a duplicate until `until`.
+    pub remembered: Option<Remembered>,
+    /// The first missing ones, in commit order.
+    pub missing_listed: Vec<Listed>,
+    pub stored_more_than_once_listed: Vec<Listed>,
+    /// Messages read from the streams.
+    pub stream_messages_read: u64,
+}
+
+/// Stored ids the outbox does not hold, by the likely reason.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Unrecorded {
+    /// Old enough for the outbox's retention to have deleted them.
+    pub past_retention: u64,
+    /// Within the retention, or none is set: written by something else, or
+    /// deleted from the outbox by hand.
+    pub unexplained: u64,
+}
+
+/// Missing messages a republish would be dropped for until a time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Remembered {
+    pub messages: u64,
+    pub until: String,
+}
+
+/// A message in a list.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Listed {
+    pub id: String,
+    pub subject: String,
+    #[serde(rename = "type")]
+    pub message_type: String,
+    pub key: Option<String>,
+    /// The `_id`'s second.
+    pub committed_at: String,
+    pub processed_at: Option<String>,
+    pub copies: u64,
+}
+
+/// What a repair did, and the audit after it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RepairSummary {
+    #[serde(flatten)]
+    pub repaired: Repaired,
+    pub after: Findings,
+}
+
+/// Audits the window `selection` gives over the outbox and streams
+/// `config` names, and repairs if asked.
+pub async fn run(
+    config: &RelayConfig,
+    mut selection: Selection,
+    options: &Options,
+    stop: &CancellationToken,
+) -> Result<Summary> {
+    config.validate()?;
+    if config.nats_mode == NatsMode::Core {
+        return Err(Error::Config(
+            "--nats-mode core: core NATS stores nothing to read back, so there is nothing to \
+             audit; an audit compares the outbox with the JetStream streams a relay publishes to"
+                .to_owned(),
+        ));
+    }
+    let pace = crate::replay::pace(options.rate)?;
+    let now = DateTime::now();
+    if selection.since.is_some_and(|since| since > now) {
+        return Err(Error::Config(
+            "--since is in the future: no message was written after it yet".to_owned(),
+        ));
+    }
+    let end = later(now, Duration::from_secs(1));
+    selection.until = Some(selection.until.map_or(end, |until| until.min(end)));
+    selection.validate().map_err(Error::Config)?;
+    let rules = config.subject_rules()?;
+    let started = Instant::now();
+    let client = crate::connect::connect_mongodb(&config.mongodb_uri).await?;
+    let database = client.database(&config.database);
+    let outbox = existing_outbox(&database, config).await?;
+    let publisher = NatsPublisher::connect(config, &Metrics::new()).await?;
+    let js = jetstream::new(publisher.client());
+    let mut subjects = crate::check::captured_subjects(config);
+    subjects.extend(rules.allowed().iter().cloned());
+    let streams = stream::capturing(&js, &subjects).await?;
+    if streams.is_empty() {
+        return Err(Error::Config(format!(
+            "no JetStream stream captures the relay's subjects ({}): there is nothing to audit \
+             against; give the relay's --subject-prefix, or create the stream",
+            subjects.join(", ")
+        )));
+    }
+    let decode = DecodeRules::new(rules, usize::MAX);
+    let audit = Audit {
+        js: &js,
+        streams: &streams,
+        outbox: &outbox,
+        selection: &selection,
+        rules: &decode,
+        retention: config.retention,
+    };
+    let (found, missing) = audit.once().await?;
+    let repair = match options.repair && !missing.is_empty() {
+        true => {
+            let repair = Repair {
+                outbox: &outbox,
+                rules: &DecodeRules::new(decode.subjects.clone(), publisher.max_payload()),
+                publisher: &publisher,
+                duplicate_window: longest_window(&streams),
+                pace,
+                wait: options.repair_wait,
+            };
+            let repaired = repair.run(&missing, stop).await?;
+            let (after, _) = audit.once().await?;
+            Some(RepairSummary { repaired, after })
+        }
+        false => None,
+    };
+    Ok(Summary {
+        since: selection.since.map(shown),
+        until: selection.until.map(shown).unwrap_or_default(),
+        streams: streams
+            .iter()
+            .map(|stream| StreamSummary {
+                name: stream.name.clone(),
+                replicas: stream.replicas,
+                duplicate_window_seconds: stream.duplicate_window.as_secs_f64(),
+            })
+            .collect(),
+        found,
+        repair,
+        seconds: started.elapsed().as_secs_f64(),
+        peak_memory_mib: crate::usage::peak_memory_mib("self"),
+    })
+}
+
+/// What the reads of the streams counted, besides the ids.
+struct ReadCounts {
+    read: u64,
+    foreign: u64,
+    replayed: u64,
+}
+
+/// One audit's parts.
+struct Audit<'a> {
+    js: &'a jetstream::Context,
+    streams: &'a [CapturingStream],
+    outbox: &'a mongodb::Collection<bson::Document>,
+    selection: &'a Selection,
+    rules: &'a DecodeRules,
+    retention: Option<Retention>,
+}
+
+impl Audit<'_> {
+    /// Reads the streams, then the outbox, and compares them.
+    async fn once(&self) -> Result<(Findings, Vec<Missing>)> {
+        let read_began = DateTime::now();
+        let from = self
+            .selection
+            .since
+            .map_or(DateTime::from_millis(0), |since| {
+                earlier(since, CLOCK_MARGIN)
+            });
+        let judge = |seen: &Seen<'_>| self.judge(seen);
+        let mut stored = stream::read(self.js, self.streams, from, &judge).await?;
+        stored.ids.sort_unstable();
+        let mut compared =
+            compare::compare(self.outbox, self.selection, self.rules, &stored.ids).await?;
+        let mut read = ReadCounts {
+            read: stored.read,
+            foreign: stored.foreign,
+            replayed: stored.replayed,
+        };
+        let unrecorded = self.unrecorded(&compared.unrecorded);
+        drop(stored);
+        // Processed after the read began: perhaps stored after it read
+        // that far. Looked for again from just before the first of them.
+        let recheck_from = earlier(read_began, CLOCK_MARGIN);
+        let late: HashSet<ObjectId> = compared
+            .missing
+            .iter()
+            .filter(|m| m.processed_at.is_some_and(|at| at >= recheck_from))
+            .map(|m| m.id)
+            .collect();
+        if let Some(first) = compared
+            .missing
+            .iter()
+            .filter(|m| late.contains(&m.id))
+            .filter_map(|m| m.processed_at)
+            .min()
+        {
+            let judge = |seen: &Seen<'_>| match seen.outbox_id() {
+                Some(id) if late.contains(&id) && seen.header(header::REPLAY).is_none() => {
+                    Verdict::Outbox(id)
+                }
+                _ => Verdict::Outside,
+            };
+            let found =
+                stream::read(self.js, self.streams, earlier(first, CLOCK_MARGIN), &judge).await?;
+            read.read += found.read;
+            compared.found_later(&found.ids);
+        }
+        let findings = self.findings(&compared, unrecorded, &read);
+        Ok((findings, compared.missing))
+    }
+
+    /// What a stored message is to this audit.
+    fn judge(&self, seen: &Seen<'_>) -> Verdict {
+        if self.rules.subjects.check(seen.subject).is_err() {
+            return Verdict::Outside;
+        }
+        let message_type = seen.header(header::TYPE).unwrap_or_default();
+        if !self.selection.matches(message_type, seen.subject)
+            || !self.selection.has_key(seen.header(header::KEY))
+        {
+            return Verdict::Outside;
+        }
+        if let Some(original) = seen.header(header::REPLAY_OF) {
+            return match ObjectId::parse_str(original) {
+                Ok(id) if self.selection.in_range(&id) => Verdict::Replayed,
+                _ => Verdict::Outside,
+            };
+        }
+        match seen.outbox_id() {
+            Some(id) if self.selection.in_range(&id) => Verdict::Outbox(id),
+            Some(_) => Verdict::Outside,
+            None if self
+                .selection
+                .in_range(&crate::time::object_id_at(seen.published)) =>
+            {
+                Verdict::Foreign
+            }
+            None => Verdict::Outside,
+        }
+    }
+
+    /// Stored ids the outbox does not hold, sorted by the likely reason.
+    fn unrecorded(&self, ids: &[ObjectId]) -> Unrecorded {
+        let now = DateTime::now();
+        let mut unrecorded = Unrecorded::default();
+        for id in ids {
+            let committed = DateTime::from_millis(id.timestamp().timestamp_millis());
+            match self.retention {
+                Some(Retention::Keep(keep)) if later(committed, keep) <= now => {
+                    unrecorded.past_retention += 1
+                }
+                _ => unrecorded.unexplained += 1,
+            }
+        }
+        unrecorded
+    }
+
+    fn findings(
+        &self,
+        compared: &Compared,
+        unrecorded: Unrecorded,
+        counts: &ReadCounts,
+    ) -> Findings {
+        let window = longest_window(self.streams);
+        let now = DateTime::now();
+        let remembered: Vec<DateTime> = compared
+            .missing
+            .iter()
+            .filter_map(|m| m.processed_at)
+            .map(|at| later(at, window))
+            .filter(|until| *until > now)
+            .collect();
+        Findings {
+            messages: compared.messages,
+            delivered: compared.delivered,
+            missing: compared.missing.len() as u64,
+            stored_more_than_once: compared.repeated,
+            pending: compared.pending,
+            failed: compared.failed,
+            unrecorded,
+            foreign: counts.foreign,
+            replayed: counts.replayed,
+            remembered: remembered.iter().max().map(|until| Remembered {
+                messages: remembered.len() as u64,
+                until: shown(*until),
+            }),
+            missing_listed: compared.missing_listed.iter().map(listed).collect(),
+            stored_more_than_once_listed: compared.repeated_listed.iter().map(listed).collect(),
+            stream_messages_read: counts.read,
+        }
+    }
+}
+
+/// The longest duplicate window of `streams`.
+fn longest_window(streams: &[CapturingStream]) -> Duration {
+    streams
+        .iter()
+        .map(|stream| stream.duplicate_window)
+        .max()
+        .unwrap_or_default()
+}
+
+fn earlier(at: DateTime, by: Duration) -> DateTime {
+    let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+    DateTime::from_millis(at.timestamp_millis().saturating_sub(by))
+}
+
+fn listed(described: &Described) -> Listed {
+    let committed = DateTime::from_millis(described.id.timestamp().timestamp_millis());
+    Listed {
+        id: described.id.to_hex(),
+        subject: described.subject.clone(),
+        message_type: described.message_type.clone(),
+        key: described.key.clone(),
+        committed_at: shown(committed),
+        processed_at: described.processed_at.map(shown),
+        copies: described.copies,
+    }
+}

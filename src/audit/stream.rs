@@ -1,0 +1,263 @@
+//! Reading back what the streams hold: which streams capture the relay's
+//! subjects, and the ids of what they store from a moment on.
+//!
+//! A stream is read by an ephemeral consumer of its own that asks for
+//! headers only (`headers_only`: the payloads never cross the wire), from a
+//! start time, acknowledging nothing, in batches fetched without waiting:
+//! a batch that brings nothing, or a message with nothing pending after
+//! it, ends the read. What is kept of a message is its verdict, and of an
+//! outbox message its id alone: 12 bytes a stored copy (see
+//! [`MAX_STORED`]).
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use async_nats::jetstream::response::Response;
+use async_nats::jetstream::Context;
+use bson::oid::ObjectId;
+use futures::TryStreamExt;
+
+use crate::contract::header;
+use crate::error::{Error, Result};
+
+/// Messages a fetch asks for at a time.
+const BATCH: usize = 1_000;
+
+/// The most stored copies of outbox messages one audit holds: 12 bytes
+/// each, 60 MB in all. A window that stores more is refused, to be audited
+/// in parts.
+pub const MAX_STORED: usize = 5_000_000;
+
+/// A stream capturing some of the relay's subjects.
+#[derive(Debug, Clone)]
+pub struct CapturingStream {
+    pub name: String,
+    /// How long it remembers a message id after storing it.
+    pub duplicate_window: Duration,
+    /// Its replicas: one, and a crash of its host can lose what it
+    /// acknowledged since its last flush to disk.
+    pub replicas: usize,
+}
+
+/// The streams that capture any of `subjects`, each once.
+pub async fn capturing(js: &Context, subjects: &[String]) -> Result<Vec<CapturingStream>> {
+    let mut names: Vec<String> = Vec::new();
+    for subject in subjects {
+        for name in names_capturing(js, subject).await? {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    let mut streams = Vec::with_capacity(names.len());
+    for name in names {
+        let stream = js
+            .get_stream(&name)
+            .await
+            .map_err(|e| unreadable(&name, &e))?;
+        let config = &stream.cached_info().config;
+        streams.push(CapturingStream {
+            duplicate_window: config.duplicate_window,
+            replicas: config.num_replicas.max(1),
+            name,
+        });
+    }
+    Ok(streams)
+}
+
+/// A page of `$JS.API.STREAM.NAMES`.
+#[derive(Debug, serde::Deserialize)]
+struct NamesPage {
+    #[serde(default)]
+    total: usize,
+    #[serde(default)]
+    streams: Option<Vec<String>>,
+}
+
+/// The names of every stream whose subjects overlap `subject`: the
+/// client's own lookup gives only the first.
+async fn names_capturing(js: &Context, subject: &str) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    loop {
+        let request = serde_json::json!({ "subject": subject, "offset": names.len() });
+        let page: Response<NamesPage> = js
+            .request("STREAM.NAMES", &request)
+            .await
+            .map_err(|e| listing(subject, &e))?;
+        let page = match page {
+            Response::Ok(page) => page,
+            Response::Err { error } => return Err(listing(subject, &error)),
+        };
+        let streams = page.streams.unwrap_or_default();
+        let fetched = streams.len();
+        names.extend(streams);
+        if fetched == 0 || names.len() >= page.total {
+            return Ok(names);
+        }
+    }
+}
+
+fn listing(subject: &str, error: &dyn std::fmt::Display) -> Error {
+    Error::Config(format!(
+        "cannot list the JetStream streams that capture {subject} ({error}): the audit needs \
+         $JS.API.STREAM.NAMES"
+    ))
+}
+
+/// What a stored message is to an audit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// A copy of outbox message `id`, in the audited window and selection.
+    Outbox(ObjectId),
+    /// A copy sent by a replay (`Outbox-Replay`): not a delivery.
+    Replayed,
+    /// Under the relay's subjects, in the window, with no outbox id.
+    Foreign,
+    /// Outside the audit: another subject, another window or selection.
+    Outside,
+}
+
+/// What a read of the streams found.
+#[derive(Debug, Default)]
+pub struct Stored {
+    /// One entry a stored copy of an outbox message, in no order.
+    pub ids: Vec<ObjectId>,
+    pub replayed: u64,
+    pub foreign: u64,
+    /// Messages read, whatever their verdict.
+    pub read: u64,
+}
+
+impl Stored {
+    fn take(&mut self, verdict: Verdict) -> Result<()> {
+        self.read += 1;
+        match verdict {
+            Verdict::Outbox(id) => {
+                if self.ids.len() >= MAX_STORED {
+                    return Err(Error::Config(format!(
+                        "the window stores more than {MAX_STORED} messages, more than one audit \
+                         holds: audit it in parts (--since and --until)"
+                    )));
+                }
+                self.ids.push(id);
+            }
+            Verdict::Replayed => self.replayed += 1,
+            Verdict::Foreign => self.foreign += 1,
+            Verdict::Outside => {}
+        }
+        Ok(())
+    }
+}
+
+/// The headers and place of a stored message, as a verdict reads them.
+pub struct Seen<'a> {
+    pub subject: &'a str,
+    pub published: bson::DateTime,
+    headers: Option<&'a async_nats::HeaderMap>,
+}
+
+impl Seen<'_> {
+    /// A header's value, if the message has it.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .and_then(|headers| headers.get(name))
+            .map(|value| value.as_str())
+    }
+
+    /// The outbox id it names, if `Nats-Msg-Id` is one.
+    pub fn outbox_id(&self) -> Option<ObjectId> {
+        ObjectId::parse_str(self.header(header::MSG_ID)?).ok()
+    }
+}
+
+/// Reads `streams` from `from` to their ends, judging each message.
+pub async fn read(
+    js: &Context,
+    streams: &[CapturingStream],
+    from: bson::DateTime,
+    judge: &(dyn Fn(&Seen<'_>) -> Verdict + Sync),
+) -> Result<Stored> {
+    let mut stored = Stored::default();
+    for stream in streams {
+        read_one(js, &stream.name, from, judge, &mut stored).await?;
+    }
+    Ok(stored)
+}
+
+async fn read_one(
+    js: &Context,
+    name: &str,
+    from: bson::DateTime,
+    judge: &(dyn Fn(&Seen<'_>) -> Verdict + Sync),
+    stored: &mut Stored,
+) -> Result<()> {
+    let stream = js
+        .get_stream(name)
+        .await
+        .map_err(|e| unreadable(name, &e))?;
+    let start_time = time::OffsetDateTime::from_unix_timestamp_nanos(
+        i128::from(from.timestamp_millis()) * 1_000_000,
+    )
+    .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let consumer = stream
+        .create_consumer(pull::Config {
+            deliver_policy: DeliverPolicy::ByStartTime { start_time },
+            ack_policy: AckPolicy::None,
+            headers_only: true,
+            memory_storage: true,
+            // Gone on its own if the audit dies: it holds nothing.
+            inactive_threshold: Duration::from_secs(60),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| unreadable(name, &e))?;
+    let consumer_name = consumer.cached_info().name.clone();
+    let read = async {
+        loop {
+            let mut batch = consumer
+                .fetch()
+                .max_messages(BATCH)
+                .messages()
+                .await
+                .map_err(|e| reading(name, &e))?;
+            let mut fetched = 0;
+            let mut pending = None;
+            while let Some(message) = batch.try_next().await.map_err(|e| reading(name, &e))? {
+                fetched += 1;
+                let info = message.info().map_err(|e| reading(name, &e))?;
+                pending = Some(info.pending);
+                let published = bson::DateTime::from_millis(
+                    i64::try_from(info.published.unix_timestamp_nanos() / 1_000_000)
+                        .unwrap_or(i64::MAX),
+                );
+                let seen = Seen {
+                    subject: message.subject.as_str(),
+                    published,
+                    headers: message.headers.as_ref(),
+                };
+                stored.take(judge(&seen))?;
+            }
+            if fetched == 0 || pending == Some(0) {
+                return Ok::<_, Error>(());
+            }
+        }
+    }
+    .await;
+    let _ = stream.delete_consumer(&consumer_name).await;
+    read
+}
+
+fn unreadable(name: &str, error: &dyn std::fmt::Display) -> Error {
+    Error::Config(format!(
+        "cannot read JetStream stream {name:?} ({error}): the audit reads it through a consumer \
+         of its own, and needs $JS.API.STREAM.INFO.{name}, $JS.API.CONSUMER.CREATE.{name}, \
+         $JS.API.CONSUMER.MSG.NEXT.{name}.> and $JS.API.CONSUMER.DELETE.{name}.>"
+    ))
+}
+
+fn reading(name: &str, error: &dyn std::fmt::Display) -> Error {
+    Error::Nats {
+        context: format!("reading JetStream stream {name:?} failed"),
+        source: error.to_string().into(),
+    }
+}

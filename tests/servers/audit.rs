@@ -1,0 +1,408 @@
+//! `outbox-relay audit`: what a stream lost of what the relay delivered
+//! (deleted messages, a purged subject, a stream created anew), a repeat
+//! stored past its window, foreign messages, pending and failed ones, a
+//! selection and a rendered subject, each reported as it was done, mended
+//! by `--repair`, and clean on a second audit; core NATS and a stream the
+//! credentials may not read refused with exit 2.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use bson::{doc, oid::ObjectId, Document};
+use serde_json::Value;
+
+use crate::common::history::delivered;
+use crate::common::*;
+
+/// A test's outbox with `messages` delivered by the relay, `keys` keys of
+/// `order.placed` and, every third one, `invoice.sent`.
+struct Delivered {
+    env: TestEnv,
+    /// The ids delivered, in commit order.
+    ids: Vec<ObjectId>,
+}
+
+impl Delivered {
+    async fn new(messages: usize, configure: impl FnOnce(&mut outbox_relay::RelayConfig)) -> Self {
+        let env = TestEnv::new().await;
+        let ids: Vec<ObjectId> = (0..messages).map(|_| ObjectId::new()).collect();
+        let pending: Vec<Document> = ids
+            .iter()
+            .enumerate()
+            .map(|(n, id)| {
+                let message_type = if n % 3 == 2 {
+                    "invoice.sent"
+                } else {
+                    "order.placed"
+                };
+                let mut message = delivered(*id, message_type, &format!("k{}", n % 4));
+                message.insert("status", "pending");
+                message.remove("processedAt");
+                message
+            })
+            .collect();
+        env.outbox().insert_many(pending).await.expect("insert");
+        let mut config = env.config();
+        configure(&mut config);
+        let relay = RunningRelay::start(config).await;
+        env.wait_count(doc! { "status": "processed" }, messages as u64)
+            .await;
+        relay.stop().await.expect("the relay stops");
+        Delivered { env, ids }
+    }
+
+    async fn stream(&self) -> jetstream::stream::Stream {
+        self.env
+            .jetstream
+            .get_stream(&self.env.stream)
+            .await
+            .expect("the test stream")
+    }
+
+    /// How many messages the test stream holds.
+    async fn stored(&self) -> u64 {
+        self.stream()
+            .await
+            .info()
+            .await
+            .expect("info")
+            .state
+            .messages
+    }
+
+    /// Shortens the stream's duplicate window, so that repeats of what is
+    /// deleted from it are stored once it passes.
+    async fn remember_for(&self, window: Duration) {
+        let mut config = self
+            .stream()
+            .await
+            .info()
+            .await
+            .expect("info")
+            .config
+            .clone();
+        config.duplicate_window = window;
+        self.env
+            .jetstream
+            .update_stream(config)
+            .await
+            .expect("update the stream");
+    }
+
+    /// The stream sequence of each delivered id.
+    async fn sequences(&self) -> Vec<(ObjectId, u64)> {
+        let mut stream = self.stream().await;
+        stream_messages(&mut stream)
+            .await
+            .iter()
+            .filter_map(|message| {
+                let id = message.headers.get("Nats-Msg-Id")?.as_str().parse().ok()?;
+                Some((id, message.sequence))
+            })
+            .collect()
+    }
+
+    /// `outbox-relay audit --all --json` with `args` besides.
+    async fn audit(&self, args: &[&str]) -> (std::process::Output, Value) {
+        let mut command = relay_command(&self.env);
+        command.args(["audit", "--all", "--json"]).args(args);
+        let output = bounded(command).await;
+        let report = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+        (output, report)
+    }
+}
+
+/// The ids a report lists as missing.
+fn listed_missing(report: &Value) -> Vec<String> {
+    report["found"]["missing_listed"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|m| m["id"].as_str().expect("an id").to_owned())
+        .collect()
+}
+
+/// Audits, repairs, and audits again: the first finds exactly `lost`
+/// missing, the repair stores them, and the second audit is clean. The
+/// repair's report.
+async fn reported_then_repaired(delivered: &Delivered, lost: &[ObjectId], args: &[&str]) -> Value {
+    let before = delivered.stored().await;
+    let (output, report) = delivered.audit(args).await;
+    assert_exit(&output, 1, "");
+    assert_eq!(report["found"]["missing"], lost.len(), "{report}");
+    let mut expected: Vec<String> = lost.iter().map(|id| id.to_hex()).collect();
+    expected.sort();
+    assert_eq!(listed_missing(&report), expected, "in commit order");
+    let messages = report["found"]["messages"].as_u64().expect("a count");
+    assert_eq!(
+        report["found"]["delivered"],
+        messages - lost.len() as u64,
+        "{report}"
+    );
+
+    let (output, repaired) = delivered
+        .audit(&[args, &["--repair", "--repair-wait", "60s"]].concat())
+        .await;
+    assert_exit(&output, 0, "");
+    assert_eq!(repaired["repair"]["published"], lost.len(), "{repaired}");
+    assert_eq!(repaired["repair"]["after"]["missing"], 0, "{repaired}");
+    assert_eq!(delivered.stored().await, before + lost.len() as u64);
+
+    let (output, report) = delivered.audit(args).await;
+    assert_exit(&output, 0, "");
+    assert_eq!(report["found"]["missing"], 0, "{report}");
+    assert_eq!(report["found"]["stored_more_than_once"], 0, "{report}");
+    repaired
+}
+
+#[tokio::test]
+async fn messages_deleted_from_the_stream_are_reported_and_repaired_after_the_window() {
+    let delivered = Delivered::new(12, |_| {}).await;
+    let sequences = delivered.sequences().await;
+    let lost: Vec<ObjectId> = sequences.iter().step_by(4).map(|(id, _)| *id).collect();
+    // Deleted within the duplicate window: JetStream remembers the ids,
+    // and drops a repeat until the window has passed.
+    delivered.remember_for(Duration::from_secs(15)).await;
+    let stream = delivered.stream().await;
+    for (_, sequence) in sequences.iter().step_by(4) {
+        stream.delete_message(*sequence).await.expect("delete");
+    }
+    let (_, report) = delivered.audit(&[]).await;
+    assert_eq!(report["found"]["remembered"]["messages"], 3, "{report}");
+    let repaired = reported_then_repaired(&delivered, &lost, &[]).await;
+    assert_eq!(
+        repaired["repair"]["after_waiting"], 3,
+        "stored once JetStream forgot them: {repaired}"
+    );
+    delivered.env.drop().await;
+}
+
+#[tokio::test]
+async fn a_purged_subject_is_reported_and_repaired() {
+    let delivered = Delivered::new(12, |_| {}).await;
+    delivered.remember_for(Duration::from_millis(100)).await;
+    let subject = format!("{}.invoice.sent", delivered.env.prefix);
+    delivered
+        .stream()
+        .await
+        .purge()
+        .filter(&subject)
+        .await
+        .expect("purge");
+    let lost: Vec<ObjectId> = delivered.ids.iter().skip(2).step_by(3).copied().collect();
+    reported_then_repaired(&delivered, &lost, &[]).await;
+    delivered.env.drop().await;
+}
+
+#[tokio::test]
+async fn a_stream_deleted_and_created_again_empty_is_refilled() {
+    let delivered = Delivered::new(9, |_| {}).await;
+    let config = delivered
+        .stream()
+        .await
+        .info()
+        .await
+        .expect("info")
+        .config
+        .clone();
+    delivered
+        .env
+        .jetstream
+        .delete_stream(&delivered.env.stream)
+        .await
+        .expect("delete");
+    delivered
+        .env
+        .jetstream
+        .create_stream(config)
+        .await
+        .expect("create anew");
+    reported_then_repaired(&delivered, &delivered.ids, &[]).await;
+    delivered.env.drop().await;
+}
+
+#[tokio::test]
+async fn a_selection_by_type_judges_only_its_messages() {
+    let delivered = Delivered::new(12, |_| {}).await;
+    delivered.remember_for(Duration::from_millis(100)).await;
+    let sequences = delivered.sequences().await;
+    let stream = delivered.stream().await;
+    // Two of each type gone.
+    for (_, sequence) in &sequences[..6] {
+        if *sequence % 3 != 1 {
+            stream.delete_message(*sequence).await.expect("delete");
+        }
+    }
+    let orders: Vec<ObjectId> = sequences[..6]
+        .iter()
+        .filter(|(_, sequence)| *sequence % 3 == 2)
+        .map(|(id, _)| *id)
+        .collect();
+    let (_, report) = delivered.audit(&["--type", "order.*"]).await;
+    assert_eq!(report["found"]["messages"], 8, "{report}");
+    reported_then_repaired(&delivered, &orders, &["--type", "order.*"]).await;
+    let (output, report) = delivered.audit(&[]).await;
+    assert_exit(&output, 1, "");
+    assert_eq!(report["found"]["missing"], 2, "the invoices: {report}");
+    delivered.env.drop().await;
+}
+
+#[tokio::test]
+async fn a_template_rendered_subject_is_listed_and_repaired_to_it() {
+    let delivered = Delivered::new(6, |config| {
+        config.subject_template = "{prefix}.{type}.{key}".to_owned();
+    })
+    .await;
+    delivered.remember_for(Duration::from_millis(100)).await;
+    let sequences = delivered.sequences().await;
+    let (lost, sequence) = sequences[1];
+    delivered
+        .stream()
+        .await
+        .delete_message(sequence)
+        .await
+        .expect("delete");
+    let template = ["--subject-template", "{prefix}.{type}.{key}"];
+    let (_, report) = delivered.audit(&template).await;
+    let subject = format!("{}.order.placed.k1", delivered.env.prefix);
+    assert_eq!(
+        report["found"]["missing_listed"][0]["subject"], subject,
+        "{report}"
+    );
+    let mut receiver = delivered.env.subscribe().await;
+    reported_then_repaired(&delivered, &[lost], &template).await;
+    let repaired = receiver.next().await;
+    assert_eq!(repaired.subject.as_str(), subject);
+    let headers = repaired.headers.expect("headers");
+    assert_eq!(
+        headers.get("Nats-Msg-Id").map(|v| v.as_str()),
+        Some(&*lost.to_hex())
+    );
+    assert_eq!(headers.get("Outbox-Key").map(|v| v.as_str()), Some("k1"));
+    delivered.env.drop().await;
+}
+
+#[tokio::test]
+async fn a_repeat_stored_past_its_window_is_reported_and_left() {
+    let delivered = Delivered::new(4, |_| {}).await;
+    delivered.remember_for(Duration::from_millis(100)).await;
+    let repeated = delivered.ids[1];
+    let subject = format!("{}.order.placed", delivered.env.prefix);
+    wait_until("JetStream to store the repeat", || async {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", repeated.to_hex().as_str());
+        let ack = delivered
+            .env
+            .jetstream
+            .publish_with_headers(subject.clone(), headers, "again".into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+        !ack.duplicate
+    })
+    .await;
+    let (output, report) = delivered.audit(&["--repair"]).await;
+    assert_exit(&output, 0, "");
+    assert_eq!(report["found"]["stored_more_than_once"], 1, "{report}");
+    let listed = &report["found"]["stored_more_than_once_listed"][0];
+    assert_eq!(listed["id"], repeated.to_hex(), "{report}");
+    assert_eq!(listed["copies"], 2, "{report}");
+    assert_eq!(report["found"]["delivered"], 3, "{report}");
+    assert!(report["repair"].is_null(), "nothing to repair: {report}");
+    delivered.env.drop().await;
+}
+
+#[tokio::test]
+async fn foreign_and_unrecorded_messages_are_told_apart_by_the_retention() {
+    let delivered = Delivered::new(3, |_| {}).await;
+    let subject = format!("{}.order.placed", delivered.env.prefix);
+    let publish = |id: Option<String>| {
+        let (jetstream, subject) = (delivered.env.jetstream.clone(), subject.clone());
+        async move {
+            let mut headers = async_nats::HeaderMap::new();
+            if let Some(id) = id {
+                headers.insert("Nats-Msg-Id", id.as_str());
+            }
+            headers.insert("Outbox-Type", "order.placed");
+            let ack = jetstream
+                .publish_with_headers(subject, headers, "foreign".into())
+                .await
+                .expect("publish");
+            ack.await.expect("stored");
+        }
+    };
+    publish(None).await;
+    publish(Some("not-an-outbox-id".to_owned())).await;
+    // An outbox id the outbox does not hold: new, and two hours old.
+    publish(Some(ObjectId::new().to_hex())).await;
+    let old = ObjectId::from_bytes({
+        let mut bytes = ObjectId::new().bytes();
+        let seconds = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) - 7200;
+        bytes[..4].copy_from_slice(&seconds.to_be_bytes());
+        bytes
+    });
+    publish(Some(old.to_hex())).await;
+    let (output, report) = delivered
+        .audit(&["--since", "3h", "--retention", "1h"])
+        .await;
+    assert_exit(&output, 0, "");
+    let found = &report["found"];
+    assert_eq!(found["foreign"], 2, "{report}");
+    assert_eq!(found["unrecorded"]["past_retention"], 1, "{report}");
+    assert_eq!(found["unrecorded"]["unexplained"], 1, "{report}");
+    assert_eq!(found["delivered"], 3, "{report}");
+    let (_, report) = delivered.audit(&["--since", "3h"]).await;
+    assert_eq!(
+        report["found"]["unrecorded"]["unexplained"], 2,
+        "without a retention neither is explained: {report}"
+    );
+    delivered.env.drop().await;
+}
+
+#[tokio::test]
+async fn pending_and_failed_messages_are_counted_apart() {
+    let delivered = Delivered::new(3, |_| {}).await;
+    let mut pending = delivered_document("order.placed");
+    pending.insert("status", "pending");
+    let mut failed = delivered_document("order.placed");
+    failed.insert("status", "failed");
+    failed.insert("lastError", "refused");
+    delivered
+        .env
+        .outbox()
+        .insert_many([pending, failed])
+        .await
+        .expect("insert");
+    let (output, report) = delivered.audit(&[]).await;
+    assert_exit(&output, 0, "");
+    let found = &report["found"];
+    assert_eq!(found["messages"], 5, "{report}");
+    assert_eq!(found["pending"], 1, "{report}");
+    assert_eq!(found["failed"], 1, "{report}");
+    assert_eq!(found["delivered"], 3, "{report}");
+    assert_eq!(found["missing"], 0, "{report}");
+    delivered.env.drop().await;
+}
+
+/// A message document of `message_type`, without a relay's marks.
+fn delivered_document(message_type: &str) -> Document {
+    let mut message = delivered(ObjectId::new(), message_type, "k");
+    message.remove("processedAt");
+    message
+}
+
+#[tokio::test]
+async fn core_nats_and_bad_flags_are_refused_with_exit_2() {
+    let env = TestEnv::new().await;
+    let mut command = relay_command(&env);
+    command.args(["audit", "--all", "--nats-mode", "core"]);
+    assert_exit(&bounded(command).await, 2, "core NATS stores nothing");
+    let mut command = relay_command(&env);
+    command.arg("audit");
+    assert_exit(&bounded(command).await, 2, "--all");
+    let mut command = relay_command(&env);
+    command.args(["audit", "--since", "tomorrow"]);
+    assert_exit(&bounded(command).await, 2, "--since");
+    env.drop().await;
+}
