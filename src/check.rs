@@ -12,7 +12,9 @@
 //! 4. in JetStream mode, a stream captures the relay's subjects, and
 //! 5. its duplicate window covers the relay's longest redelivery gap
 //!    ([`RelayConfig::redelivery_gap`]), so a message published twice
-//!    across a takeover reaches subscribers once.
+//!    across a takeover reaches subscribers once;
+//! 6. its replicas are said: with one, a crash of its host can lose what
+//!    JetStream acknowledged (a warning, not a failure).
 
 use std::time::Duration;
 
@@ -36,6 +38,8 @@ pub struct Finding {
 #[derive(Debug)]
 pub enum Outcome {
     Passed(String),
+    /// Passed, with something the operator should know; exits 0.
+    Warned(String),
     Failed(Error),
     /// Not run, because a check it depends on failed.
     Skipped,
@@ -62,6 +66,7 @@ impl Report {
             .iter()
             .map(|finding| match &finding.outcome {
                 Outcome::Passed(detail) => format!("ok    {}: {detail}", finding.check),
+                Outcome::Warned(detail) => format!("warn  {}: {detail}", finding.check),
                 Outcome::Failed(error) => format!("FAIL  {}: {error}", finding.check),
                 Outcome::Skipped => format!("skip  {}: not checked", finding.check),
             })
@@ -155,16 +160,17 @@ pub async fn run(config: &RelayConfig) -> Report {
         if config.nats_mode == NatsMode::Jetstream {
             report.skip("jetstream stream");
             report.skip("duplicate window");
+            report.skip("stream durability");
         }
         return report;
     };
     if config.nats_mode == NatsMode::Jetstream {
         for subjects in captured_subjects(config) {
             let stream = capturing_stream(&client, &subjects).await;
-            match report.record("jetstream stream", stream, |(name, _)| {
+            match report.record("jetstream stream", stream, |(name, ..)| {
                 format!("stream {name:?} captures {subjects}")
             }) {
-                Some((name, window)) => {
+                Some((name, window, replicas)) => {
                     let covered = duplicate_window_covers(&name, window, config);
                     report.record("duplicate window", covered, |_| {
                         format!(
@@ -172,8 +178,12 @@ pub async fn run(config: &RelayConfig) -> Report {
                             config.redelivery_gap()
                         )
                     });
+                    report.findings.push(durability(&name, replicas));
                 }
-                None => report.skip("duplicate window"),
+                None => {
+                    report.skip("duplicate window");
+                    report.skip("stream durability");
+                }
             }
         }
     }
@@ -187,7 +197,7 @@ pub(crate) async fn jetstream(client: &async_nats::Client, config: &RelayConfig)
         return Ok(());
     }
     for subjects in captured_subjects(config) {
-        let (name, window) = capturing_stream(client, &subjects).await?;
+        let (name, window, _) = capturing_stream(client, &subjects).await?;
         duplicate_window_covers(&name, window, config)?;
     }
     Ok(())
@@ -207,11 +217,12 @@ pub(crate) fn captured_subjects(config: &RelayConfig) -> Vec<String> {
     subjects
 }
 
-/// The stream that captures `subjects`, with its duplicate window.
+/// The stream that captures `subjects`, with its duplicate window and its
+/// replicas.
 async fn capturing_stream(
     client: &async_nats::Client,
     subjects: &str,
-) -> Result<(String, Duration)> {
+) -> Result<(String, Duration, usize)> {
     let context = jetstream::new(client.clone());
     let name = context.stream_by_subject(subjects).await.map_err(|e| {
         Error::check(
@@ -229,7 +240,30 @@ async fn capturing_stream(
             format!("cannot read JetStream stream {name:?}: {e}"),
         )
     })?;
-    Ok((name, stream.cached_info().config.duplicate_window))
+    let config = &stream.cached_info().config;
+    Ok((name, config.duplicate_window, config.num_replicas.max(1)))
+}
+
+/// What a stream's replicas mean for what JetStream acknowledged: with
+/// one, a crash of its host loses what it stored since its last flush to
+/// disk (every two minutes by default), though the relay holds it
+/// `processed`. Said, not failed: it is the operator's choice.
+fn durability(name: &str, replicas: usize) -> Finding {
+    let outcome = match replicas {
+        1 => Outcome::Warned(format!(
+            "stream {name:?} keeps one replica: a crash of its host can lose what JetStream \
+             acknowledged since its last flush to disk (2 minutes by default), which the outbox \
+             holds processed; use 3 replicas, sync_interval: always, or run outbox-relay audit \
+             (docs/guarantees.md#when-nats-loses-what-it-acknowledged)"
+        )),
+        n => Outcome::Passed(format!(
+            "stream {name:?} keeps {n} replicas: an acknowledged message is on a majority of them"
+        )),
+    };
+    Finding {
+        check: "stream durability",
+        outcome,
+    }
 }
 
 fn duplicate_window_covers(name: &str, window: Duration, config: &RelayConfig) -> Result<()> {

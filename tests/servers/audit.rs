@@ -406,3 +406,79 @@ async fn core_nats_and_bad_flags_are_refused_with_exit_2() {
     assert_exit(&bounded(command).await, 2, "--since");
     env.drop().await;
 }
+
+#[tokio::test]
+async fn a_stream_the_credentials_may_not_read_is_refused_with_exit_2() {
+    let env = TestEnv::new().await;
+    let prefix = &env.prefix;
+    let nats = NatsProcess::start_with(
+        "authorization { users: [ { user: relay, password: secret, permissions: \
+         { publish: { allow: [\">\"], deny: [\"$JS.API.CONSUMER.>\"] } } } ] }",
+        Some("relay"),
+    )
+    .await;
+    let client = connect_nats(&nats.url()).await.expect("connect");
+    jetstream::new(client)
+        .create_stream(jetstream::stream::Config {
+            name: prefix.to_uppercase(),
+            subjects: vec![format!("{prefix}.>")],
+            ..Default::default()
+        })
+        .await
+        .expect("the relay's stream");
+    let mut command = relay_command(&env);
+    command
+        .args(["audit", "--all"])
+        .env("OUTBOX_NATS_URL", nats.url());
+    let output = bounded(command).await;
+    assert_exit(&output, 2, "cannot read JetStream stream");
+    assert!(
+        output_text(&output).contains("$JS.API.CONSUMER.CREATE"),
+        "names what it needs: {}",
+        output_text(&output)
+    );
+    env.drop().await;
+}
+
+#[tokio::test]
+async fn an_audit_beside_a_delivering_relay_finds_nothing_missing() {
+    let env = TestEnv::new().await;
+    let relay = RunningRelay::start(env.config()).await;
+    let writing = tokio_util::sync::CancellationToken::new();
+    let writer = {
+        let (outbox, writing) = (env.outbox(), writing.clone());
+        tokio::spawn(async move {
+            let mut written = 0u64;
+            while !writing.is_cancelled() {
+                let mut message = delivered_document("order.placed");
+                message.insert("status", "pending");
+                outbox.insert_one(message).await.expect("insert");
+                written += 1;
+            }
+            written
+        })
+    };
+    // Audited while messages are written and delivered: one processed
+    // after the streams were read is looked for again, not reported.
+    wait_until("three hundred messages delivered", || async {
+        let processed = doc! { "status": "processed" };
+        env.outbox().count_documents(processed).await.ok() >= Some(300)
+    })
+    .await;
+    let mut command = relay_command(&env);
+    command.args(["audit", "--since", "10m", "--json"]);
+    let output = bounded(command).await;
+    writing.cancel();
+    let written = writer.await.expect("the writer");
+    env.wait_count(doc! { "status": "processed" }, written)
+        .await;
+    relay.stop().await.expect("the relay stops");
+    assert_exit(&output, 0, "");
+    let report: Value = serde_json::from_slice(&output.stdout).expect("a report");
+    assert_eq!(report["found"]["missing"], 0, "{report}");
+    assert!(
+        report["found"]["delivered"].as_u64() >= Some(300),
+        "{report}"
+    );
+    env.drop().await;
+}
