@@ -482,4 +482,3 @@ async fn an_audit_beside_a_delivering_relay_finds_nothing_missing() {
     );
     env.drop().await;
 }
-
