@@ -165,12 +165,14 @@ pub async fn run(config: &RelayConfig) -> Report {
         return report;
     };
     if config.nats_mode == NatsMode::Jetstream {
+        // A stream capturing several of the subjects is said once.
+        let mut said: Vec<String> = Vec::new();
         for subjects in captured_subjects(config) {
             let stream = capturing_stream(&client, &subjects).await;
             match report.record("jetstream stream", stream, |(name, ..)| {
                 format!("stream {name:?} captures {subjects}")
             }) {
-                Some((name, window, replicas)) => {
+                Some((name, window, durable)) => {
                     let covered = duplicate_window_covers(&name, window, config);
                     report.record("duplicate window", covered, |_| {
                         format!(
@@ -178,7 +180,10 @@ pub async fn run(config: &RelayConfig) -> Report {
                             config.redelivery_gap()
                         )
                     });
-                    report.findings.push(durability(&name, replicas));
+                    if !said.contains(&name) {
+                        report.findings.push(durability(&name, durable));
+                        said.push(name);
+                    }
                 }
                 None => {
                     report.skip("duplicate window");
@@ -217,12 +222,19 @@ pub(crate) fn captured_subjects(config: &RelayConfig) -> Vec<String> {
     subjects
 }
 
-/// The stream that captures `subjects`, with its duplicate window and its
-/// replicas.
+/// What keeps a stream's messages: its replicas, and its storage.
+#[derive(Debug, Clone, Copy)]
+struct Durability {
+    replicas: usize,
+    storage: jetstream::stream::StorageType,
+}
+
+/// The stream that captures `subjects`, with its duplicate window and what
+/// keeps its messages.
 async fn capturing_stream(
     client: &async_nats::Client,
     subjects: &str,
-) -> Result<(String, Duration, usize)> {
+) -> Result<(String, Duration, Durability)> {
     let context = jetstream::new(client.clone());
     let name = context.stream_by_subject(subjects).await.map_err(|e| {
         Error::check(
@@ -241,23 +253,37 @@ async fn capturing_stream(
         )
     })?;
     let config = &stream.cached_info().config;
-    Ok((name, config.duplicate_window, config.num_replicas.max(1)))
+    let durable = Durability {
+        replicas: config.num_replicas.max(1),
+        storage: config.storage,
+    };
+    Ok((name, config.duplicate_window, durable))
 }
 
 /// What a stream's replicas mean for what JetStream acknowledged: with
 /// one, a crash of its host loses what it stored since its last flush to
 /// disk (every two minutes by default), though the relay holds it
 /// `processed`. Said, not failed: it is the operator's choice.
-fn durability(name: &str, replicas: usize) -> Finding {
-    let outcome = match replicas {
-        1 => Outcome::Warned(format!(
+fn durability(name: &str, durable: Durability) -> Finding {
+    let choices =
+        "use 3 replicas on file storage, sync_interval: always, or run outbox-relay audit \
+                   (docs/guarantees.md#when-nats-loses-what-it-acknowledged)";
+    let outcome = match durable {
+        Durability {
+            storage: jetstream::stream::StorageType::Memory,
+            ..
+        } => Outcome::Warned(format!(
+            "stream {name:?} keeps its messages in memory: a restart of its servers loses what \
+             JetStream acknowledged, which the outbox holds processed; {choices}"
+        )),
+        Durability { replicas: 1, .. } => Outcome::Warned(format!(
             "stream {name:?} keeps one replica: a crash of its host can lose what JetStream \
              acknowledged since its last flush to disk (2 minutes by default), which the outbox \
-             holds processed; use 3 replicas, sync_interval: always, or run outbox-relay audit \
-             (docs/guarantees.md#when-nats-loses-what-it-acknowledged)"
+             holds processed; {choices}"
         )),
-        n => Outcome::Passed(format!(
-            "stream {name:?} keeps {n} replicas: an acknowledged message is on a majority of them"
+        Durability { replicas, .. } => Outcome::Passed(format!(
+            "stream {name:?} keeps {replicas} replicas: an acknowledged message is on a majority \
+             of them"
         )),
     };
     Finding {

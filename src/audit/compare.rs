@@ -83,9 +83,6 @@ pub async fn compare(
             continue;
         };
         let described = describe(&document, id, rules);
-        if !selection.matches(&described.message_type, &described.subject) {
-            continue;
-        }
         while next < stored.len() && stored[next] < id {
             compared.unrecorded.push(stored[next]);
             next += 1;
@@ -94,6 +91,11 @@ pub async fn compare(
         while next < stored.len() && stored[next] == id {
             copies += 1;
             next += 1;
+        }
+        // Its copies are passed over with it: the stream side cannot
+        // select by subject (a subject is rendered by today's rules).
+        if !selection.matches(&described.message_type, &described.subject) {
+            continue;
         }
         compared.messages += 1;
         compared.judge(document.get_str(field::STATUS).ok(), described, copies)?;
@@ -134,10 +136,28 @@ impl Compared {
         Ok(())
     }
 
+    /// Takes the missing messages committed before `horizon` out of the
+    /// missing: a stream's limits may have removed them. How many. Judged
+    /// by the commit, which comes before the store: a message stored
+    /// before the horizon was committed before it (and one committed
+    /// before it and stored after is given the benefit of the doubt).
+    pub fn set_aside_before(&mut self, horizon: DateTime) -> u64 {
+        let before = |id: &ObjectId| id.timestamp().timestamp_millis() < horizon.timestamp_millis();
+        let count = self.missing.len();
+        self.missing.retain(|m| !before(&m.id));
+        self.missing_listed.retain(|d| !before(&d.id));
+        (count - self.missing.len()) as u64
+    }
+
     /// Takes `found` (copies of missing messages a later read found, by
     /// id) out of the missing: each is delivered, or repeated.
     pub fn found_later(&mut self, found: &[ObjectId]) {
-        let copies = |id: &ObjectId| found.iter().filter(|f| *f == id).count() as u64;
+        let mut counted: std::collections::HashMap<ObjectId, u64> =
+            std::collections::HashMap::with_capacity(found.len());
+        for id in found {
+            *counted.entry(*id).or_default() += 1;
+        }
+        let copies = |id: &ObjectId| counted.get(id).copied().unwrap_or(0);
         let mut kept = Vec::with_capacity(self.missing.len());
         for missing in self.missing.drain(..) {
             match copies(&missing.id) {

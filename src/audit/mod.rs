@@ -45,7 +45,7 @@ use bson::DateTime;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-pub use repair::{Repaired, Unsendable};
+pub use repair::{RepairEnd, Repaired, Unsendable};
 pub use stream::MAX_STORED;
 
 use crate::config::{NatsMode, RelayConfig, Retention};
@@ -54,7 +54,7 @@ use crate::error::{Error, Result};
 use crate::observe::Metrics;
 use crate::publish::{NatsPublisher, Publisher};
 use crate::replay::{existing_outbox, Selection};
-use crate::time::later;
+use crate::time::{earlier, later};
 use compare::{Compared, Described, Missing};
 use repair::{shown, Repair};
 use stream::{CapturingStream, Seen, Verdict};
@@ -65,23 +65,27 @@ use stream::{CapturingStream, Seen, Verdict};
 pub const CLOCK_MARGIN: Duration = Duration::from_secs(60);
 
 /// How an audit runs.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Options {
     /// Publish the missing messages again, then audit again.
-    pub repair: bool,
-    /// Most messages a second a repair sends.
-    pub rate: Option<f64>,
-    /// The longest a repair waits for JetStream to forget the ids of
-    /// messages it deleted within its duplicate window.
-    pub repair_wait: Duration,
+    pub repair: Option<RepairOptions>,
 }
 
-impl Default for Options {
+/// How a repair publishes.
+#[derive(Debug, Clone)]
+pub struct RepairOptions {
+    /// Most messages a second.
+    pub rate: Option<f64>,
+    /// The longest it waits for JetStream to forget the ids of messages
+    /// deleted within its duplicate window.
+    pub wait: Duration,
+}
+
+impl Default for RepairOptions {
     fn default() -> Self {
-        Options {
-            repair: false,
+        RepairOptions {
             rate: None,
-            repair_wait: Duration::from_secs(600),
+            wait: Duration::from_secs(600),
         }
     }
 }
@@ -109,9 +113,19 @@ impl Summary {
     /// the repair where there was one: the exit code's question.
     pub fn nothing_missing(&self) -> bool {
         match &self.repair {
-            Some(repair) => repair.after.missing == 0,
+            Some(repair) => repair
+                .after
+                .as_ref()
+                .is_some_and(|after| after.missing == 0),
             None => self.found.missing == 0,
         }
+    }
+
+    /// Whether a signal stopped the repair.
+    pub fn stopped(&self) -> bool {
+        self.repair
+            .as_ref()
+            .is_some_and(|repair| repair.repaired.ended == RepairEnd::Stopped)
     }
 }
 
@@ -134,6 +148,9 @@ pub struct Findings {
     pub missing: u64,
     /// Processed, and stored more than once.
     pub stored_more_than_once: u64,
+    /// Processed, in no stream, and older than what a stream's own limits
+    /// (`max_age`, `max_msgs`, `max_bytes`) keep: not counted missing.
+    pub past_stream_limits: u64,
     /// Not delivered yet.
     pub pending: u64,
     /// Given up on (dead letters).
@@ -190,7 +207,8 @@ pub struct Listed {
 pub struct RepairSummary {
     #[serde(flatten)]
     pub repaired: Repaired,
-    pub after: Findings,
+    /// The audit after the repair; none if the repair was stopped.
+    pub after: Option<Findings>,
 }
 
 /// Audits the window `selection` gives over the outbox and streams
@@ -209,7 +227,9 @@ pub async fn run(
                 .to_owned(),
         ));
     }
-    let pace = crate::replay::pace(options.rate)?;
+    if let Some(repair) = &options.repair {
+        crate::replay::pace(repair.rate)?;
+    }
     let now = DateTime::now();
     if selection.since.is_some_and(|since| since > now) {
         return Err(Error::Config(
@@ -246,21 +266,26 @@ pub async fn run(
         retention: config.retention,
     };
     let (found, missing) = audit.once().await?;
-    let repair = match options.repair && !missing.is_empty() {
-        true => {
+    let repair = match (&options.repair, missing.is_empty()) {
+        (Some(asked), false) => {
             let repair = Repair {
                 outbox: &outbox,
                 rules: &DecodeRules::new(decode.subjects.clone(), publisher.max_payload()),
                 publisher: &publisher,
+                js: &js,
+                streams: &streams,
                 duplicate_window: longest_window(&streams),
-                pace,
-                wait: options.repair_wait,
+                pace: crate::replay::pace(asked.rate)?,
+                wait: asked.wait,
             };
             let repaired = repair.run(&missing, stop).await?;
-            let (after, _) = audit.once().await?;
+            let after = match repaired.ended {
+                RepairEnd::Done => Some(audit.once().await?.0),
+                RepairEnd::Stopped => None,
+            };
             Some(RepairSummary { repaired, after })
         }
-        false => None,
+        _ => None,
     };
     Ok(Summary {
         since: selection.since.map(shown),
@@ -304,9 +329,7 @@ impl Audit<'_> {
         let from = self
             .selection
             .since
-            .map_or(DateTime::from_millis(0), |since| {
-                earlier(since, CLOCK_MARGIN)
-            });
+            .map(|since| earlier(since, CLOCK_MARGIN));
         let judge = |seen: &Seen<'_>| self.judge(seen);
         let mut stored = stream::read(self.js, self.streams, from, &judge).await?;
         stored.ids.sort_unstable();
@@ -319,60 +342,64 @@ impl Audit<'_> {
         };
         let unrecorded = self.unrecorded(&compared.unrecorded);
         drop(stored);
+        let horizon = self.streams.iter().filter_map(|s| s.horizon).max();
+        let past_stream_limits = horizon.map_or(0, |at| compared.set_aside_before(at));
         // Processed after the read began: perhaps stored after it read
-        // that far. Looked for again from just before the first of them.
+        // that far. Looked for again from just before the first of them;
+        // one that says not when it was processed, from the window's start.
         let recheck_from = earlier(read_began, CLOCK_MARGIN);
-        let late: HashSet<ObjectId> = compared
+        let late: Vec<&Missing> = compared
             .missing
             .iter()
-            .filter(|m| m.processed_at.is_some_and(|at| at >= recheck_from))
-            .map(|m| m.id)
+            .filter(|m| m.processed_at.is_none_or(|at| at >= recheck_from))
             .collect();
-        if let Some(first) = compared
-            .missing
-            .iter()
-            .filter(|m| late.contains(&m.id))
-            .filter_map(|m| m.processed_at)
-            .min()
-        {
+        let again_from = match late.iter().any(|m| m.processed_at.is_none()) {
+            true => from,
+            false => late
+                .iter()
+                .filter_map(|m| m.processed_at)
+                .min()
+                .map(|first| earlier(first, CLOCK_MARGIN)),
+        };
+        let late: HashSet<ObjectId> = late.iter().map(|m| m.id).collect();
+        if !late.is_empty() {
             let judge = |seen: &Seen<'_>| match seen.outbox_id() {
                 Some(id) if late.contains(&id) && seen.header(header::REPLAY).is_none() => {
                     Verdict::Outbox(id)
                 }
                 _ => Verdict::Outside,
             };
-            let found =
-                stream::read(self.js, self.streams, earlier(first, CLOCK_MARGIN), &judge).await?;
+            let found = stream::read(self.js, self.streams, again_from, &judge).await?;
             read.read += found.read;
             compared.found_later(&found.ids);
         }
-        let findings = self.findings(&compared, unrecorded, &read);
+        let mut findings = self.findings(&compared, unrecorded, &read);
+        findings.past_stream_limits = past_stream_limits;
         Ok((findings, compared.missing))
     }
 
-    /// What a stored message is to this audit.
+    /// What a stored message is to this audit. A copy of an outbox message
+    /// is judged by its id, type and key, which its document gave it; its
+    /// subject is selected on the outbox's side, as today's rules render
+    /// it (what was stored may predate a change of prefix or template).
     fn judge(&self, seen: &Seen<'_>) -> Verdict {
-        if self.rules.subjects.check(seen.subject).is_err() {
-            return Verdict::Outside;
-        }
         let message_type = seen.header(header::TYPE).unwrap_or_default();
-        if !self.selection.matches(message_type, seen.subject)
-            || !self.selection.has_key(seen.header(header::KEY))
-        {
-            return Verdict::Outside;
-        }
+        let chosen = self.selection.matches_type(message_type)
+            && self.selection.has_key(seen.header(header::KEY));
         if let Some(original) = seen.header(header::REPLAY_OF) {
             return match ObjectId::parse_str(original) {
-                Ok(id) if self.selection.in_range(&id) => Verdict::Replayed,
+                Ok(id) if chosen && self.selection.in_range(&id) => Verdict::Replayed,
                 _ => Verdict::Outside,
             };
         }
+        let published = crate::time::object_id_at(seen.published);
         match seen.outbox_id() {
-            Some(id) if self.selection.in_range(&id) => Verdict::Outbox(id),
+            Some(id) if chosen && self.selection.in_range(&id) => Verdict::Outbox(id),
             Some(_) => Verdict::Outside,
-            None if self
-                .selection
-                .in_range(&crate::time::object_id_at(seen.published)) =>
+            None if chosen
+                && self.rules.subjects.check(seen.subject).is_ok()
+                && self.selection.matches(message_type, seen.subject)
+                && self.selection.in_range(&published) =>
             {
                 Verdict::Foreign
             }
@@ -416,6 +443,7 @@ impl Audit<'_> {
             delivered: compared.delivered,
             missing: compared.missing.len() as u64,
             stored_more_than_once: compared.repeated,
+            past_stream_limits: 0,
             pending: compared.pending,
             failed: compared.failed,
             unrecorded,
@@ -439,11 +467,6 @@ fn longest_window(streams: &[CapturingStream]) -> Duration {
         .map(|stream| stream.duplicate_window)
         .max()
         .unwrap_or_default()
-}
-
-fn earlier(at: DateTime, by: Duration) -> DateTime {
-    let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
-    DateTime::from_millis(at.timestamp_millis().saturating_sub(by))
 }
 
 fn listed(described: &Described) -> Listed {

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::response::Response;
-use async_nats::jetstream::Context;
+use async_nats::jetstream::stream::RetentionPolicy;
+use async_nats::jetstream::{self, Context};
 use bson::oid::ObjectId;
 use futures::TryStreamExt;
 
@@ -22,6 +23,13 @@ use crate::error::{Error, Result};
 
 /// Messages a fetch asks for at a time.
 const BATCH: usize = 1_000;
+
+/// The longest a batch may take: a pull request lost to a reconnect would
+/// otherwise be waited on for ever.
+const READ_WAIT: Duration = Duration::from_secs(30);
+
+/// Empty batches in a row, with messages pending, before a read gives up.
+const EMPTY_BATCHES: u32 = 10;
 
 /// The most stored copies of outbox messages one audit holds: 12 bytes
 /// each, 60 MB in all. A window that stores more is refused, to be audited
@@ -37,6 +45,49 @@ pub struct CapturingStream {
     /// Its replicas: one, and a crash of its host can lose what it
     /// acknowledged since its last flush to disk.
     pub replicas: usize,
+    /// Before this moment the stream's own limits (`max_age`, `max_msgs`,
+    /// `max_bytes`) may have removed what it stored: a message processed
+    /// earlier that it does not hold is not counted missing. None: it
+    /// removes nothing by itself.
+    pub horizon: Option<bson::DateTime>,
+}
+
+/// Why a stream cannot be audited: it removes messages by design, so one
+/// it does not hold may have been consumed or replaced, not lost.
+fn unauditable(name: &str, config: &jetstream::stream::Config) -> Option<String> {
+    if config.retention != RetentionPolicy::Limits {
+        return Some(format!(
+            "stream {name:?} removes what its consumers acknowledge ({:?} retention): a message \
+             it no longer holds may have been consumed, not lost, so it cannot be audited, and a \
+             repair would deliver consumed messages again",
+            config.retention
+        ));
+    }
+    (config.max_messages_per_subject > 0).then(|| {
+        format!(
+            "stream {name:?} keeps {} message(s) a subject: one it no longer holds may have been \
+             replaced by a later one, not lost, so it cannot be audited, and a repair would put \
+             an old message back in place of the newest",
+            config.max_messages_per_subject
+        )
+    })
+}
+
+/// The moment before which a stream's limits may have removed messages.
+fn horizon(info: &jetstream::stream::Info) -> Option<bson::DateTime> {
+    let config = &info.config;
+    let mut horizon = None;
+    if !config.max_age.is_zero() {
+        horizon = Some(crate::time::earlier(bson::DateTime::now(), config.max_age));
+    }
+    if config.max_messages > 0 || config.max_bytes > 0 {
+        let first = bson::DateTime::from_millis(
+            i64::try_from(info.state.first_timestamp.unix_timestamp_nanos() / 1_000_000)
+                .unwrap_or(0),
+        );
+        horizon = horizon.max(Some(first));
+    }
+    horizon
 }
 
 /// The streams that capture any of `subjects`, each once.
@@ -55,10 +106,14 @@ pub async fn capturing(js: &Context, subjects: &[String]) -> Result<Vec<Capturin
             .get_stream(&name)
             .await
             .map_err(|e| unreadable(&name, &e))?;
-        let config = &stream.cached_info().config;
+        let info = stream.cached_info();
+        if let Some(why) = unauditable(&name, &info.config) {
+            return Err(Error::Config(why));
+        }
         streams.push(CapturingStream {
-            duplicate_window: config.duplicate_window,
-            replicas: config.num_replicas.max(1),
+            duplicate_window: info.config.duplicate_window,
+            replicas: info.config.num_replicas.max(1),
+            horizon: horizon(info),
             name,
         });
     }
@@ -170,11 +225,12 @@ impl Seen<'_> {
     }
 }
 
-/// Reads `streams` from `from` to their ends, judging each message.
+/// Reads `streams` from `from` (None: their first message) to where they
+/// ended when the read began, judging each message.
 pub async fn read(
     js: &Context,
     streams: &[CapturingStream],
-    from: bson::DateTime,
+    from: Option<bson::DateTime>,
     judge: &(dyn Fn(&Seen<'_>) -> Verdict + Sync),
 ) -> Result<Stored> {
     let mut stored = Stored::default();
@@ -187,21 +243,37 @@ pub async fn read(
 async fn read_one(
     js: &Context,
     name: &str,
-    from: bson::DateTime,
+    from: Option<bson::DateTime>,
     judge: &(dyn Fn(&Seen<'_>) -> Verdict + Sync),
     stored: &mut Stored,
 ) -> Result<()> {
-    let stream = js
+    let mut stream = js
         .get_stream(name)
         .await
         .map_err(|e| unreadable(name, &e))?;
-    let start_time = time::OffsetDateTime::from_unix_timestamp_nanos(
-        i128::from(from.timestamp_millis()) * 1_000_000,
-    )
-    .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    // What it held when the read began is what is read: traffic that goes
+    // on meanwhile does not keep the read from ending.
+    let last = stream
+        .info()
+        .await
+        .map_err(|e| unreadable(name, &e))?
+        .state
+        .last_sequence;
+    if last == 0 {
+        return Ok(());
+    }
+    let deliver_policy = match from {
+        Some(from) => DeliverPolicy::ByStartTime {
+            start_time: time::OffsetDateTime::from_unix_timestamp_nanos(
+                i128::from(from.timestamp_millis()) * 1_000_000,
+            )
+            .unwrap_or(time::OffsetDateTime::UNIX_EPOCH),
+        },
+        None => DeliverPolicy::All,
+    };
     let consumer = stream
         .create_consumer(pull::Config {
-            deliver_policy: DeliverPolicy::ByStartTime { start_time },
+            deliver_policy,
             ack_policy: AckPolicy::None,
             headers_only: true,
             memory_storage: true,
@@ -213,38 +285,83 @@ async fn read_one(
         .map_err(|e| unreadable(name, &e))?;
     let consumer_name = consumer.cached_info().name.clone();
     let read = async {
+        let mut empty = 0;
         loop {
-            let mut batch = consumer
-                .fetch()
-                .max_messages(BATCH)
-                .messages()
+            let batch = tokio::time::timeout(READ_WAIT, fetch(&consumer, name, judge, stored))
                 .await
-                .map_err(|e| reading(name, &e))?;
-            let mut fetched = 0;
-            let mut pending = None;
-            while let Some(message) = batch.try_next().await.map_err(|e| reading(name, &e))? {
-                fetched += 1;
-                let info = message.info().map_err(|e| reading(name, &e))?;
-                pending = Some(info.pending);
-                let published = bson::DateTime::from_millis(
-                    i64::try_from(info.published.unix_timestamp_nanos() / 1_000_000)
-                        .unwrap_or(i64::MAX),
-                );
-                let seen = Seen {
-                    subject: message.subject.as_str(),
-                    published,
-                    headers: message.headers.as_ref(),
-                };
-                stored.take(judge(&seen))?;
-            }
-            if fetched == 0 || pending == Some(0) {
-                return Ok::<_, Error>(());
+                .map_err(|_| {
+                    let late = format!("no batch came within {READ_WAIT:?}; run the audit again");
+                    reading(name, &late)
+                })??;
+            match batch {
+                // Read to where it ended, or nothing left after it (what
+                // was at the end was deleted).
+                Some(At { sequence, pending }) if sequence >= last || pending == 0 => {
+                    return Ok::<_, Error>(())
+                }
+                Some(_) => {}
+                // Nothing now: the end, if the consumer says nothing is
+                // left, else asked again.
+                None => {
+                    let mut consumer = consumer.clone();
+                    let info = consumer.info().await.map_err(|e| reading(name, &e))?;
+                    if info.num_pending == 0 || info.delivered.stream_sequence >= last {
+                        return Ok(());
+                    }
+                    empty += 1;
+                    if empty >= EMPTY_BATCHES {
+                        let stuck = "it answers with nothing though messages are pending";
+                        return Err(reading(name, &stuck));
+                    }
+                }
             }
         }
     }
     .await;
     let _ = stream.delete_consumer(&consumer_name).await;
     read
+}
+
+/// Where a batch ended: its last message's stream sequence, and how many
+/// messages the consumer had left after it.
+struct At {
+    sequence: u64,
+    pending: u64,
+}
+
+/// One batch, judged; where it ended, None if it brought nothing.
+async fn fetch(
+    consumer: &jetstream::consumer::PullConsumer,
+    name: &str,
+    judge: &(dyn Fn(&Seen<'_>) -> Verdict + Sync),
+    stored: &mut Stored,
+) -> Result<Option<At>> {
+    // Without waiting: an empty answer comes at once (the caller bounds
+    // the whole batch by `READ_WAIT`).
+    let mut batch = consumer
+        .fetch()
+        .max_messages(BATCH)
+        .messages()
+        .await
+        .map_err(|e| reading(name, &e))?;
+    let mut at = None;
+    while let Some(message) = batch.try_next().await.map_err(|e| reading(name, &e))? {
+        let info = message.info().map_err(|e| reading(name, &e))?;
+        at = Some(At {
+            sequence: info.stream_sequence,
+            pending: info.pending,
+        });
+        let published = bson::DateTime::from_millis(
+            i64::try_from(info.published.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX),
+        );
+        let seen = Seen {
+            subject: message.subject.as_str(),
+            published,
+            headers: message.headers.as_ref(),
+        };
+        stored.take(judge(&seen))?;
+    }
+    Ok(at)
 }
 
 fn unreadable(name: &str, error: &dyn std::fmt::Display) -> Error {

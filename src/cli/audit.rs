@@ -43,9 +43,10 @@ impl AuditArgs {
             .selection("audit", "every message the outbox holds")?;
         let config = self.settings.resolve()?;
         let options = audit::Options {
-            repair: self.repair,
-            rate: self.rate,
-            repair_wait: self.repair_wait,
+            repair: self.repair.then_some(audit::RepairOptions {
+                rate: self.rate,
+                wait: self.repair_wait,
+            }),
         };
         let summary = audit::run(&config, selection, &options, &stop).await?;
         if self.json {
@@ -53,9 +54,12 @@ impl AuditArgs {
         } else {
             print!("{}", render(&summary));
         }
-        Ok(match summary.nothing_missing() {
-            true => ExitCode::SUCCESS,
-            false => ExitCode::from(1),
+        Ok(if summary.stopped() {
+            ExitCode::from(130)
+        } else if summary.nothing_missing() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
         })
     }
 }
@@ -81,18 +85,27 @@ fn render(summary: &Summary) -> String {
         let repaired = &repair.repaired;
         let _ = writeln!(
             text,
-            "repair: published {} again ({} after JetStream forgot their ids), {} still \
-             remembered, {} not sendable",
+            "repair: published {} again ({} after JetStream forgot their ids); not published: {} \
+             still remembered, {} found stored after all, {} gone from the outbox, {} not sendable",
             repaired.published,
             repaired.after_waiting,
             repaired.still_remembered,
+            repaired.found_stored,
+            repaired.gone,
             repaired.unsendable.len()
         );
         for unsendable in repaired.unsendable.iter().take(20) {
             let _ = writeln!(text, "  {}: {}", unsendable.id, unsendable.reason);
         }
-        let _ = writeln!(text, "after the repair:");
-        findings(&mut text, &repair.after);
+        match &repair.after {
+            Some(after) => {
+                let _ = writeln!(text, "after the repair:");
+                findings(&mut text, after);
+            }
+            None => {
+                let _ = writeln!(text, "the repair was stopped: run it again for the rest");
+            }
+        }
     }
     let _ = writeln!(
         text,
@@ -109,8 +122,8 @@ fn findings(text: &mut String, found: &Findings) {
     let _ = writeln!(
         text,
         "  {:>10}  messages in the window\n  {:>10}  delivered and stored once\n  {:>10}  \
-         missing: processed, in no stream\n  {:>10}  stored more than once\n  {:>10}  pending\n  \
-         {:>10}  failed\n  {:>10}  in the stream, not in the outbox: old enough for the retention \
+         missing: processed, in no stream\n  {:>10}  stored more than once\n  {:>10}  \
+         processed, older than a stream's limits keep\n  {:>10}  pending\n  {:>10}  failed\n  {:>10}  in the stream, not in the outbox: old enough for the retention \
          to have deleted\n  {:>10}  in the stream, not in the outbox: unexplained\n  {:>10}  \
          foreign: under the relay's subjects, with no outbox id\n  {:>10}  replayed copies (not \
          judged)",
@@ -118,6 +131,7 @@ fn findings(text: &mut String, found: &Findings) {
         found.delivered,
         found.missing,
         found.stored_more_than_once,
+        found.past_stream_limits,
         found.pending,
         found.failed,
         found.unrecorded.past_retention,

@@ -163,11 +163,18 @@ impl Selection {
     /// Whether a message of `message_type`, delivered to `subject`,
     /// matches the type and subject patterns.
     pub fn matches(&self, message_type: &str, subject: &str) -> bool {
-        let any = |patterns: &[String], value: &str| {
-            patterns.is_empty() || patterns.iter().any(|p| pattern_matches(p, value))
-        };
-        any(&self.types, message_type) && any(&self.subjects, subject)
+        self.matches_type(message_type) && any_matches(&self.subjects, subject)
     }
+
+    /// Whether a message of `message_type` matches the type patterns.
+    pub fn matches_type(&self, message_type: &str) -> bool {
+        any_matches(&self.types, message_type)
+    }
+}
+
+/// Whether `value` matches one of `patterns`, or none is given.
+fn any_matches(patterns: &[String], value: &str) -> bool {
+    patterns.is_empty() || patterns.iter().any(|p| pattern_matches(p, value))
 }
 
 fn shown(at: DateTime) -> String {

@@ -70,17 +70,16 @@ impl Delivered {
             .messages
     }
 
+    /// The test stream's configuration as it stands.
+    async fn stream_config(&self) -> jetstream::stream::Config {
+        let info = self.stream().await.info().await.expect("info").clone();
+        info.config
+    }
+
     /// Shortens the stream's duplicate window, so that repeats of what is
     /// deleted from it are stored once it passes.
     async fn remember_for(&self, window: Duration) {
-        let mut config = self
-            .stream()
-            .await
-            .info()
-            .await
-            .expect("info")
-            .config
-            .clone();
+        let mut config = self.stream_config().await;
         config.duplicate_window = window;
         self.env
             .jetstream
@@ -197,14 +196,7 @@ async fn a_purged_subject_is_reported_and_repaired() {
 #[tokio::test]
 async fn a_stream_deleted_and_created_again_empty_is_refilled() {
     let delivered = Delivered::new(9, |_| {}).await;
-    let config = delivered
-        .stream()
-        .await
-        .info()
-        .await
-        .expect("info")
-        .config
-        .clone();
+    let config = delivered.stream_config().await;
     delivered
         .env
         .jetstream
@@ -418,14 +410,20 @@ async fn a_stream_the_credentials_may_not_read_is_refused_with_exit_2() {
     )
     .await;
     let client = connect_nats(&nats.url()).await.expect("connect");
-    jetstream::new(client)
-        .create_stream(jetstream::stream::Config {
-            name: prefix.to_uppercase(),
-            subjects: vec![format!("{prefix}.>")],
-            ..Default::default()
-        })
+    let js = jetstream::new(client);
+    js.create_stream(jetstream::stream::Config {
+        name: prefix.to_uppercase(),
+        subjects: vec![format!("{prefix}.>")],
+        ..Default::default()
+    })
+    .await
+    .expect("the relay's stream");
+    // Something to read: an empty stream is audited without a consumer.
+    js.publish(format!("{prefix}.order.placed"), "stored".into())
         .await
-        .expect("the relay's stream");
+        .expect("publish")
+        .await
+        .expect("stored");
     let mut command = relay_command(&env);
     command
         .args(["audit", "--all"])
@@ -481,4 +479,35 @@ async fn an_audit_beside_a_delivering_relay_finds_nothing_missing() {
         "{report}"
     );
     env.drop().await;
+}
+
+#[tokio::test]
+async fn what_a_streams_limits_removed_is_not_missing_and_an_interest_stream_is_refused() {
+    let delivered = Delivered::new(9, |_| {}).await;
+    let mut config = delivered.stream_config().await;
+    config.max_messages = 5;
+    delivered
+        .env
+        .jetstream
+        .update_stream(config.clone())
+        .await
+        .expect("limit the stream");
+    assert_eq!(delivered.stored().await, 5);
+    let (output, report) = delivered.audit(&[]).await;
+    assert_exit(&output, 0, "");
+    assert_eq!(report["found"]["missing"], 0, "{report}");
+    assert_eq!(report["found"]["past_stream_limits"], 4, "{report}");
+    assert_eq!(report["found"]["delivered"], 5, "{report}");
+
+    let jetstream = &delivered.env.jetstream;
+    jetstream
+        .delete_stream(&delivered.env.stream)
+        .await
+        .expect("delete");
+    config.max_messages = -1;
+    config.retention = jetstream::stream::RetentionPolicy::Interest;
+    jetstream.create_stream(config).await.expect("create anew");
+    let (output, _) = delivered.audit(&[]).await;
+    assert_exit(&output, 2, "Interest retention");
+    delivered.env.drop().await;
 }
