@@ -32,6 +32,7 @@ async fn main() {
         backlog: vec![if full { 10_000 } else { 50 }],
         payload_bytes: 0,
         inbox: if full { 10_000 } else { 50 },
+        audit: if full { 100_000 } else { 0 },
         keys: if full {
             vec![Keys::None, Keys::Spread(10_000), Keys::One]
         } else {

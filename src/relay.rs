@@ -189,6 +189,7 @@ impl Relay {
         let mut tasks = JoinSet::new();
         tasks.spawn(mark_stopping(self.metrics.clone(), shutdown.clone()));
         tasks.spawn(observe::collect(self.collector(), shutdown.clone()));
+        tasks.spawn(crate::audit::watch(self.audit_watch(), shutdown.clone()));
         let relay = Arc::new(self);
         let led = relay.lead_while_elected(&pipeline, &stop).await;
         if led.is_err() {
@@ -864,6 +865,15 @@ impl Relay {
             let (database, config) = (database.clone(), config.clone());
             Box::pin(async move { setup::prepare(&database, &config, setup::Preparer::Run).await })
         })
+    }
+
+    fn audit_watch(&self) -> crate::audit::Watch {
+        crate::audit::Watch {
+            database: self.database.clone(),
+            config: self.config.clone(),
+            metrics: self.metrics.clone(),
+            owner: crate::lease::owner_name(),
+        }
     }
 
     fn collector(&self) -> observe::Collector {

@@ -30,11 +30,13 @@
 //! Layout:
 //! - `stream`: the streams that capture the relay's subjects, read back;
 //! - `compare`: the outbox's window against the ids stored;
-//! - `repair`: publishing the missing again, as the relay sent them.
+//! - `repair`: publishing the missing again, as the relay sent them;
+//! - `watch`: a relay's own audit of each window once it is old enough.
 
 mod compare;
 mod repair;
-mod stream;
+pub(crate) mod stream;
+mod watch;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -47,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use repair::{RepairEnd, Repaired, Unsendable};
 pub use stream::MAX_STORED;
+pub use watch::{watch, Watch};
 
 use crate::config::{NatsMode, RelayConfig, Retention};
 use crate::contract::{header, DecodeRules};
@@ -220,13 +223,6 @@ pub async fn run(
     stop: &CancellationToken,
 ) -> Result<Summary> {
     config.validate()?;
-    if config.nats_mode == NatsMode::Core {
-        return Err(Error::Config(
-            "--nats-mode core: core NATS stores nothing to read back, so there is nothing to \
-             audit; an audit compares the outbox with the JetStream streams a relay publishes to"
-                .to_owned(),
-        ));
-    }
     if let Some(repair) = &options.repair {
         crate::replay::pace(repair.rate)?;
     }
@@ -239,54 +235,15 @@ pub async fn run(
     let end = later(now, Duration::from_secs(1));
     selection.until = Some(selection.until.map_or(end, |until| until.min(end)));
     selection.validate().map_err(Error::Config)?;
-    let rules = config.subject_rules()?;
     let started = Instant::now();
     let client = crate::connect::connect_mongodb(&config.mongodb_uri).await?;
     let database = client.database(&config.database);
     let outbox = existing_outbox(&database, config).await?;
-    let publisher = NatsPublisher::connect(config, &Metrics::new()).await?;
-    let js = jetstream::new(publisher.client());
-    let mut subjects = crate::check::captured_subjects(config);
-    subjects.extend(rules.allowed().iter().cloned());
-    let streams = stream::capturing(&js, &subjects).await?;
-    if streams.is_empty() {
-        return Err(Error::Config(format!(
-            "no JetStream stream captures the relay's subjects ({}): there is nothing to audit \
-             against; give the relay's --subject-prefix, or create the stream",
-            subjects.join(", ")
-        )));
-    }
-    let decode = DecodeRules::new(rules, usize::MAX);
-    let audit = Audit {
-        js: &js,
-        streams: &streams,
-        outbox: &outbox,
-        selection: &selection,
-        rules: &decode,
-        retention: config.retention,
-    };
-    let (found, missing) = audit.once().await?;
-    let repair = match (&options.repair, missing.is_empty()) {
-        (Some(asked), false) => {
-            let repair = Repair {
-                outbox: &outbox,
-                rules: &DecodeRules::new(decode.subjects.clone(), publisher.max_payload()),
-                publisher: &publisher,
-                js: &js,
-                streams: &streams,
-                duplicate_window: longest_window(&streams),
-                pace: crate::replay::pace(asked.rate)?,
-                wait: asked.wait,
-            };
-            let repaired = repair.run(&missing, stop).await?;
-            let after = match repaired.ended {
-                RepairEnd::Done => Some(audit.once().await?.0),
-                RepairEnd::Stopped => None,
-            };
-            Some(RepairSummary { repaired, after })
-        }
-        _ => None,
-    };
+    let auditor = Auditor::connect(outbox, config).await?;
+    let (found, repair) = auditor
+        .audit(&selection, options.repair.as_ref(), stop)
+        .await?;
+    let streams = &auditor.streams;
     Ok(Summary {
         since: selection.since.map(shown),
         until: selection.until.map(shown).unwrap_or_default(),
@@ -303,6 +260,94 @@ pub async fn run(
         seconds: started.elapsed().as_secs_f64(),
         peak_memory_mib: crate::usage::peak_memory_mib("self"),
     })
+}
+
+/// What an audit reads and a repair publishes with: the outbox, the
+/// streams that capture the relay's subjects, and a connection to NATS of
+/// its own. Built once, by the `audit` command or a relay's watch.
+pub(crate) struct Auditor {
+    outbox: mongodb::Collection<bson::Document>,
+    publisher: NatsPublisher,
+    js: jetstream::Context,
+    streams: Vec<CapturingStream>,
+    rules: DecodeRules,
+    retention: Option<Retention>,
+}
+
+impl Auditor {
+    /// Connects to NATS as `config` says, and finds the streams.
+    pub(crate) async fn connect(
+        outbox: mongodb::Collection<bson::Document>,
+        config: &RelayConfig,
+    ) -> Result<Self> {
+        if config.nats_mode == NatsMode::Core {
+            return Err(Error::Config(
+                "--nats-mode core: core NATS stores nothing to read back, so there is nothing \
+                 to audit; an audit compares the outbox with the JetStream streams a relay \
+                 publishes to"
+                    .to_owned(),
+            ));
+        }
+        let rules = config.subject_rules()?;
+        let publisher = NatsPublisher::connect(config, &Metrics::new()).await?;
+        let js = jetstream::new(publisher.client());
+        let mut subjects = crate::check::captured_subjects(config);
+        subjects.extend(rules.allowed().iter().cloned());
+        let streams = stream::capturing(&js, &subjects).await?;
+        if streams.is_empty() {
+            return Err(Error::Config(format!(
+                "no JetStream stream captures the relay's subjects ({}): there is nothing to \
+                 audit against; give the relay's --subject-prefix, or create the stream",
+                subjects.join(", ")
+            )));
+        }
+        Ok(Auditor {
+            outbox,
+            rules: DecodeRules::new(rules, publisher.max_payload()),
+            publisher,
+            js,
+            streams,
+            retention: config.retention,
+        })
+    }
+
+    /// Audits `selection`'s window; with `repair`, publishes the missing
+    /// again and audits again.
+    pub(crate) async fn audit(
+        &self,
+        selection: &Selection,
+        repair: Option<&RepairOptions>,
+        stop: &CancellationToken,
+    ) -> Result<(Findings, Option<RepairSummary>)> {
+        let audit = Audit {
+            js: &self.js,
+            streams: &self.streams,
+            outbox: &self.outbox,
+            selection,
+            rules: &self.rules,
+            retention: self.retention,
+        };
+        let (found, missing) = audit.once().await?;
+        let Some(asked) = repair.filter(|_| !missing.is_empty()) else {
+            return Ok((found, None));
+        };
+        let repair = Repair {
+            outbox: &self.outbox,
+            rules: &self.rules,
+            publisher: &self.publisher,
+            js: &self.js,
+            streams: &self.streams,
+            duplicate_window: longest_window(&self.streams),
+            pace: crate::replay::pace(asked.rate)?,
+            wait: asked.wait,
+        };
+        let repaired = repair.run(&missing, stop).await?;
+        let after = match repaired.ended {
+            RepairEnd::Done => Some(audit.once().await?.0),
+            RepairEnd::Stopped => None,
+        };
+        Ok((found, Some(RepairSummary { repaired, after })))
+    }
 }
 
 /// What the reads of the streams counted, besides the ids.

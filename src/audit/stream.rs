@@ -272,15 +272,7 @@ async fn read_one(
         None => DeliverPolicy::All,
     };
     let consumer = stream
-        .create_consumer(pull::Config {
-            deliver_policy,
-            ack_policy: AckPolicy::None,
-            headers_only: true,
-            memory_storage: true,
-            // Gone on its own if the audit dies: it holds nothing.
-            inactive_threshold: Duration::from_secs(60),
-            ..Default::default()
-        })
+        .create_consumer(headers_reader(deliver_policy))
         .await
         .map_err(|e| unreadable(name, &e))?;
     let consumer_name = consumer.cached_info().name.clone();
@@ -362,6 +354,20 @@ async fn fetch(
         stored.take(judge(&seen))?;
     }
     Ok(at)
+}
+
+/// A consumer that reads a stream's headers from `deliver_policy` on,
+/// acknowledging nothing: what an audit reads with.
+pub(crate) fn headers_reader(deliver_policy: DeliverPolicy) -> pull::Config {
+    pull::Config {
+        deliver_policy,
+        ack_policy: AckPolicy::None,
+        headers_only: true,
+        memory_storage: true,
+        // Gone on its own if its reader dies: it holds nothing.
+        inactive_threshold: Duration::from_secs(60),
+        ..Default::default()
+    }
 }
 
 fn unreadable(name: &str, error: &dyn std::fmt::Display) -> Error {

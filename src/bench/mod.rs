@@ -11,6 +11,7 @@
 //!
 //! Everything runs in a database of its own, which is dropped afterwards.
 
+mod audit;
 mod group;
 mod inbox;
 pub mod load;
@@ -32,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::publish::{connect_nats, StreamSetup};
 use crate::redact;
 use crate::source::change_stream::said;
+pub use audit::AuditBench;
 pub use group::GroupRun;
 pub use inbox::{EndToEnd, InboxBench};
 use load::Clock;
@@ -68,6 +70,8 @@ pub struct BenchConfig {
     pub payload_bytes: usize,
     /// Messages the inbox handles, timed (0: skip the inbox's runs).
     pub inbox: usize,
+    /// Messages in the window an audit checks, timed (0: skip it).
+    pub audit: usize,
     /// How messages are keyed: push over JetStream and the drain run once
     /// for each (the other modes without keys).
     pub keys: Vec<Keys>,
@@ -296,6 +300,8 @@ pub struct Report {
     pub drains: Vec<Drain>,
     pub keyed_drains: Vec<KeyedDrain>,
     pub inbox: Option<InboxBench>,
+    /// An audit of a window of delivered messages (`--audit`).
+    pub audit: Option<AuditBench>,
     /// One relay against groups on the same load (`--relays`).
     pub groups: Vec<GroupRun>,
 }
@@ -344,6 +350,7 @@ pub async fn run(config: &BenchConfig) -> Result<Report> {
         drains: Vec::new(),
         keyed_drains: Vec::new(),
         inbox: None,
+        audit: None,
         groups: Vec::new(),
     };
     let outcome = bench.all(&mut report).await;
@@ -416,6 +423,9 @@ impl Bench<'_> {
         }
         if self.config.inbox > 0 {
             report.inbox = Some(self.inbox(self.config.inbox).await?);
+        }
+        if self.config.audit > 0 {
+            report.audit = Some(self.audit(self.config.audit).await?);
         }
         report.groups = self.groups().await?;
         Ok(())

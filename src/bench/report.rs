@@ -172,6 +172,19 @@ fn print_runs(report: &Report) {
             keyed.relay.peak_rss_mib,
         );
     }
+    if let Some(audit) = &report.audit {
+        println!(
+            "audit of {} delivered messages: {:.1} s, {:.0}/s, peak memory {} MiB; the stream's \
+             headers alone read in {:.1} s",
+            audit.messages,
+            audit.seconds,
+            audit.rate,
+            audit
+                .peak_memory_mib
+                .map_or("?".to_owned(), |mib| format!("{mib:.0}")),
+            audit.stream_floor_seconds,
+        );
+    }
     if let Some(inbox) = &report.inbox {
         println!(
             "inbox, {} messages at {} at once: {:.0}/s handled with the inbox, {:.0}/s in a \

@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// it, then the latency from outbox commit to consumer commit; 0 skips.
     #[arg(long, default_value_t = 10_000)]
     pub inbox: usize,
+    /// Messages in a window of delivered messages that `audit` checks,
+    /// timed with its memory; 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    pub audit: usize,
     /// How messages are keyed, comma-separated: "none", a number of
     /// distinct keys, or "one" (a single hot key); push over JetStream and
     /// the backlog drain run once for each.
@@ -157,6 +161,7 @@ impl BenchArgs {
             backlog,
             payload_bytes: self.payload_bytes,
             inbox: self.inbox,
+            audit: self.audit,
             keys,
             relays: self.relays,
             group_rate,

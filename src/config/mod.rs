@@ -227,6 +227,11 @@ settings! {
         /// stored position; "off" does not read the oplog at all (no
         /// headroom or window metric).
         oplog_headroom_warning: Option<Duration> = Some(HOUR), within(Duration::ZERO..=365 * DAY);
+        /// Audit each window of delivered messages once it is this old
+        /// (JetStream's flush interval and a margin, e.g. 5m), and publish
+        /// again what no stream holds; "off" does not (see outbox-relay
+        /// audit).
+        audit_after: Option<Duration> = None, within(SECOND..=7 * DAY);
     }
 }
 
@@ -341,6 +346,13 @@ impl RelayConfig {
                 "{} are different ways to authenticate to NATS: give one",
                 chosen.join(" and ")
             )));
+        }
+        if self.audit_after.is_some() && self.nats_mode == NatsMode::Core {
+            return Err(Error::Config(
+                "audit-after audits what JetStream stores, and core NATS stores nothing: leave \
+                 it off with --nats-mode core"
+                    .into(),
+            ));
         }
         if self.nats_user.is_some() != self.nats_password_file.is_some() {
             return Err(Error::Config(

@@ -266,6 +266,13 @@ exported! {
     resent: Counter => "resent",
         "Messages sent again because their first answer was in doubt (a timeout, a lost \
          connection, an outage): JetStream drops the repeat within its duplicate window";
+    audit_missing: Counter => "audit_missing",
+        "Delivered messages a relay's audit (--audit-after) found in no stream: JetStream lost \
+         what it acknowledged, or someone removed them";
+    audit_repaired: Counter => "audit_repaired",
+        "Missing messages a relay's audit published again";
+    audit_unrepaired: Gauge => "audit_unrepaired",
+        "Messages the last audit left missing after its repair (0 when all were mended)";
     dead_letters_held: Counter => "dead_letters_held",
         "Messages out of attempts not failed, because the broker took no other message \
          recently (it may be refusing everything); tried again after the longest retry delay";
@@ -453,6 +460,17 @@ impl Metrics {
     /// A message whose answer was in doubt was sent again.
     pub(crate) fn resent(&self) {
         self.0.exported.resent.inc();
+    }
+
+    /// An audit round found `missing` delivered messages in no stream,
+    /// published `repaired` of them again, and left `unrepaired`.
+    pub(crate) fn audited(&self, missing: u64, repaired: u64, unrepaired: u64) {
+        let exported = &self.0.exported;
+        exported.audit_missing.inc_by(missing);
+        exported.audit_repaired.inc_by(repaired);
+        exported
+            .audit_unrepaired
+            .set(i64::try_from(unrepaired).unwrap_or(i64::MAX));
     }
 
     /// A message could not be written at all (not even marked failed).

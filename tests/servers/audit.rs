@@ -511,3 +511,54 @@ async fn what_a_streams_limits_removed_is_not_missing_and_an_interest_stream_is_
     assert_exit(&output, 2, "Interest retention");
     delivered.env.drop().await;
 }
+
+/// A metric's value in a relay's rendering, where it has one line.
+fn metric(rendered: &str, name: &str) -> Option<f64> {
+    rendered
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn a_relay_auditing_on_its_own_publishes_again_what_the_stream_lost() {
+    let delivered = Delivered::new(6, |_| {}).await;
+    // The stream created anew, as a NATS host that lost its disk comes
+    // back: it remembers no id, so the audit's repeats are stored at once.
+    let config = delivered.stream_config().await;
+    let jetstream = &delivered.env.jetstream;
+    jetstream
+        .delete_stream(&delivered.env.stream)
+        .await
+        .expect("delete");
+    jetstream.create_stream(config).await.expect("create anew");
+    let mut config = delivered.env.config();
+    config.audit_after = Some(Duration::from_secs(1));
+    let relay = RunningRelay::start(config).await;
+    wait_until(
+        "the relay's audit to find six missing and publish them",
+        || async {
+            let rendered = relay.metrics.render();
+            metric(&rendered, "outbox_audit_missing_total") == Some(6.0)
+                && metric(&rendered, "outbox_audit_repaired_total") == Some(6.0)
+        },
+    )
+    .await;
+    assert_eq!(delivered.stored().await, 6);
+    let rendered = relay.metrics.render();
+    assert_eq!(metric(&rendered, "outbox_audit_unrepaired"), Some(0.0));
+    // Audited once: later rounds go on from where it ended.
+    let audited = delivered
+        .env
+        .db
+        .collection::<Document>("outbox_checkpoints")
+        .find_one(doc! { "_id": { "$regex": ":audit$" } })
+        .await
+        .expect("read")
+        .expect("the audit's record");
+    assert!(audited.get_datetime("auditedUntil").is_ok(), "{audited}");
+    relay.stop().await.expect("the relay stops");
+    let (output, _) = delivered.audit(&[]).await;
+    assert_exit(&output, 0, "");
+    delivered.env.drop().await;
+}
