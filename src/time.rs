@@ -41,6 +41,13 @@ pub(crate) fn seconds_between(from: DateTime, to: DateTime) -> f64 {
     (to.timestamp_millis() - from.timestamp_millis()) as f64 / 1000.0
 }
 
+/// A moment as RFC 3339 text, for a report or a message; its milliseconds
+/// where it is out of that range.
+pub(crate) fn shown(at: DateTime) -> String {
+    at.try_to_rfc3339_string()
+        .unwrap_or_else(|_| at.timestamp_millis().to_string())
+}
+
 /// Serializes a moment as RFC 3339 text, and none (or one out of range) as
 /// null: `#[serde(serialize_with = "as_rfc3339")]`.
 pub(crate) fn as_rfc3339<S: serde::Serializer>(

@@ -11,10 +11,14 @@ use bson::{DateTime, RawDocumentBuf};
 use futures::TryStreamExt;
 use mongodb::Collection;
 
+use super::pace::Pace;
 use super::stream::MAX_STORED;
 use crate::contract::{field, status, DecodeRules};
 use crate::error::{Error, Result};
 use crate::replay::Selection;
+
+/// Documents read between two looks at the pace.
+const PACED_EVERY: u64 = 256;
 
 /// How many of each finding are listed by name; the rest are counted.
 pub const LISTED: usize = 1_000;
@@ -66,6 +70,7 @@ pub async fn compare(
     selection: &Selection,
     rules: &DecodeRules,
     stored: &[ObjectId],
+    pace: Pace,
 ) -> Result<Compared> {
     let failed = |e| {
         Error::mongo("reading the outbox's messages failed", e).needing("find", outbox.namespace())
@@ -78,7 +83,14 @@ pub async fn compare(
         .map_err(failed)?;
     let mut compared = Compared::default();
     let mut next = 0;
+    let mut pacer = pace.start();
+    let mut unpaced = 0;
     while let Some(document) = cursor.try_next().await.map_err(failed)? {
+        unpaced += 1;
+        if unpaced == PACED_EVERY {
+            pacer.read(unpaced).await;
+            unpaced = 0;
+        }
         let Ok(id) = document.get_object_id(field::ID) else {
             continue;
         };

@@ -34,6 +34,7 @@
 //! - `watch`: a relay's own audit of each window once it is old enough.
 
 mod compare;
+mod pace;
 mod repair;
 pub(crate) mod stream;
 mod watch;
@@ -47,6 +48,7 @@ use bson::DateTime;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+pub use pace::Pace;
 pub use repair::{RepairEnd, Repaired, Unsendable};
 pub use stream::MAX_STORED;
 pub use watch::{watch, Watch};
@@ -57,9 +59,9 @@ use crate::error::{Error, Result};
 use crate::observe::Metrics;
 use crate::publish::{NatsPublisher, Publisher};
 use crate::replay::{existing_outbox, Selection};
-use crate::time::{earlier, later};
+use crate::time::{earlier, later, shown};
 use compare::{Compared, Described, Missing};
-use repair::{shown, Repair};
+use repair::Repair;
 use stream::{CapturingStream, Seen, Verdict};
 
 /// How far the writer's clock (which stamps the `_id`) and the NATS
@@ -68,8 +70,10 @@ use stream::{CapturingStream, Seen, Verdict};
 pub const CLOCK_MARGIN: Duration = Duration::from_secs(60);
 
 /// How an audit runs.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Options {
+    /// How fast it reads.
+    pub pace: Pace,
     /// Publish the missing messages again, then audit again.
     pub repair: Option<RepairOptions>,
 }
@@ -112,24 +116,31 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Whether every processed message of the window is in a stream, after
-    /// the repair where there was one: the exit code's question.
-    pub fn nothing_missing(&self) -> bool {
-        match &self.repair {
-            Some(repair) => repair
-                .after
-                .as_ref()
-                .is_some_and(|after| after.missing == 0),
-            None => self.found.missing == 0,
+    /// What the audit concludes, after the repair where there was one.
+    pub fn conclusion(&self) -> Conclusion {
+        let left = match &self.repair {
+            None => Some(&self.found),
+            Some(repair) if repair.repaired.ended == RepairEnd::Stopped => {
+                return Conclusion::Stopped
+            }
+            Some(repair) => repair.after.as_ref(),
+        };
+        match left.map(|found| found.missing) {
+            Some(0) => Conclusion::AllStored,
+            _ => Conclusion::Missing,
         }
     }
+}
 
-    /// Whether a signal stopped the repair.
-    pub fn stopped(&self) -> bool {
-        self.repair
-            .as_ref()
-            .is_some_and(|repair| repair.repaired.ended == RepairEnd::Stopped)
-    }
+/// What an audit concludes: the exit code's question.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conclusion {
+    /// Every processed message of the window is in a stream: exit 0.
+    AllStored,
+    /// Some are not, or were not mended: exit 1.
+    Missing,
+    /// A signal stopped the repair before it audited again: exit 130.
+    Stopped,
 }
 
 /// A stream read.
@@ -239,7 +250,7 @@ pub async fn run(
     let client = crate::connect::connect_mongodb(&config.mongodb_uri).await?;
     let database = client.database(&config.database);
     let outbox = existing_outbox(&database, config).await?;
-    let auditor = Auditor::connect(outbox, config).await?;
+    let auditor = Auditor::connect(outbox, config, options.pace).await?;
     let (found, repair) = auditor
         .audit(&selection, options.repair.as_ref(), stop)
         .await?;
@@ -272,6 +283,7 @@ pub(crate) struct Auditor {
     streams: Vec<CapturingStream>,
     rules: DecodeRules,
     retention: Option<Retention>,
+    pace: Pace,
 }
 
 impl Auditor {
@@ -279,6 +291,7 @@ impl Auditor {
     pub(crate) async fn connect(
         outbox: mongodb::Collection<bson::Document>,
         config: &RelayConfig,
+        pace: Pace,
     ) -> Result<Self> {
         if config.nats_mode == NatsMode::Core {
             return Err(Error::Config(
@@ -308,6 +321,7 @@ impl Auditor {
             js,
             streams,
             retention: config.retention,
+            pace,
         })
     }
 
@@ -326,6 +340,7 @@ impl Auditor {
             selection,
             rules: &self.rules,
             retention: self.retention,
+            pace: self.pace,
         };
         let (found, missing) = audit.once().await?;
         let Some(asked) = repair.filter(|_| !missing.is_empty()) else {
@@ -337,6 +352,7 @@ impl Auditor {
             publisher: &self.publisher,
             js: &self.js,
             streams: &self.streams,
+            read_pace: self.pace,
             duplicate_window: longest_window(&self.streams),
             pace: crate::replay::pace(asked.rate)?,
             wait: asked.wait,
@@ -365,6 +381,7 @@ struct Audit<'a> {
     selection: &'a Selection,
     rules: &'a DecodeRules,
     retention: Option<Retention>,
+    pace: Pace,
 }
 
 impl Audit<'_> {
@@ -376,10 +393,16 @@ impl Audit<'_> {
             .since
             .map(|since| earlier(since, CLOCK_MARGIN));
         let judge = |seen: &Seen<'_>| self.judge(seen);
-        let mut stored = stream::read(self.js, self.streams, from, &judge).await?;
+        let mut stored = stream::read(self.js, self.streams, from, &judge, self.pace).await?;
         stored.ids.sort_unstable();
-        let mut compared =
-            compare::compare(self.outbox, self.selection, self.rules, &stored.ids).await?;
+        let mut compared = compare::compare(
+            self.outbox,
+            self.selection,
+            self.rules,
+            &stored.ids,
+            self.pace,
+        )
+        .await?;
         let mut read = ReadCounts {
             read: stored.read,
             foreign: stored.foreign,
@@ -414,7 +437,7 @@ impl Audit<'_> {
                 }
                 _ => Verdict::Outside,
             };
-            let found = stream::read(self.js, self.streams, again_from, &judge).await?;
+            let found = stream::read(self.js, self.streams, again_from, &judge, self.pace).await?;
             read.read += found.read;
             compared.found_later(&found.ids);
         }

@@ -28,12 +28,13 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::compare::Missing;
+use super::pace::Pace;
 use super::stream::{self, CapturingStream, Seen, Verdict};
 use super::CLOCK_MARGIN;
 use crate::contract::{field, header, DecodeRules, OutboxMessage};
 use crate::error::{Error, Result};
 use crate::publish::{PublishError, Publisher};
-use crate::time::{earlier, later};
+use crate::time::{earlier, later, shown};
 
 /// Documents read from the outbox at a time.
 const READ_BATCH: usize = 256;
@@ -93,6 +94,8 @@ pub struct Repair<'a> {
     /// Where a message JetStream says it remembers is looked for again.
     pub js: &'a Context,
     pub streams: &'a [CapturingStream],
+    /// How fast those reads go.
+    pub read_pace: Pace,
     /// The longest duplicate window of the streams.
     pub duplicate_window: Duration,
     /// The least time between two sends (`--rate`).
@@ -310,11 +313,12 @@ impl Repair<'_> {
             }
             _ => Verdict::Outside,
         };
-        let found: HashSet<ObjectId> = stream::read(self.js, self.streams, from, &judge)
-            .await?
-            .ids
-            .into_iter()
-            .collect();
+        let found: HashSet<ObjectId> =
+            stream::read(self.js, self.streams, from, &judge, self.read_pace)
+                .await?
+                .ids
+                .into_iter()
+                .collect();
         let before = ready.len();
         let ready: Vec<Due> = ready
             .into_iter()
@@ -402,10 +406,4 @@ fn unsendable(due: &Due, reason: String) -> Unsendable {
         id: due.missing.id.to_hex(),
         reason,
     }
-}
-
-/// A moment as the report writes it.
-pub(super) fn shown(at: DateTime) -> String {
-    at.try_to_rfc3339_string()
-        .unwrap_or_else(|_| at.timestamp_millis().to_string())
 }

@@ -18,6 +18,7 @@ use async_nats::jetstream::{self, Context};
 use bson::oid::ObjectId;
 use futures::TryStreamExt;
 
+use super::pace::{Pace, Pacer};
 use crate::contract::header;
 use crate::error::{Error, Result};
 
@@ -232,10 +233,12 @@ pub async fn read(
     streams: &[CapturingStream],
     from: Option<bson::DateTime>,
     judge: &(dyn Fn(&Seen<'_>) -> Verdict + Sync),
+    pace: Pace,
 ) -> Result<Stored> {
     let mut stored = Stored::default();
+    let mut pacer = pace.start();
     for stream in streams {
-        read_one(js, &stream.name, from, judge, &mut stored).await?;
+        read_one(js, &stream.name, from, judge, &mut stored, &mut pacer).await?;
     }
     Ok(stored)
 }
@@ -246,6 +249,7 @@ async fn read_one(
     from: Option<bson::DateTime>,
     judge: &(dyn Fn(&Seen<'_>) -> Verdict + Sync),
     stored: &mut Stored,
+    pacer: &mut Pacer,
 ) -> Result<()> {
     let mut stream = js
         .get_stream(name)
@@ -279,12 +283,14 @@ async fn read_one(
     let read = async {
         let mut empty = 0;
         loop {
+            let read_before = stored.read;
             let batch = tokio::time::timeout(READ_WAIT, fetch(&consumer, name, judge, stored))
                 .await
                 .map_err(|_| {
                     let late = format!("no batch came within {READ_WAIT:?}; run the audit again");
                     reading(name, &late)
                 })??;
+            pacer.read(stored.read - read_before).await;
             match batch {
                 // Read to where it ended, or nothing left after it (what
                 // was at the end was deleted).

@@ -16,7 +16,7 @@ use futures::TryStreamExt;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::Bench;
+use super::{Bench, Keys, Start};
 use crate::audit::stream::headers_reader;
 use crate::error::{Error, Result};
 
@@ -36,7 +36,20 @@ pub struct AuditBench {
     /// Reading the stream's headers alone, with the same consumer
     /// settings: the floor of the stream's half.
     pub stream_floor_seconds: f64,
+    /// The same audit at its default pace (`--read-rate`, [`PACED`]).
+    pub paced_seconds: f64,
+    /// A relay's drain of a backlog of [`BESIDE`] messages, alone before
+    /// and after, and while the paced audit runs on the same servers, in
+    /// messages a second.
+    pub drain_alone_rates: [f64; 2],
+    pub drain_beside_audit_rate: f64,
 }
+
+/// The backlog a relay drains beside an audit.
+const BESIDE: usize = 100_000;
+
+/// The audit's default `--read-rate`, which the drain beside it runs with.
+const PACED: &str = "10000";
 
 impl Bench<'_> {
     /// Audits a window of `n` delivered messages.
@@ -46,25 +59,8 @@ impl Bench<'_> {
         self.fill_window(&collection, &prefix, n).await?;
         let floor = self.read_headers(&stream).await?;
         tracing::info!(messages = n, "auditing the window");
-        let output = tokio::process::Command::new(&self.config.relay_binary)
-            .args([
-                "audit",
-                "--all",
-                "--json",
-                "--mongodb-uri",
-                &self.config.mongodb_uri,
-                "--database",
-                self.database.name(),
-                "--collection",
-                &collection,
-                "--nats-url",
-                &self.config.nats_url,
-                "--subject-prefix",
-                &prefix,
-            ])
-            .output()
-            .await
-            .map_err(|e| Error::io("cannot run the audit", e))?;
+        let audit = self.audit_command(&collection, &prefix, "max");
+        let output = run_audit(audit).await?;
         let summary: serde_json::Value = serde_json::from_slice(&output.stdout).map_err(|e| {
             Error::Bench(format!(
                 "the audit printed no report ({e}): {}",
@@ -78,13 +74,73 @@ impl Bench<'_> {
             )));
         }
         let seconds = summary["seconds"].as_f64().unwrap_or(f64::NAN);
+        // A relay's drain, alone and then beside the same audit, once it
+        // is reading.
+        let alone = self
+            .drain_named("alone", Keys::None, Start::First, BESIDE)
+            .await?;
+        let mut beside = self
+            .audit_command(&collection, &prefix, PACED)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| Error::io("cannot run the audit", e))?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let drained = self
+            .drain_named("beside", Keys::None, Start::First, BESIDE)
+            .await?;
+        if let Ok(Some(_)) = beside.try_wait() {
+            return Err(Error::Bench(
+                "the audit ended before the drain beside it did: audit a larger window".into(),
+            ));
+        }
+        let paced = beside
+            .wait_with_output()
+            .await
+            .map_err(|e| Error::io("cannot run the audit", e))?;
+        let paced: serde_json::Value = serde_json::from_slice(&paced.stdout)
+            .map_err(|e| Error::Bench(format!("the paced audit printed no report ({e})")))?;
+        // Alone again, after: the servers' pace drifts along a run.
+        let after = self
+            .drain_named("after", Keys::None, Start::First, BESIDE)
+            .await?;
         Ok(AuditBench {
             messages: n,
             seconds,
             rate: n as f64 / seconds,
             peak_memory_mib: summary["peak_memory_mib"].as_f64(),
             stream_floor_seconds: floor.as_secs_f64(),
+            paced_seconds: paced["seconds"].as_f64().unwrap_or(f64::NAN),
+            drain_alone_rates: [BESIDE as f64 / alone.seconds, BESIDE as f64 / after.seconds],
+            drain_beside_audit_rate: BESIDE as f64 / drained.seconds,
         })
+    }
+
+    /// `outbox-relay audit --all --json` of the window in `collection`,
+    /// reading at most `rate` messages a second.
+    fn audit_command(&self, collection: &str, prefix: &str, rate: &str) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(&self.config.relay_binary);
+        command
+            .args([
+                "audit",
+                "--all",
+                "--json",
+                "--read-rate",
+                rate,
+                "--mongodb-uri",
+            ])
+            .arg(&self.config.mongodb_uri)
+            .args([
+                "--database",
+                self.database.name(),
+                "--collection",
+                collection,
+            ])
+            .arg("--nats-url")
+            .arg(&self.config.nats_url)
+            .args(["--subject-prefix", prefix])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        command
     }
 
     /// `n` processed documents in `collection`, and a message for each
@@ -160,4 +216,12 @@ impl Bench<'_> {
         }
         Ok(started.elapsed())
     }
+}
+
+/// Runs an audit to its end.
+async fn run_audit(mut command: tokio::process::Command) -> Result<std::process::Output> {
+    command
+        .output()
+        .await
+        .map_err(|e| Error::io("cannot run the audit", e))
 }

@@ -827,7 +827,13 @@ impl Bench<'_> {
     /// says. Returns how long the drain took, when its first mark came,
     /// and what the relay used.
     async fn drain_keyed(&self, keys: Keys, start: Start, n: usize) -> Result<Drained> {
-        let tag = format!("drain{}{}_{n}", keys.slug(), start.slug());
+        self.drain_named("", keys, start, n).await
+    }
+
+    /// [`Bench::drain_keyed`] into an outbox and a stream whose names
+    /// carry `name` too, to drain the same backlog again beside something.
+    async fn drain_named(&self, name: &str, keys: Keys, start: Start, n: usize) -> Result<Drained> {
+        let tag = format!("drain{name}{}{}_{n}", keys.slug(), start.slug());
         let (prefix, collection) = self.names(&tag);
         let stream = self.stream_for(&prefix).await?;
         let outbox = self.database.collection::<Document>(&collection);

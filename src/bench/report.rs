@@ -175,7 +175,8 @@ fn print_runs(report: &Report) {
     if let Some(audit) = &report.audit {
         println!(
             "audit of {} delivered messages: {:.1} s, {:.0}/s, peak memory {} MiB; the stream's \
-             headers alone read in {:.1} s",
+             headers alone read in {:.1} s; at its default pace {:.1} s, and a relay drains {:.0}/s \
+             and {:.0}/s alone (before, after), {:.0}/s beside it",
             audit.messages,
             audit.seconds,
             audit.rate,
@@ -183,6 +184,10 @@ fn print_runs(report: &Report) {
                 .peak_memory_mib
                 .map_or("?".to_owned(), |mib| format!("{mib:.0}")),
             audit.stream_floor_seconds,
+            audit.paced_seconds,
+            audit.drain_alone_rates[0],
+            audit.drain_alone_rates[1],
+            audit.drain_beside_audit_rate,
         );
     }
     if let Some(inbox) = &report.inbox {

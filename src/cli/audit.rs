@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use outbox_relay::audit::{self, Findings, Listed, Summary};
+use outbox_relay::audit::{self, Conclusion, Findings, Listed, Summary};
 use outbox_relay::Result;
 use tokio_util::sync::CancellationToken;
 
@@ -18,6 +18,9 @@ use super::{duration, to_json, RunArgs, WindowArgs};
 pub struct AuditArgs {
     #[command(flatten)]
     pub window: WindowArgs,
+    /// Most messages a second it reads of the streams and of the outbox, so a relay beside it keeps its pace; "max": as fast as the servers answer.
+    #[arg(long, default_value = "10000", value_parser = read_rate)]
+    pub read_rate: ReadRate,
     /// Publish the missing messages again, each with its own id, subject and headers, then audit again.
     #[arg(long)]
     pub repair: bool,
@@ -43,6 +46,7 @@ impl AuditArgs {
             .selection("audit", "every message the outbox holds")?;
         let config = self.settings.resolve()?;
         let options = audit::Options {
+            pace: audit::Pace(self.read_rate.0),
             repair: self.repair.then_some(audit::RepairOptions {
                 rate: self.rate,
                 wait: self.repair_wait,
@@ -54,12 +58,10 @@ impl AuditArgs {
         } else {
             print!("{}", render(&summary));
         }
-        Ok(if summary.stopped() {
-            ExitCode::from(130)
-        } else if summary.nothing_missing() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(1)
+        Ok(match summary.conclusion() {
+            Conclusion::AllStored => ExitCode::SUCCESS,
+            Conclusion::Missing => ExitCode::from(1),
+            Conclusion::Stopped => ExitCode::from(130),
         })
     }
 }
@@ -110,9 +112,10 @@ fn render(summary: &Summary) -> String {
     let _ = writeln!(
         text,
         "{}",
-        match summary.nothing_missing() {
-            true => "every delivered message is in the stream",
-            false => "some delivered messages are not in the stream (exit 1)",
+        match summary.conclusion() {
+            Conclusion::AllStored => "every delivered message is in the stream",
+            Conclusion::Missing => "some delivered messages are not in the stream (exit 1)",
+            Conclusion::Stopped => "stopped before the repair was audited (exit 130)",
         }
     );
     text
@@ -177,5 +180,19 @@ fn listing(text: &mut String, what: &str, listed: &[Listed], count: u64) {
     let more = count.saturating_sub(SHOWN.min(listed.len()) as u64);
     if more > 0 {
         let _ = writeln!(text, "    and {more} more (--json lists up to 1000)");
+    }
+}
+
+/// `--read-rate`: a number of messages a second, or "max".
+#[derive(Debug, Clone, Copy)]
+pub struct ReadRate(Option<f64>);
+
+fn read_rate(text: &str) -> std::result::Result<ReadRate, String> {
+    match text.trim() {
+        "max" => Ok(ReadRate(None)),
+        number => match number.parse::<f64>() {
+            Ok(rate) if rate.is_finite() && rate >= 1.0 => Ok(ReadRate(Some(rate))),
+            _ => Err("is a number of messages a second (at least 1), or max".to_owned()),
+        },
     }
 }

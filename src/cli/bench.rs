@@ -28,7 +28,7 @@ pub struct BenchArgs {
         default_value = "nats://127.0.0.1:4222"
     )]
     pub nats_url: String,
-    /// Offered rates in messages a second, comma-separated; "max" is as fast as it goes.
+    /// Offered rates in messages a second, comma-separated; "max" is as fast as it goes; "none" runs none.
     #[arg(long, default_value = "20,100,1000,max", value_delimiter = ',')]
     pub rates: Vec<String>,
     /// Messages per run; a run at a low rate writes a minute's worth at most.
@@ -101,9 +101,11 @@ const MAX_PAYLOAD_BYTES: usize = 1_000_000 - 4_096;
 impl BenchArgs {
     /// The checked benchmark settings.
     fn resolve(self, server: String) -> Result<BenchConfig> {
+        // "none": no latency runs, for a run of the other parts alone.
         let rates = self
             .rates
             .iter()
+            .filter(|rate| rate.trim() != "none")
             .map(|rate| parse_rate("--rates", rate))
             .collect::<Result<Vec<_>>>()?;
         let keys = self

@@ -20,7 +20,7 @@ use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use serde::{Deserialize, Serialize};
 
 use crate::contract::{field, pattern_matches, pattern_regex, status, validate_pattern};
-use crate::time::object_id_at;
+use crate::time::{object_id_at, shown};
 
 /// The messages a replay sends: delivered ones (and, if asked, failed
 /// ones) matching every criterion given, and any value of one not given.
@@ -175,11 +175,6 @@ impl Selection {
 /// Whether `value` matches one of `patterns`, or none is given.
 fn any_matches(patterns: &[String], value: &str) -> bool {
     patterns.is_empty() || patterns.iter().any(|p| pattern_matches(p, value))
-}
-
-fn shown(at: DateTime) -> String {
-    at.try_to_rfc3339_string()
-        .unwrap_or_else(|_| at.timestamp_millis().to_string())
 }
 
 #[cfg(test)]

@@ -396,6 +396,13 @@ async fn core_nats_and_bad_flags_are_refused_with_exit_2() {
     let mut command = relay_command(&env);
     command.args(["audit", "--since", "tomorrow"]);
     assert_exit(&bounded(command).await, 2, "--since");
+    let mut command = relay_command(&env);
+    command.args(["audit", "--all", "--read-rate", "0"]);
+    assert_exit(&bounded(command).await, 2, "--read-rate");
+    // A relay's own audit needs JetStream too.
+    let mut command = relay_command(&env);
+    command.args(["run", "--audit-after", "5m", "--nats-mode", "core"]);
+    assert_exit(&bounded(command).await, 2, "audit-after");
     env.drop().await;
 }
 

@@ -1,0 +1,46 @@
+//! How fast an audit reads: at most so many messages a second, so that an
+//! audit beside a running relay leaves it the servers' time. Reads are
+//! counted in batches and the reader waits out whatever it is ahead of the
+//! rate, so a paced read costs no more than an unpaced one, spread out.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The most messages a second an audit reads, of the streams and of the
+/// outbox each; none: as fast as the servers answer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pace(pub Option<f64>);
+
+/// One read's progress against its pace.
+pub(super) struct Pacer {
+    per_second: Option<f64>,
+    started: Instant,
+    read: u64,
+}
+
+impl Pace {
+    pub(super) fn start(self) -> Pacer {
+        Pacer {
+            per_second: self.0,
+            started: Instant::now(),
+            read: 0,
+        }
+    }
+}
+
+impl Pacer {
+    /// Counts `n` messages read, and waits while the read is ahead of its
+    /// pace.
+    pub(super) async fn read(&mut self, n: u64) {
+        self.read += n;
+        let Some(per_second) = self.per_second else {
+            return;
+        };
+        let due = Duration::from_secs_f64(self.read as f64 / per_second);
+        let ahead = due.saturating_sub(self.started.elapsed());
+        if !ahead.is_zero() {
+            tokio::time::sleep(ahead).await;
+        }
+    }
+}
