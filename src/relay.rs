@@ -868,12 +868,8 @@ impl Relay {
     }
 
     fn audit_watch(&self) -> crate::audit::Watch {
-        crate::audit::Watch {
-            database: self.database.clone(),
-            config: self.config.clone(),
-            metrics: self.metrics.clone(),
-            owner: crate::lease::owner_name(),
-        }
+        let (database, config) = (self.database.clone(), self.config.clone());
+        crate::audit::Watch::new(database, config, self.metrics.clone())
     }
 
     fn collector(&self) -> observe::Collector {

@@ -56,12 +56,17 @@ pub struct Compared {
     /// Processed and stored more than once.
     pub repeated: u64,
     pub repeated_listed: Vec<Described>,
-    /// Not delivered yet (pending, or in no state the relay wrote).
+    /// Not delivered yet (pending, or in no state the relay wrote), or
+    /// processed too recently to judge.
     pub pending: u64,
     /// Given up on (dead letters).
     pub failed: u64,
     /// Stored copies of ids the outbox does not hold, in `_id` order.
     pub unrecorded: Vec<ObjectId>,
+    /// The first message not settled: pending, or processed at or after
+    /// the moment the caller asked about (its copy may yet be lost to a
+    /// flush). An audit that moves on moves on to it, no further.
+    pub first_unsettled: Option<ObjectId>,
 }
 
 /// Compares the window's messages in `outbox` with `stored` (sorted).
@@ -71,6 +76,7 @@ pub async fn compare(
     rules: &DecodeRules,
     stored: &[ObjectId],
     pace: Pace,
+    settled_before: Option<DateTime>,
 ) -> Result<Compared> {
     let failed = |e| {
         Error::mongo("reading the outbox's messages failed", e).needing("find", outbox.namespace())
@@ -110,7 +116,19 @@ pub async fn compare(
             continue;
         }
         compared.messages += 1;
-        compared.judge(document.get_str(field::STATUS).ok(), described, copies)?;
+        let state = document.get_str(field::STATUS).ok();
+        let unsettled = match state {
+            Some(status::FAILED) => false,
+            Some(status::PROCESSED) => settled_before
+                .is_some_and(|moment| described.processed_at.is_none_or(|at| at >= moment)),
+            _ => true,
+        };
+        if unsettled && compared.first_unsettled.is_none() {
+            compared.first_unsettled = Some(id);
+        }
+        // Processed too recently to judge: as if it were pending.
+        let state = if unsettled { None } else { state };
+        compared.judge(state, described, copies)?;
     }
     compared.unrecorded.extend_from_slice(&stored[next..]);
     Ok(compared)

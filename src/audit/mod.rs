@@ -251,8 +251,13 @@ pub async fn run(
     let database = client.database(&config.database);
     let outbox = existing_outbox(&database, config).await?;
     let auditor = Auditor::connect(outbox, config, options.pace).await?;
-    let (found, repair) = auditor
-        .audit(&selection, options.repair.as_ref(), stop)
+    let Audited { found, repair, .. } = auditor
+        .audit(
+            &selection,
+            Reading::default(),
+            options.repair.as_ref(),
+            stop,
+        )
         .await?;
     let streams = &auditor.streams;
     Ok(Summary {
@@ -330,9 +335,10 @@ impl Auditor {
     pub(crate) async fn audit(
         &self,
         selection: &Selection,
+        reading: Reading,
         repair: Option<&RepairOptions>,
         stop: &CancellationToken,
-    ) -> Result<(Findings, Option<RepairSummary>)> {
+    ) -> Result<Audited> {
         let audit = Audit {
             js: &self.js,
             streams: &self.streams,
@@ -341,10 +347,16 @@ impl Auditor {
             rules: &self.rules,
             retention: self.retention,
             pace: self.pace,
+            stream_until: reading.stream_until,
+            settled_before: reading.settled_before,
         };
-        let (found, missing) = audit.once().await?;
-        let Some(asked) = repair.filter(|_| !missing.is_empty()) else {
-            return Ok((found, None));
+        let first = audit.once().await?;
+        let Some(asked) = repair.filter(|_| !first.missing.is_empty()) else {
+            return Ok(Audited {
+                found: first.findings,
+                repair: None,
+                first_unsettled: first.first_unsettled,
+            });
         };
         let repair = Repair {
             outbox: &self.outbox,
@@ -353,17 +365,46 @@ impl Auditor {
             js: &self.js,
             streams: &self.streams,
             read_pace: self.pace,
+            window_from: selection.since.map(|since| earlier(since, CLOCK_MARGIN)),
             duplicate_window: longest_window(&self.streams),
             pace: crate::replay::pace(asked.rate)?,
             wait: asked.wait,
         };
-        let repaired = repair.run(&missing, stop).await?;
+        let repaired = repair.run(&first.missing, stop).await?;
         let after = match repaired.ended {
-            RepairEnd::Done => Some(audit.once().await?.0),
+            RepairEnd::Done => Some(audit.once().await?),
             RepairEnd::Stopped => None,
         };
-        Ok((found, Some(RepairSummary { repaired, after })))
+        Ok(Audited {
+            found: first.findings,
+            first_unsettled: after
+                .as_ref()
+                .map_or(first.first_unsettled, |after| after.first_unsettled),
+            repair: Some(RepairSummary {
+                repaired,
+                after: after.map(|after| after.findings),
+            }),
+        })
     }
+}
+
+/// How an audit reads, beyond its window.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Reading {
+    /// Read the streams only to the first message stored after this
+    /// (None: to their ends).
+    pub stream_until: Option<DateTime>,
+    /// A message processed at or after this is not settled yet.
+    pub settled_before: Option<DateTime>,
+}
+
+/// What an audit found and did.
+pub(crate) struct Audited {
+    pub found: Findings,
+    pub repair: Option<RepairSummary>,
+    /// The first message of the window not settled: pending, or processed
+    /// at or after [`Reading::settled_before`].
+    pub first_unsettled: Option<ObjectId>,
 }
 
 /// What the reads of the streams counted, besides the ids.
@@ -382,18 +423,37 @@ struct Audit<'a> {
     rules: &'a DecodeRules,
     retention: Option<Retention>,
     pace: Pace,
+    /// The streams are read to the first message stored after this (None:
+    /// to their ends).
+    stream_until: Option<DateTime>,
+    /// A message processed at or after this is not settled yet (see
+    /// [`Once::first_unsettled`]).
+    settled_before: Option<DateTime>,
+}
+
+/// What one audit found, and where it may move on to.
+struct Once {
+    findings: Findings,
+    missing: Vec<Missing>,
+    /// The first message of the window not settled (pending, or processed
+    /// too recently): an audit moving on stops there.
+    first_unsettled: Option<ObjectId>,
 }
 
 impl Audit<'_> {
     /// Reads the streams, then the outbox, and compares them.
-    async fn once(&self) -> Result<(Findings, Vec<Missing>)> {
+    async fn once(&self) -> Result<Once> {
         let read_began = DateTime::now();
         let from = self
             .selection
             .since
             .map(|since| earlier(since, CLOCK_MARGIN));
         let judge = |seen: &Seen<'_>| self.judge(seen);
-        let mut stored = stream::read(self.js, self.streams, from, &judge, self.pace).await?;
+        let span = stream::Span {
+            from,
+            until: self.stream_until,
+        };
+        let mut stored = stream::read(self.js, self.streams, span, &judge, self.pace).await?;
         stored.ids.sort_unstable();
         let mut compared = compare::compare(
             self.outbox,
@@ -401,6 +461,7 @@ impl Audit<'_> {
             self.rules,
             &stored.ids,
             self.pace,
+            self.settled_before,
         )
         .await?;
         let mut read = ReadCounts {
@@ -409,8 +470,8 @@ impl Audit<'_> {
             replayed: stored.replayed,
         };
         let unrecorded = self.unrecorded(&compared.unrecorded);
+        let horizon = stored.horizon;
         drop(stored);
-        let horizon = self.streams.iter().filter_map(|s| s.horizon).max();
         let past_stream_limits = horizon.map_or(0, |at| compared.set_aside_before(at));
         // Processed after the read began: perhaps stored after it read
         // that far. Looked for again from just before the first of them;
@@ -437,13 +498,21 @@ impl Audit<'_> {
                 }
                 _ => Verdict::Outside,
             };
-            let found = stream::read(self.js, self.streams, again_from, &judge, self.pace).await?;
+            let span = stream::Span {
+                from: again_from,
+                until: None,
+            };
+            let found = stream::read(self.js, self.streams, span, &judge, self.pace).await?;
             read.read += found.read;
             compared.found_later(&found.ids);
         }
         let mut findings = self.findings(&compared, unrecorded, &read);
         findings.past_stream_limits = past_stream_limits;
-        Ok((findings, compared.missing))
+        Ok(Once {
+            findings,
+            first_unsettled: compared.first_unsettled,
+            missing: compared.missing,
+        })
     }
 
     /// What a stored message is to this audit. A copy of an outbox message

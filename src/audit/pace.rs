@@ -29,7 +29,23 @@ impl Pace {
     }
 }
 
+/// The longest a paced reader waits between two batches: a stream's
+/// reading consumer is deleted by the server after a minute without one.
+const LONGEST_PAUSE: Duration = Duration::from_secs(10);
+
 impl Pacer {
+    /// How many to ask for at a time, at most `most`: no more than the
+    /// pace reads in [`LONGEST_PAUSE`].
+    pub(super) fn batch(&self, most: usize) -> usize {
+        match self.per_second {
+            Some(per_second) => {
+                let paced = (per_second * LONGEST_PAUSE.as_secs_f64()) as usize;
+                paced.clamp(1, most)
+            }
+            None => most,
+        }
+    }
+
     /// Counts `n` messages read, and waits while the read is ahead of its
     /// pace.
     pub(super) async fn read(&mut self, n: u64) {

@@ -96,6 +96,9 @@ pub struct Repair<'a> {
     pub streams: &'a [CapturingStream],
     /// How fast those reads go.
     pub read_pace: Pace,
+    /// Where they begin for a message that says not when it was
+    /// processed: the audited window's start (None: the streams' first).
+    pub window_from: Option<DateTime>,
     /// The longest duplicate window of the streams.
     pub duplicate_window: Duration,
     /// The least time between two sends (`--rate`).
@@ -301,24 +304,33 @@ impl Repair<'_> {
     /// The messages of `ready` no stream holds, read again from just
     /// before the first was processed (without a time, from the start).
     async fn not_stored(&self, ready: Vec<Due>, repaired: &mut Repaired) -> Result<Vec<Due>> {
+        if ready.is_empty() {
+            return Ok(ready);
+        }
         let ids: HashSet<ObjectId> = ready.iter().map(|due| due.missing.id).collect();
         let times: Option<Vec<DateTime>> =
             ready.iter().map(|due| due.missing.processed_at).collect();
-        let from = times
-            .and_then(|times| times.into_iter().min())
-            .map(|first| earlier(first, CLOCK_MARGIN));
+        let from = match times.and_then(|times| times.into_iter().min()) {
+            Some(first) => Some(earlier(first, CLOCK_MARGIN)),
+            None => self.window_from,
+        };
         let judge = |seen: &Seen<'_>| match seen.outbox_id() {
             Some(id) if ids.contains(&id) && seen.header(header::REPLAY).is_none() => {
                 Verdict::Outbox(id)
             }
             _ => Verdict::Outside,
         };
-        let found: HashSet<ObjectId> =
-            stream::read(self.js, self.streams, from, &judge, self.read_pace)
-                .await?
-                .ids
-                .into_iter()
-                .collect();
+        let found: HashSet<ObjectId> = stream::read(
+            self.js,
+            self.streams,
+            stream::Span { from, until: None },
+            &judge,
+            self.read_pace,
+        )
+        .await?
+        .ids
+        .into_iter()
+        .collect();
         let before = ready.len();
         let ready: Vec<Due> = ready
             .into_iter()

@@ -29,8 +29,10 @@ const BATCH: usize = 1_000;
 /// otherwise be waited on for ever.
 const READ_WAIT: Duration = Duration::from_secs(30);
 
-/// Empty batches in a row, with messages pending, before a read gives up.
+/// Empty batches in a row, with messages pending, before a read gives up,
+/// each after a pause longer by this.
 const EMPTY_BATCHES: u32 = 10;
+const EMPTY_PAUSE: Duration = Duration::from_millis(100);
 
 /// The most stored copies of outbox messages one audit holds: 12 bytes
 /// each, 60 MB in all. A window that stores more is refused, to be audited
@@ -46,11 +48,6 @@ pub struct CapturingStream {
     /// Its replicas: one, and a crash of its host can lose what it
     /// acknowledged since its last flush to disk.
     pub replicas: usize,
-    /// Before this moment the stream's own limits (`max_age`, `max_msgs`,
-    /// `max_bytes`) may have removed what it stored: a message processed
-    /// earlier that it does not hold is not counted missing. None: it
-    /// removes nothing by itself.
-    pub horizon: Option<bson::DateTime>,
 }
 
 /// Why a stream cannot be audited: it removes messages by design, so one
@@ -74,7 +71,9 @@ fn unauditable(name: &str, config: &jetstream::stream::Config) -> Option<String>
     })
 }
 
-/// The moment before which a stream's limits may have removed messages.
+/// The moment before which a stream's own limits (`max_age`, `max_msgs`,
+/// `max_bytes`) may have removed what it stored, as its state says now;
+/// None: it removes nothing by itself.
 fn horizon(info: &jetstream::stream::Info) -> Option<bson::DateTime> {
     let config = &info.config;
     let mut horizon = None;
@@ -114,7 +113,6 @@ pub async fn capturing(js: &Context, subjects: &[String]) -> Result<Vec<Capturin
         streams.push(CapturingStream {
             duplicate_window: info.config.duplicate_window,
             replicas: info.config.num_replicas.max(1),
-            horizon: horizon(info),
             name,
         });
     }
@@ -182,6 +180,10 @@ pub struct Stored {
     pub foreign: u64,
     /// Messages read, whatever their verdict.
     pub read: u64,
+    /// The latest moment before which a stream read may have removed
+    /// messages by its limits: a message committed earlier that no stream
+    /// holds is not counted missing.
+    pub horizon: Option<bson::DateTime>,
 }
 
 impl Stored {
@@ -226,19 +228,27 @@ impl Seen<'_> {
     }
 }
 
-/// Reads `streams` from `from` (None: their first message) to where they
-/// ended when the read began, judging each message.
+/// What of the streams a read covers: from a moment (None: their first
+/// message) to where they ended when it began, or to the first message
+/// stored after `until`.
+#[derive(Debug, Clone, Copy)]
+pub struct Span {
+    pub from: Option<bson::DateTime>,
+    pub until: Option<bson::DateTime>,
+}
+
+/// Reads `streams` over `span`, judging each message.
 pub async fn read(
     js: &Context,
     streams: &[CapturingStream],
-    from: Option<bson::DateTime>,
+    span: Span,
     judge: &(dyn Fn(&Seen<'_>) -> Verdict + Sync),
     pace: Pace,
 ) -> Result<Stored> {
     let mut stored = Stored::default();
     let mut pacer = pace.start();
     for stream in streams {
-        read_one(js, &stream.name, from, judge, &mut stored, &mut pacer).await?;
+        read_one(js, &stream.name, span, judge, &mut stored, &mut pacer).await?;
     }
     Ok(stored)
 }
@@ -246,7 +256,7 @@ pub async fn read(
 async fn read_one(
     js: &Context,
     name: &str,
-    from: Option<bson::DateTime>,
+    span: Span,
     judge: &(dyn Fn(&Seen<'_>) -> Verdict + Sync),
     stored: &mut Stored,
     pacer: &mut Pacer,
@@ -257,16 +267,13 @@ async fn read_one(
         .map_err(|e| unreadable(name, &e))?;
     // What it held when the read began is what is read: traffic that goes
     // on meanwhile does not keep the read from ending.
-    let last = stream
-        .info()
-        .await
-        .map_err(|e| unreadable(name, &e))?
-        .state
-        .last_sequence;
+    let info = stream.info().await.map_err(|e| unreadable(name, &e))?;
+    let last = info.state.last_sequence;
+    stored.horizon = stored.horizon.max(horizon(info));
     if last == 0 {
         return Ok(());
     }
-    let deliver_policy = match from {
+    let deliver_policy = match span.from {
         Some(from) => DeliverPolicy::ByStartTime {
             start_time: time::OffsetDateTime::from_unix_timestamp_nanos(
                 i128::from(from.timestamp_millis()) * 1_000_000,
@@ -284,7 +291,8 @@ async fn read_one(
         let mut empty = 0;
         loop {
             let read_before = stored.read;
-            let batch = tokio::time::timeout(READ_WAIT, fetch(&consumer, name, judge, stored))
+            let fetching = fetch(&consumer, name, judge, stored, pacer.batch(BATCH));
+            let batch = tokio::time::timeout(READ_WAIT, fetching)
                 .await
                 .map_err(|_| {
                     let late = format!("no batch came within {READ_WAIT:?}; run the audit again");
@@ -294,8 +302,12 @@ async fn read_one(
             match batch {
                 // Read to where it ended, or nothing left after it (what
                 // was at the end was deleted).
-                Some(At { sequence, pending }) if sequence >= last || pending == 0 => {
-                    return Ok::<_, Error>(())
+                Some(At {
+                    sequence, pending, ..
+                }) if sequence >= last || pending == 0 => return Ok::<_, Error>(()),
+                // Stored after the span: what comes later is too.
+                Some(At { published, .. }) if span.until.is_some_and(|until| published > until) => {
+                    return Ok(())
                 }
                 Some(_) => {}
                 // Nothing now: the end, if the consumer says nothing is
@@ -311,6 +323,7 @@ async fn read_one(
                         let stuck = "it answers with nothing though messages are pending";
                         return Err(reading(name, &stuck));
                     }
+                    tokio::time::sleep(EMPTY_PAUSE * empty).await;
                 }
             }
         }
@@ -325,6 +338,7 @@ async fn read_one(
 struct At {
     sequence: u64,
     pending: u64,
+    published: bson::DateTime,
 }
 
 /// One batch, judged; where it ended, None if it brought nothing.
@@ -333,25 +347,27 @@ async fn fetch(
     name: &str,
     judge: &(dyn Fn(&Seen<'_>) -> Verdict + Sync),
     stored: &mut Stored,
+    batch: usize,
 ) -> Result<Option<At>> {
     // Without waiting: an empty answer comes at once (the caller bounds
     // the whole batch by `READ_WAIT`).
     let mut batch = consumer
         .fetch()
-        .max_messages(BATCH)
+        .max_messages(batch)
         .messages()
         .await
         .map_err(|e| reading(name, &e))?;
     let mut at = None;
     while let Some(message) = batch.try_next().await.map_err(|e| reading(name, &e))? {
         let info = message.info().map_err(|e| reading(name, &e))?;
-        at = Some(At {
-            sequence: info.stream_sequence,
-            pending: info.pending,
-        });
         let published = bson::DateTime::from_millis(
             i64::try_from(info.published.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX),
         );
+        at = Some(At {
+            sequence: info.stream_sequence,
+            pending: info.pending,
+            published,
+        });
         let seen = Seen {
             subject: message.subject.as_str(),
             published,

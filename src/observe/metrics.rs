@@ -272,7 +272,10 @@ exported! {
     audit_repaired: Counter => "audit_repaired",
         "Missing messages a relay's audit published again";
     audit_unrepaired: Gauge => "audit_unrepaired",
-        "Messages the last audit left missing after its repair (0 when all were mended)";
+        "Messages this relay's last audit left missing after its repair (0 when all were \
+         mended, or another relay audits)";
+    audit_rounds_failed: Counter => "audit_rounds_failed",
+        "Audit rounds that failed or outlasted their limit; the next audits the same window";
     dead_letters_held: Counter => "dead_letters_held",
         "Messages out of attempts not failed, because the broker took no other message \
          recently (it may be refusing everything); tried again after the longest retry delay";
@@ -462,15 +465,24 @@ impl Metrics {
         self.0.exported.resent.inc();
     }
 
-    /// An audit round found `missing` delivered messages in no stream,
-    /// published `repaired` of them again, and left `unrepaired`.
-    pub(crate) fn audited(&self, missing: u64, repaired: u64, unrepaired: u64) {
+    /// An audit round found `missing` more delivered messages in no
+    /// stream, and published `repaired` of them again.
+    pub(crate) fn audited(&self, missing: u64, repaired: u64) {
         let exported = &self.0.exported;
         exported.audit_missing.inc_by(missing);
         exported.audit_repaired.inc_by(repaired);
-        exported
-            .audit_unrepaired
-            .set(i64::try_from(unrepaired).unwrap_or(i64::MAX));
+    }
+
+    /// What this relay's last audit left missing (0 when another relay
+    /// audits).
+    pub(crate) fn audit_left(&self, unrepaired: u64) {
+        let unrepaired = i64::try_from(unrepaired).unwrap_or(i64::MAX);
+        self.0.exported.audit_unrepaired.set(unrepaired);
+    }
+
+    /// An audit round failed, or outlasted its limit.
+    pub(crate) fn audit_round_failed(&self) {
+        self.0.exported.audit_rounds_failed.inc();
     }
 
     /// A message could not be written at all (not even marked failed).

