@@ -36,6 +36,12 @@ pub(crate) fn object_id_at(time: DateTime) -> ObjectId {
     ObjectId::from_bytes(bytes)
 }
 
+/// The second an ObjectId was made in: a message's commit time, as the
+/// outbox counts it.
+pub(crate) fn made_at(id: &ObjectId) -> DateTime {
+    DateTime::from_millis(id.timestamp().timestamp_millis())
+}
+
 /// The seconds from `from` to `to`; negative if `to` is earlier.
 pub(crate) fn seconds_between(from: DateTime, to: DateTime) -> f64 {
     (to.timestamp_millis() - from.timestamp_millis()) as f64 / 1000.0

@@ -16,6 +16,7 @@ use super::stream::MAX_STORED;
 use crate::contract::{field, status, DecodeRules};
 use crate::error::{Error, Result};
 use crate::replay::Selection;
+use crate::time::made_at;
 
 /// Documents read between two looks at the pace.
 const PACED_EVERY: u64 = 256;
@@ -172,7 +173,7 @@ impl Compared {
     /// before the horizon was committed before it (and one committed
     /// before it and stored after is given the benefit of the doubt).
     pub fn set_aside_before(&mut self, horizon: DateTime) -> u64 {
-        let before = |id: &ObjectId| id.timestamp().timestamp_millis() < horizon.timestamp_millis();
+        let before = |id: &ObjectId| made_at(id) < horizon;
         let count = self.missing.len();
         self.missing.retain(|m| !before(&m.id));
         self.missing_listed.retain(|d| !before(&d.id));

@@ -20,7 +20,8 @@
 //!
 //! The streams are read first, from the window's start less
 //! [`CLOCK_MARGIN`] (the writer's clock against the NATS server's), to
-//! their ends; then the outbox. A message processed after the streams'
+//! where they ended when the read began (a relay's own audit, to its
+//! window's end); then the outbox. A message processed after the streams'
 //! read began may be stored after it too: those found missing are looked
 //! for again in a short read from just before they were processed.
 //!
@@ -59,7 +60,7 @@ use crate::error::{Error, Result};
 use crate::observe::Metrics;
 use crate::publish::{NatsPublisher, Publisher};
 use crate::replay::{existing_outbox, Selection};
-use crate::time::{earlier, later, shown};
+use crate::time::{earlier, later, made_at, shown};
 use compare::{Compared, Described, Missing};
 use repair::Repair;
 use stream::{CapturingStream, Seen, Verdict};
@@ -86,15 +87,6 @@ pub struct RepairOptions {
     /// The longest it waits for JetStream to forget the ids of messages
     /// deleted within its duplicate window.
     pub wait: Duration,
-}
-
-impl Default for RepairOptions {
-    fn default() -> Self {
-        RepairOptions {
-            rate: None,
-            wait: Duration::from_secs(600),
-        }
-    }
 }
 
 /// What an audit found, and a repair did.
@@ -229,7 +221,7 @@ pub struct RepairSummary {
 /// `config` names, and repairs if asked.
 pub async fn run(
     config: &RelayConfig,
-    mut selection: Selection,
+    selection: Selection,
     options: &Options,
     stop: &CancellationToken,
 ) -> Result<Summary> {
@@ -237,15 +229,9 @@ pub async fn run(
     if let Some(repair) = &options.repair {
         crate::replay::pace(repair.rate)?;
     }
-    let now = DateTime::now();
-    if selection.since.is_some_and(|since| since > now) {
-        return Err(Error::Config(
-            "--since is in the future: no message was written after it yet".to_owned(),
-        ));
-    }
-    let end = later(now, Duration::from_secs(1));
-    selection.until = Some(selection.until.map_or(end, |until| until.min(end)));
-    selection.validate().map_err(Error::Config)?;
+    let selection = selection
+        .ending_by(DateTime::now())
+        .map_err(Error::Config)?;
     let started = Instant::now();
     let client = crate::connect::connect_mongodb(&config.mongodb_uri).await?;
     let database = client.database(&config.database);
@@ -473,41 +459,21 @@ impl Audit<'_> {
         let horizon = stored.horizon;
         drop(stored);
         let past_stream_limits = horizon.map_or(0, |at| compared.set_aside_before(at));
-        // Processed after the read began: perhaps stored after it read
-        // that far. Looked for again from just before the first of them;
-        // one that says not when it was processed, from the window's start.
+        // Processed after the read began (or when, unknown): perhaps stored
+        // after it read that far, so looked for again.
         let recheck_from = earlier(read_began, CLOCK_MARGIN);
-        let late: Vec<&Missing> = compared
+        let late: Vec<Missing> = compared
             .missing
             .iter()
             .filter(|m| m.processed_at.is_none_or(|at| at >= recheck_from))
+            .copied()
             .collect();
-        let again_from = match late.iter().any(|m| m.processed_at.is_none()) {
-            true => from,
-            false => late
-                .iter()
-                .filter_map(|m| m.processed_at)
-                .min()
-                .map(|first| earlier(first, CLOCK_MARGIN)),
-        };
-        let late: HashSet<ObjectId> = late.iter().map(|m| m.id).collect();
         if !late.is_empty() {
-            let judge = |seen: &Seen<'_>| match seen.outbox_id() {
-                Some(id) if late.contains(&id) && seen.header(header::REPLAY).is_none() => {
-                    Verdict::Outbox(id)
-                }
-                _ => Verdict::Outside,
-            };
-            let span = stream::Span {
-                from: again_from,
-                until: None,
-            };
-            let found = stream::read(self.js, self.streams, span, &judge, self.pace).await?;
+            let found = read_again(self.js, self.streams, &late, from, self.pace).await?;
             read.read += found.read;
             compared.found_later(&found.ids);
         }
-        let mut findings = self.findings(&compared, unrecorded, &read);
-        findings.past_stream_limits = past_stream_limits;
+        let findings = self.findings(&compared, unrecorded, past_stream_limits, &read);
         Ok(Once {
             findings,
             first_unsettled: compared.first_unsettled,
@@ -549,7 +515,7 @@ impl Audit<'_> {
         let now = DateTime::now();
         let mut unrecorded = Unrecorded::default();
         for id in ids {
-            let committed = DateTime::from_millis(id.timestamp().timestamp_millis());
+            let committed = made_at(id);
             match self.retention {
                 Some(Retention::Keep(keep)) if later(committed, keep) <= now => {
                     unrecorded.past_retention += 1
@@ -564,6 +530,7 @@ impl Audit<'_> {
         &self,
         compared: &Compared,
         unrecorded: Unrecorded,
+        past_stream_limits: u64,
         counts: &ReadCounts,
     ) -> Findings {
         let window = longest_window(self.streams);
@@ -580,7 +547,7 @@ impl Audit<'_> {
             delivered: compared.delivered,
             missing: compared.missing.len() as u64,
             stored_more_than_once: compared.repeated,
-            past_stream_limits: 0,
+            past_stream_limits,
             pending: compared.pending,
             failed: compared.failed,
             unrecorded,
@@ -597,6 +564,33 @@ impl Audit<'_> {
     }
 }
 
+/// Reads `streams` again for copies of `missing` (a replay's are not),
+/// from just before the first of them was processed, or from
+/// `window_from` where one says not when it was: what a read that ended
+/// before they were stored could not see.
+async fn read_again(
+    js: &jetstream::Context,
+    streams: &[CapturingStream],
+    missing: &[Missing],
+    window_from: Option<DateTime>,
+    pace: Pace,
+) -> Result<stream::Stored> {
+    let times: Option<Vec<DateTime>> = missing.iter().map(|m| m.processed_at).collect();
+    let from = match times.and_then(|times| times.into_iter().min()) {
+        Some(first) => Some(earlier(first, CLOCK_MARGIN)),
+        None => window_from,
+    };
+    let ids: HashSet<ObjectId> = missing.iter().map(|m| m.id).collect();
+    let judge = |seen: &Seen<'_>| match seen.outbox_id() {
+        Some(id) if ids.contains(&id) && seen.header(header::REPLAY).is_none() => {
+            Verdict::Outbox(id)
+        }
+        _ => Verdict::Outside,
+    };
+    let span = stream::Span { from, until: None };
+    stream::read(js, streams, span, &judge, pace).await
+}
+
 /// The longest duplicate window of `streams`.
 fn longest_window(streams: &[CapturingStream]) -> Duration {
     streams
@@ -607,13 +601,12 @@ fn longest_window(streams: &[CapturingStream]) -> Duration {
 }
 
 fn listed(described: &Described) -> Listed {
-    let committed = DateTime::from_millis(described.id.timestamp().timestamp_millis());
     Listed {
         id: described.id.to_hex(),
         subject: described.subject.clone(),
         message_type: described.message_type.clone(),
         key: described.key.clone(),
-        committed_at: shown(committed),
+        committed_at: shown(made_at(&described.id)),
         processed_at: described.processed_at.map(shown),
         copies: described.copies,
     }

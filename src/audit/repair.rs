@@ -29,12 +29,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::compare::Missing;
 use super::pace::Pace;
-use super::stream::{self, CapturingStream, Seen, Verdict};
-use super::CLOCK_MARGIN;
-use crate::contract::{field, header, DecodeRules, OutboxMessage};
+use super::read_again;
+use super::stream::CapturingStream;
+use crate::contract::{field, DecodeRules, OutboxMessage};
 use crate::error::{Error, Result};
 use crate::publish::{PublishError, Publisher};
-use crate::time::{earlier, later, shown};
+use crate::time::{later, shown};
 
 /// Documents read from the outbox at a time.
 const READ_BATCH: usize = 256;
@@ -302,35 +302,22 @@ impl Repair<'_> {
     }
 
     /// The messages of `ready` no stream holds, read again from just
-    /// before the first was processed (without a time, from the start).
+    /// before the first was processed (without a time, from the window's
+    /// start).
     async fn not_stored(&self, ready: Vec<Due>, repaired: &mut Repaired) -> Result<Vec<Due>> {
         if ready.is_empty() {
             return Ok(ready);
         }
-        let ids: HashSet<ObjectId> = ready.iter().map(|due| due.missing.id).collect();
-        let times: Option<Vec<DateTime>> =
-            ready.iter().map(|due| due.missing.processed_at).collect();
-        let from = match times.and_then(|times| times.into_iter().min()) {
-            Some(first) => Some(earlier(first, CLOCK_MARGIN)),
-            None => self.window_from,
-        };
-        let judge = |seen: &Seen<'_>| match seen.outbox_id() {
-            Some(id) if ids.contains(&id) && seen.header(header::REPLAY).is_none() => {
-                Verdict::Outbox(id)
-            }
-            _ => Verdict::Outside,
-        };
-        let found: HashSet<ObjectId> = stream::read(
+        let missing: Vec<Missing> = ready.iter().map(|due| due.missing).collect();
+        let found = read_again(
             self.js,
             self.streams,
-            stream::Span { from, until: None },
-            &judge,
+            &missing,
+            self.window_from,
             self.read_pace,
         )
-        .await?
-        .ids
-        .into_iter()
-        .collect();
+        .await?;
+        let found: HashSet<ObjectId> = found.ids.into_iter().collect();
         let before = ready.len();
         let ready: Vec<Due> = ready
             .into_iter()

@@ -3,9 +3,9 @@
 //!
 //! A stream is read by an ephemeral consumer of its own that asks for
 //! headers only (`headers_only`: the payloads never cross the wire), from a
-//! start time, acknowledging nothing, in batches fetched without waiting:
-//! a batch that brings nothing, or a message with nothing pending after
-//! it, ends the read. What is kept of a message is its verdict, and of an
+//! start time, acknowledging nothing, in batches fetched without waiting,
+//! to the last message it held when the read began (or, where asked, to
+//! the first stored after a moment). What is kept of a message is its verdict, and of an
 //! outbox message its id alone: 12 bytes a stored copy (see
 //! [`MAX_STORED`]).
 
@@ -81,11 +81,7 @@ fn horizon(info: &jetstream::stream::Info) -> Option<bson::DateTime> {
         horizon = Some(crate::time::earlier(bson::DateTime::now(), config.max_age));
     }
     if config.max_messages > 0 || config.max_bytes > 0 {
-        let first = bson::DateTime::from_millis(
-            i64::try_from(info.state.first_timestamp.unix_timestamp_nanos() / 1_000_000)
-                .unwrap_or(0),
-        );
-        horizon = horizon.max(Some(first));
+        horizon = horizon.max(Some(moment(info.state.first_timestamp)));
     }
     horizon
 }
@@ -261,13 +257,14 @@ async fn read_one(
     stored: &mut Stored,
     pacer: &mut Pacer,
 ) -> Result<()> {
-    let mut stream = js
+    let stream = js
         .get_stream(name)
         .await
         .map_err(|e| unreadable(name, &e))?;
     // What it held when the read began is what is read: traffic that goes
-    // on meanwhile does not keep the read from ending.
-    let info = stream.info().await.map_err(|e| unreadable(name, &e))?;
+    // on meanwhile does not keep the read from ending. (Getting the
+    // stream asked for its state just now.)
+    let info = stream.cached_info();
     let last = info.state.last_sequence;
     stored.horizon = stored.horizon.max(horizon(info));
     if last == 0 {
@@ -360,9 +357,7 @@ async fn fetch(
     let mut at = None;
     while let Some(message) = batch.try_next().await.map_err(|e| reading(name, &e))? {
         let info = message.info().map_err(|e| reading(name, &e))?;
-        let published = bson::DateTime::from_millis(
-            i64::try_from(info.published.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX),
-        );
+        let published = moment(info.published);
         at = Some(At {
             sequence: info.stream_sequence,
             pending: info.pending,
@@ -376,6 +371,12 @@ async fn fetch(
         stored.take(judge(&seen))?;
     }
     Ok(at)
+}
+
+/// A moment as NATS gives it, as MongoDB stores one (milliseconds).
+fn moment(at: time::OffsetDateTime) -> bson::DateTime {
+    let millis = at.unix_timestamp_nanos() / 1_000_000;
+    bson::DateTime::from_millis(i64::try_from(millis).unwrap_or(i64::MAX))
 }
 
 /// A consumer that reads a stream's headers from `deliver_policy` on,

@@ -15,7 +15,6 @@
 //! relays whose clocks disagree may audit one window twice, which costs a
 //! read: a repair reads the streams again before it publishes.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use bson::{doc, DateTime, Document};
@@ -28,7 +27,7 @@ use crate::config::RelayConfig;
 use crate::error::{is_duplicate_key, Error, Result};
 use crate::observe::Metrics;
 use crate::replay::Selection;
-use crate::time::{earlier, later, shown};
+use crate::time::{earlier, later, made_at, shown};
 
 /// The shortest and the longest time between two rounds.
 const ROUNDS: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(300));
@@ -61,7 +60,7 @@ pub struct Watch {
     /// The window this relay last audited without moving on, and the
     /// missing messages it counted there: audited again, it counts only
     /// what it finds beyond them.
-    counted: Mutex<Option<(DateTime, u64)>>,
+    counted: Option<(DateTime, u64)>,
 }
 
 impl Watch {
@@ -72,29 +71,27 @@ impl Watch {
             config,
             metrics,
             owner: crate::lease::owner_name(),
-            counted: Mutex::new(None),
+            counted: None,
         }
     }
 
     /// The missing messages already counted in the window from `start`.
     fn counted_in(&self, start: DateTime) -> u64 {
-        let counted = self.counted.lock().unwrap_or_else(|e| e.into_inner());
-        match *counted {
+        match self.counted {
             Some((from, count)) if from == start => count,
             _ => 0,
         }
     }
 
     /// Notes `count` missing messages counted in the window from `start`.
-    fn note_counted(&self, start: DateTime, count: u64) {
-        let mut counted = self.counted.lock().unwrap_or_else(|e| e.into_inner());
-        *counted = Some((start, count));
+    fn note_counted(&mut self, start: DateTime, count: u64) {
+        self.counted = Some((start, count));
     }
 }
 
 /// Audits until `shutdown`, a round every half of `--audit-after` (1 s
 /// to 5 minutes); returns at once if it is off.
-pub async fn watch(watch: Watch, shutdown: CancellationToken) {
+pub async fn watch(mut watch: Watch, shutdown: CancellationToken) {
     let Some(after) = watch.config.audit_after else {
         return;
     };
@@ -141,7 +138,7 @@ impl Watch {
     /// One round: the window since the last audit ended, if this relay may
     /// take it.
     async fn round(
-        &self,
+        &mut self,
         auditor: &mut Option<Auditor>,
         after: Duration,
         shutdown: &CancellationToken,
@@ -218,7 +215,7 @@ impl Watch {
         }
         self.note_counted(start, 0);
         let reached = match audited.first_unsettled {
-            Some(first) => DateTime::from_millis(first.timestamp().timestamp_millis()).min(end),
+            Some(first) => made_at(&first).min(end),
             None => end,
         };
         self.advance(reached).await

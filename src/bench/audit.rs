@@ -59,8 +59,11 @@ impl Bench<'_> {
         self.fill_window(&collection, &prefix, n).await?;
         let floor = self.read_headers(&stream).await?;
         tracing::info!(messages = n, "auditing the window");
-        let audit = self.audit_command(&collection, &prefix, "max");
-        let output = run_audit(audit).await?;
+        let mut audit = self.audit_command(&collection, &prefix, "max");
+        let output = audit
+            .output()
+            .await
+            .map_err(|e| Error::io("cannot run the audit", e))?;
         let summary: serde_json::Value = serde_json::from_slice(&output.stdout).map_err(|e| {
             Error::Bench(format!(
                 "the audit printed no report ({e}): {}",
@@ -216,12 +219,4 @@ impl Bench<'_> {
         }
         Ok(started.elapsed())
     }
-}
-
-/// Runs an audit to its end.
-async fn run_audit(mut command: tokio::process::Command) -> Result<std::process::Output> {
-    command
-        .output()
-        .await
-        .map_err(|e| Error::io("cannot run the audit", e))
 }

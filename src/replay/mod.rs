@@ -128,21 +128,14 @@ pub async fn run(
     let rules = config.subject_rules()?;
     let request = match request {
         Request::New {
-            mut selection,
+            selection,
             replay_prefix,
         } => {
-            // The range ends when the replay starts, at the latest (the end
-            // of its second, as `_id`s count): a resumed replay sends what
-            // was there, not what came since.
-            let now = bson::DateTime::now();
-            if selection.since.is_some_and(|since| since > now) {
-                return Err(Error::Config(
-                    "--since is in the future: no message was written after it yet".to_owned(),
-                ));
-            }
-            let end = crate::time::later(now, Duration::from_secs(1));
-            selection.until = Some(selection.until.map_or(end, |until| until.min(end)));
-            selection.validate().map_err(Error::Config)?;
+            // The range ends when the replay starts, at the latest: a
+            // resumed replay sends what was there, not what came since.
+            let selection = selection
+                .ending_by(bson::DateTime::now())
+                .map_err(Error::Config)?;
             check_prefix(&rules, replay_prefix.as_deref())?;
             Request::New {
                 selection,

@@ -14,13 +14,13 @@
 //! matched here, and types again, as NATS matches a pattern (a type is read
 //! as the dot-separated tokens its default subject ends in).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use serde::{Deserialize, Serialize};
 
 use crate::contract::{field, pattern_matches, pattern_regex, status, validate_pattern};
-use crate::time::{object_id_at, shown};
+use crate::time::{later, object_id_at, shown};
 
 /// The messages a replay sends: delivered ones (and, if asked, failed
 /// ones) matching every criterion given, and any value of one not given.
@@ -80,6 +80,20 @@ impl Selection {
             return Err(format!("--key {key:?}: a key is a non-empty string"));
         }
         Ok(())
+    }
+
+    /// The selection as run at `now`: ending, at the latest, at the end of
+    /// `now`'s second (as `_id`s count), so a run that resumes or audits
+    /// again takes what was there, not what came since. The error says
+    /// what is wrong with it.
+    pub fn ending_by(mut self, now: DateTime) -> Result<Selection, String> {
+        if self.since.is_some_and(|since| since > now) {
+            return Err("--since is in the future: no message was written after it yet".to_owned());
+        }
+        let end = later(now, Duration::from_secs(1));
+        self.until = Some(self.until.map_or(end, |until| until.min(end)));
+        self.validate()?;
+        Ok(self)
     }
 
     /// Whether no criterion narrows it: every delivered message.
