@@ -101,11 +101,13 @@ impl Delivered {
             .collect()
     }
 
-    /// `outbox-relay audit --all --json` with `args` besides.
+    /// `outbox-relay audit --all --json` with `args` besides; bounded by
+    /// the longest a repair here waits for JetStream to forget ids, and
+    /// more.
     async fn audit(&self, args: &[&str]) -> (std::process::Output, Value) {
         let mut command = relay_command(&self.env);
         command.args(["audit", "--all", "--json"]).args(args);
-        let output = bounded(command).await;
+        let output = bounded_for(command, Duration::from_secs(180)).await;
         let report = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
         (output, report)
     }
@@ -140,7 +142,7 @@ async fn reported_then_repaired(delivered: &Delivered, lost: &[ObjectId], args: 
     );
 
     let (output, repaired) = delivered
-        .audit(&[args, &["--repair", "--repair-wait", "60s"]].concat())
+        .audit(&[args, &["--repair", "--repair-wait", "120s"]].concat())
         .await;
     assert_exit(&output, 0, "");
     assert_eq!(repaired["repair"]["published"], lost.len(), "{repaired}");
@@ -160,8 +162,10 @@ async fn messages_deleted_from_the_stream_are_reported_and_repaired_after_the_wi
     let sequences = delivered.sequences().await;
     let lost: Vec<ObjectId> = sequences.iter().step_by(4).map(|(id, _)| *id).collect();
     // Deleted within the duplicate window: JetStream remembers the ids,
-    // and drops a repeat until the window has passed.
-    delivered.remember_for(Duration::from_secs(15)).await;
+    // and drops a repeat until the window has passed. A minute: longer
+    // than a busy machine takes from the delivery to the repair's first
+    // publish, which must meet the remembered ids.
+    delivered.remember_for(Duration::from_secs(60)).await;
     let stream = delivered.stream().await;
     for (_, sequence) in sequences.iter().step_by(4) {
         stream.delete_message(*sequence).await.expect("delete");
