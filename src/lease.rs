@@ -49,6 +49,7 @@
 //! lapses a lease after the group's last renewal. Taking it retires the
 //! position stored in it: a group keeps its positions in its partitions.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawBsonRef, RawDocument, RawDocumentBuf};
@@ -60,25 +61,14 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{is_duplicate_key, Error, Result};
 use crate::partition::Partition;
 use crate::retry::Outage;
+pub(crate) use crate::server_clock::server_time;
+use crate::server_clock::ServerClock;
 use crate::time::later;
 
 /// The field of a lease's document holding when its stored position was
 /// reached: the document is its partition's checkpoint too (written by
 /// `crate::checkpoint`), and a group's hold of the outbox's clears it.
 pub const POSITION_AT: &str = "positionAt";
-
-/// The database server's clock (`hello.localTime`), which judges leases.
-pub(crate) async fn server_time(client: &mongodb::Client) -> Result<DateTime> {
-    let hello = client
-        .database("admin")
-        .run_command(doc! { "hello": 1 })
-        .await
-        .map_err(|e| Error::mongo("reading the server's clock failed", e))?;
-    hello
-        .get_datetime("localTime")
-        .copied()
-        .map_err(|_| Error::Protocol("the server's hello reply has no localTime".into()))
-}
 
 /// Timing of the lease (from [`RelayConfig::lease_timing`](crate::RelayConfig::lease_timing)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +110,8 @@ pub struct Lease {
     /// outbox's own lease, taken and renewed with it (see the module's doc).
     hold: Option<Box<Lease>>,
     timing: LeaseTiming,
+    /// What renewals read the server's clock from (see `server_clock`).
+    clock: Arc<ServerClock>,
 }
 
 /// What holds a lease, and so what a take writes in it.
@@ -205,7 +197,14 @@ impl Lease {
             holder: Holder::Relay,
             hold: None,
             timing,
+            clock: Arc::new(ServerClock::new(database.client(), Duration::ZERO)),
         }
+    }
+
+    /// The same lease, its renewals reading the server's clock from
+    /// `clock`, which the relay's group reads it from too.
+    pub(crate) fn with_clock(self, clock: Arc<ServerClock>) -> Lease {
+        Lease { clock, ..self }
     }
 
     /// The same lease, taken for a `sweep --once` run.
@@ -647,8 +646,12 @@ impl Lease {
 
     /// Extends a held lease. `Ok(false)` if another relay has taken it.
     pub async fn renew(&self, held: &mut Held) -> Result<bool> {
+        // The expiry is written from the latest the server's clock can
+        // read at `sent`, and the deadline counted from `sent`: it comes
+        // first, however old the reading (see `server_clock`).
+        let reading = self.clock.reading().await?;
         let sent = Instant::now();
-        let now = self.server_time().await?;
+        let now = reading.latest(sent);
         let renewed = self
             .documents
             .update_one(
@@ -921,6 +924,14 @@ impl Standing {
 /// ahead, and no further than its holder could have written it.
 pub(crate) fn is_live(stored: &RawDocument, now: DateTime) -> bool {
     matches!(Standing::of(stored, now), Standing::Held(_))
+}
+
+/// How long `stored` is held yet by the server's clock `now`, if it is.
+pub(crate) fn held_for(stored: &RawDocument, now: DateTime) -> Option<Duration> {
+    match Standing::of(stored, now) {
+        Standing::Held(left) => Some(left),
+        _ => None,
+    }
 }
 
 /// Whether `stored`'s expiry lies further ahead of `now` than its holder

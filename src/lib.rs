@@ -37,6 +37,8 @@
 //! - [`setup`]: indexes, retention and the validator of the outbox collection;
 //! - [`lease`]: which of several relays leads, fenced by a term, and a
 //!   group's hold on the outbox's own lease while it delivers partitions;
+//! - `server_clock`: the database server's clock, which judges leases, read
+//!   once and counted on locally for a while (a leaf below `lease`);
 //! - [`partition`]: which messages a partition holds, as a query;
 //! - [`group`]: the relays sharing one outbox's partitions, the rule that
 //!   balances them, and the stored positions a change of count retires;
@@ -82,6 +84,7 @@ pub mod redact;
 pub mod relay;
 pub mod replay;
 mod retry;
+mod server_clock;
 pub mod setup;
 pub mod source;
 mod stop;
