@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use mongodb::options::{
     Acknowledgment, ClientOptions, DatabaseOptions, ReadConcern, ReadPreference, SelectionCriteria,
-    WriteConcern,
+    ServerMonitoringMode, WriteConcern,
 };
 use mongodb::{Client, Database};
 
@@ -87,6 +87,11 @@ pub(crate) async fn connect_mongodb_observed(
     Ok((client, deployment))
 }
 
+/// How often the coordination client checks its server, where the
+/// connection string sets no `heartbeatFrequencyMS` (see
+/// [`connect_mongodb_for_coordination`]).
+const COORDINATION_HEARTBEAT: Duration = Duration::from_secs(60);
+
 /// A client of its own for coordination (the lease and the checkpoint),
 /// to the server `uri` names, which [`connect_mongodb`] has checked: its
 /// few connections are never busy with the relay's reads and marks, so a
@@ -107,6 +112,17 @@ pub(crate) async fn connect_mongodb_for_coordination(uri: &str, partitions: u32)
         .get_or_insert(Duration::from_secs(10));
     options.max_pool_size = Some(partitions.saturating_add(2));
     options.min_pool_size = Some(1);
+    // Where the server streams its state (MongoDB 4.4 and later), it
+    // answers a monitor's check at once when its role changes, and the
+    // frequency only paces two idle checks a period; a write the primary
+    // refuses sends the driver to look again at once too. The relay's own
+    // client keeps the driver's pace, which tells the readiness probe of an
+    // unreachable server.
+    if options.heartbeat_freq.is_none()
+        && options.server_monitoring_mode != Some(ServerMonitoringMode::Poll)
+    {
+        options.heartbeat_freq = Some(COORDINATION_HEARTBEAT);
+    }
     Client::with_options(options).map_err(|e| Error::mongo(format!("cannot use {shown}"), e))
 }
 

@@ -32,7 +32,7 @@ use crate::config::{RelayConfig, RelayMode};
 use crate::connect::{connect_mongodb_for_coordination, connect_mongodb_observed, coordinated};
 use crate::contract::{DecodeRules, SubjectRules};
 use crate::error::{Error, Result};
-use crate::group::{balance, Group, OutboxLease};
+use crate::group::{balance, watch::Changes, Group, OutboxLease, Renewal};
 use crate::lease::{Held, Lease, Term};
 use crate::observe::{self, Metrics, Role};
 use crate::order::{self, KeyOrder};
@@ -40,6 +40,7 @@ use crate::partition::Partition;
 use crate::pipeline::Pipeline;
 use crate::publish::{NatsPublisher, Publisher, StreamSetup};
 use crate::retry::{until_ok, until_settled, Outage};
+use crate::server_clock::ServerClock;
 use crate::setup;
 use crate::source::change_stream::{ChangeStreamSource, Prepare};
 use crate::source::progress::StreamProgress;
@@ -222,14 +223,26 @@ impl Relay {
     /// stops this relay's deliveries at once, and it stands by until
     /// those relays are gone.
     async fn lead_while_elected(self: &Arc<Self>, pipeline: &Pipeline, stop: &Stop) -> Result<()> {
-        let lease = self.lease();
-        let group = self.group(lease.owner());
+        // One reading of the server's clock serves the group's rounds and
+        // every partition's renewals for three quarters of a lease (see
+        // `server_clock`): the group's renewals, every half lease, read it
+        // every other time.
+        let clock = Arc::new(ServerClock::new(
+            self.coordination.client(),
+            self.config.lease_duration.mul_f64(0.75),
+        ));
+        let lease = self.lease().with_clock(Arc::clone(&clock));
+        let group = self.group(lease.owner()).with_clock(clock);
         self.metrics.set_role_unless_stopping(Role::Standby);
+        let watching = stop.shutdown.child_token();
+        let _stop_watching = watching.clone().drop_guard();
+        let changes = group.watch(&self.database, watching);
         let member = Membership {
             group: &group,
             lease: &lease,
             pipeline,
             stop,
+            changes: &changes,
         };
         let mut shares = Shares::default();
         let mut refused_at_start = true;
@@ -288,6 +301,14 @@ impl Relay {
 
     /// The rounds of [`Relay::lead_while_elected`], until `shutdown` fires
     /// (`Ok`) or the group turns out to use another partition count.
+    ///
+    /// A round comes when the group changes (see [`group::watch`]), when
+    /// something the last one read lapses, when one of this relay's
+    /// partitions ends, and every `--standby-poll-interval` while moves
+    /// are still to be made or the watch is not open; a settled group is
+    /// read again only every [`SETTLED_ROUNDS`] leases. Renewals come every
+    /// half lease, and before a take where the last is older than a
+    /// renewal interval.
     async fn take_shares(
         self: &Arc<Self>,
         member: &Membership<'_>,
@@ -298,6 +319,7 @@ impl Relay {
             renewing: Outage::new("MongoDB renewing this relay in its group"),
             reading: Outage::new("MongoDB reading the group of relays"),
         };
+        shares.next_round = None;
         loop {
             // A stop does not wait for a MongoDB that does not answer: a
             // take cut short leaves a lease that lapses unused.
@@ -308,61 +330,136 @@ impl Relay {
                 refused = round => refused?,
             }
             self.show_role(shares);
-            let next_round = self.until_next_round(shares);
+            let wake = self.next_wake(shares);
             tokio::select! {
                 _ = stop.shutdown.cancelled() => return Ok(()),
-                Some(ended) = shares.serving.join_next() => shares.ended(ended),
-                _ = tokio::time::sleep(next_round) => {}
+                Some(ended) = shares.serving.join_next() => {
+                    shares.ended(ended);
+                    shares.next_round = None;
+                }
+                _ = member.changes.changed() => shares.next_round = None,
+                _ = tokio::time::sleep_until(wake) => {}
             }
         }
     }
 
-    /// How long until the next round: a poll, or less where this relay's
-    /// place in the group is due for renewal first, so that its
-    /// announcement never waits on the poll to be renewed. A renewal that
-    /// keeps failing is tried again every quarter of a poll, not at once.
-    fn until_next_round(&self, shares: &Shares) -> Duration {
+    /// When the loop wakes next: for the next round, or for a renewal due
+    /// first. A renewal that keeps failing is tried again every quarter of
+    /// a poll, not at once.
+    fn next_wake(&self, shares: &Shares) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
         let poll = self.config.standby_poll_interval;
-        let due = match shares.renewed_at {
-            Some(at) => self
-                .config
-                .lease_renew_interval
-                .saturating_sub(at.elapsed()),
+        let renewal = match shares.renewed_at {
+            Some(at) => self.membership_renewal().saturating_sub(at.elapsed()),
             None => Duration::ZERO,
         };
-        poll.min(due.max(poll / 4))
+        let renewal = now + renewal.max(poll / 4);
+        shares
+            .next_round
+            .map_or(renewal, |round| round.min(renewal))
     }
 
-    /// Renews this relay's place in the group when due (as a lease is) and
-    /// runs a round. Errors other than a refusal are the outages' to report.
+    /// How often this relay renews its place in the group: every half of
+    /// the lease its announcement lasts. (A partition's lease is renewed
+    /// every `--lease-renew-interval` by its own keeper.)
+    fn membership_renewal(&self) -> Duration {
+        (self.config.lease_duration / 2).max(self.config.lease_renew_interval)
+    }
+
+    /// Renews this relay's place in the group when due and runs a round
+    /// when one is. Errors other than a refusal are the outages' to report.
     async fn renew_and_round(
         self: &Arc<Self>,
         member: &Membership<'_>,
         shares: &mut Shares,
         outages: &mut Outages,
     ) -> Result<()> {
-        let renew_interval = self.config.lease_renew_interval;
         if shares
             .renewed_at
-            .is_none_or(|at| at.elapsed() >= renew_interval)
+            .is_none_or(|at| at.elapsed() >= self.membership_renewal())
         {
-            // Timed from before the server read its clock, as a lease is.
-            let began = Instant::now();
-            match member.group.renew().await {
-                Ok(()) => {
-                    shares.renewed_at = Some(began);
-                    outages.renewing.recovered();
-                }
-                Err(error @ Error::Config(_)) => return Err(error),
-                Err(error) => outages.renewing.failed(&error),
-            }
+            self.renew(member, shares, outages).await?;
         }
-        match self.round(member, shares).await {
-            Ok(()) => outages.reading.recovered(),
+        let now = tokio::time::Instant::now();
+        if shares.next_round.is_some_and(|due| now < due) {
+            return Ok(());
+        }
+        let next = match self.round(member, shares, outages).await {
+            Ok(RoundEnd::Settled { lapse }) if member.changes.open() => {
+                outages.reading.recovered();
+                self.settled_round(shares, lapse)
+            }
+            Ok(_) => {
+                outages.reading.recovered();
+                now + self.config.standby_poll_interval
+            }
             Err(error @ Error::Config(_)) => return Err(error),
-            Err(error) => outages.reading.failed(&error),
+            Err(error) => {
+                outages.reading.failed(&error);
+                now + self.config.standby_poll_interval
+            }
+        };
+        shares.next_round = Some(next);
+        Ok(())
+    }
+
+    /// Renews this relay's place in the group, timed from before the
+    /// server read its clock, as a lease is.
+    async fn renew(
+        &self,
+        member: &Membership<'_>,
+        shares: &mut Shares,
+        outages: &mut Outages,
+    ) -> Result<()> {
+        let began = Instant::now();
+        let renewal = match (shares.units.is_empty(), shares.held_by_others) {
+            (true, true) => Renewal::Announcement,
+            _ => Renewal::Whole,
+        };
+        match member.group.renew(renewal).await {
+            Ok(()) => {
+                shares.renewed_at = Some(began);
+                outages.renewing.recovered();
+            }
+            Err(error @ Error::Config(_)) => return Err(error),
+            Err(error) => outages.renewing.failed(&error),
         }
         Ok(())
+    }
+
+    /// When the round after a settled one comes, with the watch open: when
+    /// something the round read lapses, or cooling or a rejoin falls due,
+    /// and at the latest [`SETTLED_ROUNDS`] leases on (a change the watch
+    /// missed is read then). Never sooner than a quarter of a poll: no
+    /// loop spins on a lapse the server's clock has not reached.
+    fn settled_round(
+        &self,
+        shares: &Shares,
+        lapse: Option<tokio::time::Instant>,
+    ) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        let latest = now + self.config.lease_duration.saturating_mul(SETTLED_ROUNDS);
+        let cooling = shares.cooling_until.map(tokio::time::Instant::from_std);
+        let rejoin = shares
+            .rejoined_at
+            .filter(|_| shares.units.is_empty())
+            .map(|at| {
+                tokio::time::Instant::from_std(
+                    at + self.config.lease_duration.saturating_mul(REJOIN_LEASES),
+                )
+            });
+        // A lapse may have come while the round read (a slow server): it
+        // is due at once. Cooling or a rejoin that is past is nothing to
+        // wake for.
+        let later = [cooling, rejoin]
+            .into_iter()
+            .flatten()
+            .filter(|at| *at > now);
+        lapse
+            .into_iter()
+            .chain(later)
+            .fold(latest, tokio::time::Instant::min)
+            .max(now + self.config.standby_poll_interval / 4)
     }
 
     /// One round: reads the group, and takes or hands over partitions as
@@ -371,15 +468,30 @@ impl Relay {
     /// A relay takes a partition only while its renewal of the group is
     /// younger than half a lease: one whose renewals stall could otherwise
     /// take a lease beside relays of another count that took the group
-    /// meanwhile.
-    async fn round(self: &Arc<Self>, member: &Membership<'_>, shares: &mut Shares) -> Result<()> {
+    /// meanwhile. Before a take it renews where the last renewal is older
+    /// than a renewal interval.
+    async fn round(
+        self: &Arc<Self>,
+        member: &Membership<'_>,
+        shares: &mut Shares,
+        outages: &mut Outages,
+    ) -> Result<RoundEnd> {
         let Membership {
             group,
             lease,
             pipeline,
             stop,
+            ..
         } = *member;
         let view = group.view().await?;
+        self.metrics.group_read();
+        shares.held_by_others = view
+            .holders
+            .values()
+            .any(|holder| matches!(holder, balance::Holder::Relay(name) if name != lease.owner()));
+        if view.lapsed {
+            group.clear_lapsed().await;
+        }
         let mine: Vec<Partition> = shares.units.keys().copied().collect();
         let lease_duration = self.config.lease_duration;
         // A relay that holds nothing and no longer counts as joining (its
@@ -397,6 +509,9 @@ impl Relay {
         if mine.is_empty() && !counted && rejoin_due {
             group.rejoin().await?;
             shares.rejoined_at = Some(Instant::now());
+            // The others make room from their next rounds: this relay
+            // looks again at the next poll.
+            return Ok(RoundEnd::Unsettled);
         }
         let cooling = shares
             .cooling_until
@@ -412,9 +527,6 @@ impl Relay {
                 }
             }
         }
-        let renewed_lately = shares
-            .renewed_at
-            .is_some_and(|at| at.elapsed() < lease_duration / 2);
         // A take beside another holder of the outbox's own lease would be
         // released at once (see `lease`): the group waits for it instead.
         if view.outbox != shares.outbox {
@@ -430,12 +542,33 @@ impl Relay {
                 ),
             }
         }
-        if !renewed_lately || view.outbox == OutboxLease::Taken {
-            return Ok(());
+        if view.outbox == OutboxLease::Taken {
+            return Ok(RoundEnd::Unsettled);
         }
+        if moves.take.is_empty() {
+            return Ok(RoundEnd::Settled {
+                lapse: view.next_lapse,
+            });
+        }
+        if shares
+            .renewed_at
+            .is_none_or(|at| at.elapsed() >= self.config.lease_renew_interval)
+        {
+            self.renew(member, shares, outages).await?;
+        }
+        let renewed_lately = shares
+            .renewed_at
+            .is_some_and(|at| at.elapsed() < lease_duration / 2);
+        if !renewed_lately {
+            return Ok(RoundEnd::Unsettled);
+        }
+        let mut end = RoundEnd::Settled {
+            lapse: view.next_lapse,
+        };
         for partition in moves.take {
             let partition_lease = lease.of_partition(partition);
             let Ok(held) = partition_lease.try_acquire().await? else {
+                end = RoundEnd::Unsettled;
                 continue;
             };
             let unit_stop = stop.inner_with_grace(self.config.shutdown_timeout);
@@ -459,7 +592,7 @@ impl Relay {
                 },
             );
         }
-        Ok(())
+        Ok(end)
     }
 
     /// Readiness and the leader gauge: leading while this relay holds a
@@ -995,6 +1128,8 @@ struct Membership<'a> {
     pipeline: &'a Pipeline,
     /// The relay's stop, inside which each partition's runs.
     stop: &'a Stop,
+    /// What tells the rounds that the group changed.
+    changes: &'a Changes,
 }
 
 /// Why a `sweep --once` run ended: one value, decided where the run
@@ -1023,6 +1158,12 @@ struct Shares {
     renewed_at: Option<Instant>,
     /// When this relay last joined anew for holding nothing.
     rejoined_at: Option<Instant>,
+    /// When the next round is due; `None`: at once.
+    next_round: Option<tokio::time::Instant>,
+    /// Whether another relay held a partition at the last round: then
+    /// this one, holding none, renews its announcement alone (see
+    /// [`Renewal`]).
+    held_by_others: bool,
     /// The outbox's own lease as the last round found it, to say so only
     /// when it changes.
     outbox: OutboxLease,
@@ -1038,6 +1179,21 @@ struct Outages {
 /// How many leases a relay that holds nothing waits before joining anew
 /// again (see [`Relay::round`]).
 const REJOIN_LEASES: u32 = 4;
+
+/// How many leases a settled group goes unread at most, while the watch on
+/// it is open (see [`Relay::take_shares`]).
+const SETTLED_ROUNDS: u32 = 6;
+
+/// What a round leaves to the next.
+enum RoundEnd {
+    /// Nothing left to take: the next round comes when the group changes,
+    /// or when something this one read lapses (`lapse`).
+    Settled { lapse: Option<tokio::time::Instant> },
+    /// A take that failed or must wait (a renewal too old, the outbox's
+    /// own lease held by another, a rejoin just announced): the next round
+    /// polls.
+    Unsettled,
+}
 
 /// One partition this relay delivers.
 struct Unit {

@@ -208,7 +208,8 @@ settings! {
         /// of a group is started with the same number. 1: one relay
         /// delivers, the others stand by.
         partitions: u32 = 1, within(1..=crate::partition::MOST_PARTITIONS);
-        /// How often a standby checks whether the lease is free.
+        /// How often a relay reads its group while partitions are still to
+        /// be taken, or where it cannot watch the group.
         standby_poll_interval: Duration = 500 * MS, within(MS..=MINUTE);
         /// Keep processed and failed messages this long, e.g. 7d (TTL
         /// indexes; a TTL counts seconds in 32 bits); "off" keeps them;

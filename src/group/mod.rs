@@ -34,7 +34,10 @@
 
 pub mod balance;
 
+pub mod watch;
+
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, DateTime, Document, RawBsonRef, RawDocumentBuf};
@@ -44,9 +47,10 @@ use mongodb::{Collection, Database};
 use crate::checkpoint::POSITION_AT;
 use crate::error::{is_duplicate_key, Error, Result};
 use crate::lease::{
-    is_far_ahead, is_live, server_time, Lease, LeaseTiming, StoredHolder, FAR_AHEAD,
+    held_for, is_far_ahead, is_live, server_time, Lease, LeaseTiming, StoredHolder, FAR_AHEAD,
 };
 use crate::partition::{Partition, MOST_PARTITIONS};
+use crate::server_clock::ServerClock;
 use crate::time::later;
 use balance::{Holder, Member};
 
@@ -63,6 +67,8 @@ pub struct Group {
     /// The outbox's leases as this relay reads them, to mend an expiry
     /// set too far ahead.
     leases: Lease,
+    /// What renewals and rounds read the server's clock from.
+    clock: Arc<ServerClock>,
 }
 
 /// The group as one read shows it.
@@ -72,6 +78,13 @@ pub struct View {
     pub holders: BTreeMap<Partition, Holder>,
     /// Whether the outbox's own lease lets this group deliver.
     pub outbox: OutboxLease,
+    /// When something this view shows lapses by the server's clock, and
+    /// the view would change with no write: another relay's lease or
+    /// announcement ends, or a newcomer stops counting as one. `None` if
+    /// nothing does.
+    pub next_lapse: Option<tokio::time::Instant>,
+    /// Announcements gone for more than a lease, to be cleared.
+    pub lapsed: bool,
 }
 
 /// The outbox's own lease, as a group of more than one partition sees it.
@@ -118,7 +131,30 @@ impl Group {
             partitions,
             timing,
             leases: Lease::new(database, checkpoint_collection, collection, timing),
+            clock: Arc::new(ServerClock::new(database.client(), Duration::ZERO)),
         }
+    }
+
+    /// Starts watching the group for the changes its rounds act on, until
+    /// `shutdown` (see [`watch`]), through `database`'s client: one other
+    /// than the renewals', whose few connections the stream's long reads
+    /// would take.
+    pub(crate) fn watch(
+        &self,
+        database: &Database,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> watch::Changes {
+        watch::start(
+            database.collection(self.documents.name()),
+            &self.outbox,
+            shutdown,
+        )
+    }
+
+    /// The same group, its renewals and rounds reading the server's clock
+    /// from `clock`, which the relay's leases read it from too.
+    pub(crate) fn with_clock(self, clock: Arc<ServerClock>) -> Group {
+        Group { clock, ..self }
     }
 
     /// The partition count the relays on `collection` run with, as its
@@ -537,15 +573,25 @@ impl Group {
         i64::try_from(self.timing.duration.as_millis()).unwrap_or(i64::MAX)
     }
 
-    /// Renews the group's count and this relay's announcement, and clears
-    /// the announcements of relays gone for more than a lease. A group
-    /// that took another count meanwhile (every relay of this count was
-    /// gone) is a configuration error: this relay must stop.
-    pub async fn renew(&self) -> Result<()> {
-        let now = server_time(self.database.client()).await?;
-        self.renew_at(now).await?;
-        self.announce(now, Joining::Not).await?;
-        // Tidying only: a relay that may not remove documents still runs.
+    /// Renews this relay's announcement, and the group's count as
+    /// `renewal` says. A group that took another count meanwhile (every
+    /// relay of this count was gone) is a configuration error: this relay
+    /// must stop.
+    pub async fn renew(&self, renewal: Renewal) -> Result<()> {
+        let now = self.now().await?;
+        if renewal == Renewal::Whole {
+            self.renew_at(now).await?;
+        }
+        self.announce(now, Joining::Not).await
+    }
+
+    /// Clears the announcements of relays gone for more than a lease, which
+    /// a view found ([`View::lapsed`]). Tidying only: a relay that may not
+    /// remove documents still runs.
+    pub async fn clear_lapsed(&self) {
+        let Ok(now) = self.now().await else {
+            return;
+        };
         let lapsed = doc! {
             "group": &self.outbox,
             "expiresAt": { "$lt": crate::time::earlier(now, self.timing.duration) },
@@ -553,7 +599,14 @@ impl Group {
         if let Err(error) = self.documents.delete_many(lapsed).await {
             tracing::debug!(%error, "could not clear lapsed relays from the group");
         }
-        Ok(())
+    }
+
+    /// The server's clock now, at the earliest: what judges others'
+    /// expiries, and what this relay's announcement and the group's
+    /// document are renewed from (neither guards a deadline of its own).
+    async fn now(&self) -> Result<DateTime> {
+        let reading = self.clock.reading().await?;
+        Ok(reading.earliest(tokio::time::Instant::now()))
     }
 
     /// Keeps the group's document alive, from `now`, at this count. One
@@ -605,7 +658,7 @@ impl Group {
     /// Counts this relay as joining again from now, so that the others
     /// make room for it: for one that holds nothing and is not counted.
     pub async fn rejoin(&self) -> Result<()> {
-        let now = server_time(self.database.client()).await?;
+        let now = self.now().await?;
         self.announce(now, Joining::Again).await
     }
 
@@ -651,7 +704,8 @@ impl Group {
 
     /// Reads the group: the live members, and who holds each partition.
     pub async fn view(&self) -> Result<View> {
-        let now = server_time(self.database.client()).await?;
+        let read_at = tokio::time::Instant::now();
+        let now = self.clock.reading().await?.earliest(read_at);
         let failed = |e| {
             Error::mongo("reading the group of relays failed", e)
                 .needing("find", self.documents.namespace())
@@ -671,15 +725,23 @@ impl Group {
             holders: self.partitions().map(|p| (p, Holder::Free)).collect(),
             members: Vec::new(),
             outbox: OutboxLease::Open,
+            next_lapse: None,
+            lapsed: false,
         };
         let mut holding: BTreeSet<String> = BTreeSet::new();
         let mut members = Vec::new();
+        // How long until the first of what this relay does not renew lapses.
+        let mut lapses: Option<Duration> = None;
+        let mut lapses_in = |left: Duration| lapses = Some(lapses.map_or(left, |l| l.min(left)));
         while let Some(document) = documents.try_next().await.map_err(failed)? {
             let Ok(Some(RawBsonRef::String(id))) = document.get("_id") else {
                 continue;
             };
             if let Some(&partition) = leases.get(id) {
                 if let Some(holder) = live_holder(&document, now) {
+                    if let Some(left) = held_for(&document, now).filter(|_| holder != self.me) {
+                        lapses_in(left);
+                    }
                     holding.insert(holder.clone());
                     view.holders.insert(partition, Holder::Relay(holder));
                 }
@@ -687,16 +749,34 @@ impl Group {
                 let ours = StoredHolder::of(&document) == StoredHolder::Group(self.partitions);
                 if !ours && is_live(&document, now) {
                     view.outbox = OutboxLease::Taken;
+                    if let Some(left) = held_for(&document, now) {
+                        lapses_in(left);
+                    }
                 }
             } else if let Some(member) = live_member(&document, now, self.timing.duration) {
                 members.push(member);
+            } else {
+                view.lapsed |= long_lapsed(&document, now, self.timing.duration);
             }
         }
+        // A newcomer counts towards the share while it holds nothing: the
+        // share changes when its announcement ends or it stops counting as
+        // new. (A holder's announcement ending frees nothing: its leases
+        // do, and their expiries are counted above.)
+        for member in members.iter().filter(|m| !holding.contains(&m.name)) {
+            if let Some(stops_counting) = member.stops_counting {
+                if member.name != self.me {
+                    lapses_in(member.ends);
+                }
+                lapses_in(stops_counting);
+            }
+        }
+        view.next_lapse = lapses.map(|left| read_at + left);
         view.members = members
             .into_iter()
-            .map(|(name, new)| Member {
-                counts: new || holding.contains(&name),
-                name,
+            .map(|member| Member {
+                counts: member.stops_counting.is_some() || holding.contains(&member.name),
+                name: member.name,
             })
             .collect();
         Ok(view)
@@ -723,6 +803,19 @@ impl Group {
     fn member_id(&self) -> String {
         format!("{}/member/{}", self.outbox, self.me)
     }
+}
+
+/// What a member's renewal writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// The group's document and the member's announcement: by a member
+    /// that holds a partition, or by any while none is held.
+    Whole,
+    /// The announcement alone: by a member that holds nothing while
+    /// another holds a partition, whose lease keeps relays of another
+    /// count out as the group's document does (see [`Group::join`]), and
+    /// whose member renews the document.
+    Announcement,
 }
 
 /// Which stored positions a change of the group retires.
@@ -839,27 +932,55 @@ fn live_holder(document: &RawDocumentBuf, now: DateTime) -> Option<String> {
     }
 }
 
-/// A live announcement: the relay's name, and whether it joined within
-/// two leases of `now` (it counts towards the share before it holds a
-/// partition).
-fn live_member(
-    document: &RawDocumentBuf,
-    now: DateTime,
-    lease: Duration,
-) -> Option<(String, bool)> {
+/// A live announcement, as a round reads it.
+struct Announced {
+    /// The relay's name.
+    name: String,
+    /// How long until the announcement ends, from the reading.
+    ends: Duration,
+    /// For a relay that joined within two leases of the reading, which
+    /// counts towards the share before it holds a partition: how long
+    /// until it no longer does.
+    stops_counting: Option<Duration>,
+}
+
+/// A live announcement by the server's clock `now`, if `document` is one.
+fn live_member(document: &RawDocumentBuf, now: DateTime, lease: Duration) -> Option<Announced> {
     let name = match document.get("relay") {
         Ok(Some(RawBsonRef::String(name))) => name,
         _ => return None,
     };
-    match document.get("expiresAt") {
-        Ok(Some(RawBsonRef::DateTime(expires))) if expires > now => {}
+    let ends = match document.get("expiresAt") {
+        Ok(Some(RawBsonRef::DateTime(expires))) if expires > now => until(now, expires),
         _ => return None,
-    }
-    let new = match document.get("joinedAt") {
-        Ok(Some(RawBsonRef::DateTime(joined))) => later(joined, lease.saturating_mul(2)) > now,
-        _ => false,
     };
-    Some((name.to_owned(), new))
+    let new_until = match document.get("joinedAt") {
+        Ok(Some(RawBsonRef::DateTime(joined))) => Some(later(joined, lease.saturating_mul(2))),
+        _ => None,
+    }
+    .filter(|until| *until > now);
+    Some(Announced {
+        name: name.to_owned(),
+        ends,
+        stops_counting: new_until.map(|at| until(now, at)),
+    })
+}
+
+/// Whether `document` is an announcement gone for more than a lease by the
+/// server's clock `now`.
+fn long_lapsed(document: &RawDocumentBuf, now: DateTime, lease: Duration) -> bool {
+    matches!(
+        document.get("expiresAt"),
+        Ok(Some(RawBsonRef::DateTime(expires))) if expires < crate::time::earlier(now, lease)
+    ) && matches!(document.get("group"), Ok(Some(RawBsonRef::String(_))))
+}
+
+/// How long from `now` until `then` (zero if it has passed).
+fn until(now: DateTime, then: DateTime) -> Duration {
+    let millis = then
+        .timestamp_millis()
+        .saturating_sub(now.timestamp_millis());
+    Duration::from_millis(u64::try_from(millis).unwrap_or(0))
 }
 
 #[cfg(test)]

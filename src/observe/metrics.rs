@@ -247,6 +247,9 @@ exported! {
         "Publishes JetStream acknowledged as duplicates of a message it already held";
     reconnects: Family<ServerLabel, Counter> =>
         "reconnects", "Connections to a server regained after being lost";
+    group_reads: Counter => "group_reads",
+        "Times this relay read its group of relays (a round: when the group changed, when a \
+         lease it showed lapsed, or a poll)";
     stream_resumes: Counter => "stream_resumes",
         "Times the change stream was reopened from a stored position";
     history_lost: Counter => "history_lost",
@@ -409,6 +412,16 @@ impl Metrics {
 
     pub(crate) fn processed(&self, count: u64) {
         self.0.exported.processed.inc_by(count);
+    }
+
+    /// This relay read its group (a round).
+    pub(crate) fn group_read(&self) {
+        self.0.exported.group_reads.inc();
+    }
+
+    /// How many messages this relay has marked processed since it started.
+    pub(crate) fn processed_total(&self) -> u64 {
+        self.0.exported.processed.get()
     }
 
     pub(crate) fn retried(&self) {

@@ -3,7 +3,7 @@
 //! the group. (The faults a group meets are in `tests/faults.rs`.)
 
 use crate::common::{
-    count_by_id, wait_until, write_orders, RunningRelay, TestEnv, STANDING_BY, WAIT,
+    count_by_id, wait_until, write_orders, RunningRelay, TestEnv, LEADING, STANDING_BY, WAIT,
 };
 use std::time::Duration;
 
@@ -12,14 +12,25 @@ use outbox_relay::admin::status::Status;
 use outbox_relay::lease::Lease;
 use outbox_relay::{Error, Relay, RelayMode};
 
-/// How many partitions a relay says it holds.
-fn partitions_held(relay: &RunningRelay) -> Option<u32> {
+/// The value of a relay's unlabelled metric `name`, if it reports one.
+fn metric<T: std::str::FromStr>(relay: &RunningRelay, name: &str) -> Option<T> {
+    let prefix = format!("{name} ");
     relay
         .metrics
         .render()
         .lines()
-        .find_map(|line| line.strip_prefix("outbox_partitions_held "))
+        .find_map(|line| line.strip_prefix(prefix.as_str()).map(str::to_owned))
         .and_then(|value| value.trim().parse().ok())
+}
+
+/// How many partitions a relay says it holds.
+fn partitions_held(relay: &RunningRelay) -> Option<u32> {
+    metric(relay, "outbox_partitions_held")
+}
+
+/// How many times a relay has read its group.
+fn group_reads(relay: &RunningRelay) -> u64 {
+    metric(relay, "outbox_group_reads_total").unwrap_or(0)
 }
 
 /// Waits until `relay` holds `count` partitions.
@@ -461,4 +472,65 @@ async fn a_group_back_after_a_relay_of_one_partition_led_retires_its_positions()
     delivers_what_is_written(&env).await;
     relay.stop().await.unwrap();
     env.drop().await;
+}
+
+/// A standby beside a live leader reads the group as the leader's lease
+/// would lapse, not every poll: over five of the leader's renewals it reads
+/// it fewer than five times, where polling every 100 ms it would read it
+/// every renewal several times over. A graceful stop's release wakes it
+/// through its watch, and it takes over.
+#[tokio::test]
+async fn a_standby_reads_its_group_as_the_lease_would_lapse_not_every_poll() {
+    let env = TestEnv::new().await;
+    let mut config = env.replica_config();
+    config.lease_duration = Duration::from_secs(2);
+    config.lease_renew_interval = Duration::from_millis(500);
+    config.standby_poll_interval = Duration::from_millis(100);
+    let leader = RunningRelay::start_tailing(config.clone()).await;
+    let standby = RunningRelay::start(config.clone()).await;
+    standby.wait_for_role(STANDING_BY).await;
+    let leases = env
+        .db
+        .collection::<bson::Document>(&config.checkpoint_collection);
+    let lease_id = format!("{}.{}", env.db.name(), config.collection);
+    let expiry = || async {
+        leases
+            .find_one(doc! { "_id": &lease_id })
+            .await
+            .unwrap()
+            .and_then(|lease| lease.get_datetime("expiresAt").ok().copied())
+    };
+    // Renewals observed one after another: each a new expiry.
+    let renewals = |count: usize| async move {
+        let mut seen = expiry().await;
+        for _ in 0..count {
+            let renewed = async {
+                loop {
+                    let now = expiry().await;
+                    if now != seen {
+                        seen = now;
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            };
+            tokio::time::timeout(WAIT, renewed)
+                .await
+                .expect("the leader renews its lease");
+        }
+    };
+    // The standby's first rounds (its join, the watch opening) come first.
+    renewals(3).await;
+    let before = group_reads(&standby);
+    renewals(5).await;
+    let read = group_reads(&standby) - before;
+    assert!(
+        read < 5,
+        "the standby read its group {read} times over five of the leader's renewals"
+    );
+    assert!(standby.is(STANDING_BY));
+    leader.stop().await.unwrap();
+    standby.wait_for_role(LEADING).await;
+    delivers_what_is_written(&env).await;
+    standby.stop().await.unwrap();
 }
