@@ -1087,6 +1087,7 @@ impl Relay {
             // (see `Sweeper::await_stored_holds`).
             holds_read: Arc::new(Mutex::new(Some(Instant::now()))),
             holds_interval: self.config.collect_interval,
+            late_writes_until: Instant::now() + self.config.lease_duration.saturating_mul(2),
             dead_letters: self.config.on_dead_letter,
             claims_cleared: Arc::default(),
             pipeline,

@@ -166,7 +166,7 @@ settings! {
         /// How often the resume token is written while messages flow.
         checkpoint_interval: Duration = 500 * MS, within(MS..=HOUR);
         /// How often an idle stream's newest position is written.
-        idle_checkpoint_interval: Duration = 10 * SECOND, within(MS..=DAY);
+        idle_checkpoint_interval: Duration = MINUTE, within(MS..=DAY);
         /// How long the server holds an empty change-stream read open.
         max_await_time: Duration = 500 * MS, within(MS..=10 * MINUTE);
         /// How long the change stream may lag a commit: passes over the

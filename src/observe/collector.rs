@@ -25,6 +25,14 @@
 //! collection to count) is given none in a short drain. The first round's
 //! other reads (the checkpoint, the oplog) are made at once.
 //!
+//! A quiet outbox is read less often: where the last read found nothing
+//! pending and this relay has marked nothing since, the next round waits
+//! [`QUIET_INTERVAL`] (or the interval, if longer). A message that starts
+//! waiting then shows in `outbox_oldest_pending_age_seconds` within that
+//! minute, before it has waited the minute its alert looks for; the
+//! oplog's headroom, watched in hours, and the checkpoint's age, alerted
+//! on at five minutes, are a minute old at most.
+//!
 //! Through mongos there is no oplog to read: each shard keeps its own, and
 //! mongos refuses the `local` database. The collector asks once, before
 //! its first read of the oplog, what the connection reaches
@@ -63,6 +71,10 @@ pub struct Collector {
     /// never written counts from here.
     pub(crate) started: DateTime,
 }
+
+/// How long a round waits after one that found the outbox quiet (see the
+/// module's doc).
+pub(crate) const QUIET_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How many times as long as a slow read took the collector waits before
 /// making it again.
@@ -115,9 +127,13 @@ pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             () = collector.round(&mut state) => {}
         }
+        let pause = match state.quiet {
+            Quiet::Yes => collector.interval.max(QUIET_INTERVAL),
+            Quiet::No => collector.interval,
+        };
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(collector.interval) => {}
+            _ = tokio::time::sleep(pause) => {}
         }
     }
 }
@@ -129,6 +145,17 @@ struct RoundState {
     oplog: OplogState,
     depths_pace: Pace,
     oplog_pace: Pace,
+    quiet: Quiet,
+    /// This relay's count of messages marked as of the last depths read.
+    marked: u64,
+}
+
+/// Whether the outbox was quiet at the last round: the depths read found
+/// nothing pending, and this relay has marked nothing since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Quiet {
+    Yes,
+    No,
 }
 
 impl RoundState {
@@ -141,6 +168,8 @@ impl RoundState {
             oplog: OplogState::Unasked,
             depths_pace: Pace::due_at("the outbox's depths", now + interval),
             oplog_pace: Pace::due_at("the oplog's first and last entries", now),
+            quiet: Quiet::No,
+            marked: 0,
         }
     }
 }
@@ -210,7 +239,11 @@ fn is_slow(took: Duration, interval: Duration, was_slow: bool) -> bool {
 impl Collector {
     /// Reads the depths and the oplog's span when due, and the checkpoint.
     async fn round(&self, state: &mut RoundState) {
-        match self.outbox_state(&mut state.depths_pace).await {
+        let marked = self.metrics.processed_total();
+        if marked != state.marked {
+            state.quiet = Quiet::No;
+        }
+        match self.outbox_state(state).await {
             Ok(position) => {
                 state.outage.recovered();
                 if let Some(warning) = self.headroom_warning {
@@ -231,13 +264,19 @@ impl Collector {
     /// Reads the depths when due and the checkpoint into the metrics (a
     /// standby thereby reports the leader's checkpoint age); returns when
     /// the stored position was reached, if it is known.
-    async fn outbox_state(&self, depths_pace: &mut Pace) -> Result<Option<DateTime>> {
-        if depths_pace.is_due() {
+    async fn outbox_state(&self, state: &mut RoundState) -> Result<Option<DateTime>> {
+        if state.depths_pace.is_due() {
             let began = Instant::now();
+            let marked = self.metrics.processed_total();
             // A read that fails is not paced: how long it took says more
             // of the network than of the server; the outage reports it.
             let depths = Depths::read(&self.outbox).await?;
-            depths_pace.read_ended(began, self.interval);
+            state.depths_pace.read_ended(began, self.interval);
+            state.marked = marked;
+            state.quiet = match depths.pending {
+                0 => Quiet::Yes,
+                _ => Quiet::No,
+            };
             self.metrics
                 .depths(depths.pending, depths.failed, depths.oldest_pending);
         }

@@ -20,6 +20,10 @@ use crate::error::{Error, Result};
 use crate::order::{held_keys, stored::parked_messages, KeyOrder, Parks, PARKED};
 use crate::work::{id_key, Tally};
 
+/// How often the held keys are read back once a former leader's writes
+/// can no longer land (see [`Sweeper::holds_interval`]).
+const LATE_HOLDS_INTERVAL: Duration = Duration::from_secs(60);
+
 /// The most keys one release reads, and the most holders one read checks.
 const RELEASE_KEYS: usize = 1000;
 
@@ -69,7 +73,19 @@ impl Sweeper {
     /// Reading the held keys back, if it is due: once per holds interval
     /// (a term starts having read them).
     fn reconcile_due(&self) -> bool {
-        due(&self.holds_read, self.holds_interval)
+        due(&self.holds_read, self.holds_interval())
+    }
+
+    /// How often the held keys are read back: every holds interval while
+    /// a former leader's write may still land, then every
+    /// [`LATE_HOLDS_INTERVAL`] (or the holds interval, if longer), for a
+    /// hold written by hand or by a relay that ran beside the lease.
+    pub(super) fn holds_interval(&self) -> Duration {
+        if Instant::now() < self.late_writes_until {
+            self.holds_interval
+        } else {
+            self.holds_interval.max(LATE_HOLDS_INTERVAL)
+        }
     }
 
     /// How long until reading the held keys back falls due; `None` where
@@ -77,7 +93,7 @@ impl Sweeper {
     pub(super) fn until_reconcile(&self) -> Option<Duration> {
         self.pipeline.order()?;
         let read = self.holds_read.lock().ok().and_then(|read| *read)?;
-        Some(self.holds_interval.saturating_sub(read.elapsed()))
+        Some(self.holds_interval().saturating_sub(read.elapsed()))
     }
 
     /// Tends the keys the term's order holds: takes on holds written out of

@@ -75,8 +75,14 @@ pub struct Sweeper {
     /// When the sweep last read the held keys back.
     pub(crate) holds_read: Arc<Mutex<Option<Instant>>>,
     /// How often it reads them back, for a hold written out of the term's
-    /// sight (a former leader's write that landed late).
+    /// sight (a former leader's write that landed late), while such a
+    /// write may still land; a minute apart after (see
+    /// [`Sweeper::holds_interval`]).
     pub(crate) holds_interval: Duration,
+    /// How long into the term a former leader's write may land: its
+    /// writes wait a lease at most, and its lease ended before the term
+    /// began.
+    pub(crate) late_writes_until: Instant,
     /// Whether dead letters hold their keys, for reading holds back.
     pub(crate) dead_letters: DeadLetters,
     /// Whether a former leader's claims are cleared (see
@@ -402,6 +408,7 @@ mod tests {
             misfits_read: Arc::default(),
             holds_read: Arc::default(),
             holds_interval: Duration::from_secs(60),
+            late_writes_until: Instant::now(),
             dead_letters: DeadLetters::Release,
             claims_cleared: Arc::default(),
         }
