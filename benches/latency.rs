@@ -33,6 +33,7 @@ async fn main() {
         payload_bytes: 0,
         inbox: if full { 10_000 } else { 50 },
         audit: if full { 100_000 } else { 0 },
+        idle: Duration::from_secs(if full { 120 } else { 1 }),
         keys: if full {
             vec![Keys::None, Keys::Spread(10_000), Keys::One]
         } else {

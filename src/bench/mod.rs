@@ -13,6 +13,7 @@
 
 mod audit;
 mod group;
+mod idle;
 mod inbox;
 pub mod load;
 mod process;
@@ -35,6 +36,7 @@ use crate::redact;
 use crate::source::change_stream::said;
 pub use audit::AuditBench;
 pub use group::GroupRun;
+pub use idle::{IdleBench, IdleCost};
 pub use inbox::{EndToEnd, InboxBench};
 use load::Clock;
 pub use load::Keys;
@@ -72,6 +74,8 @@ pub struct BenchConfig {
     pub inbox: usize,
     /// Messages in the window an audit checks, timed (0: skip it).
     pub audit: usize,
+    /// How long a quiet relay is watched (zero: skip it).
+    pub idle: Duration,
     /// How messages are keyed: push over JetStream and the drain run once
     /// for each (the other modes without keys).
     pub keys: Vec<Keys>,
@@ -302,6 +306,8 @@ pub struct Report {
     pub inbox: Option<InboxBench>,
     /// An audit of a window of delivered messages (`--audit`).
     pub audit: Option<AuditBench>,
+    /// A quiet leader and a standby (`--idle`).
+    pub idle: Option<IdleBench>,
     /// One relay against groups on the same load (`--relays`).
     pub groups: Vec<GroupRun>,
 }
@@ -350,6 +356,7 @@ pub async fn run(config: &BenchConfig) -> Result<Report> {
         drains: Vec::new(),
         keyed_drains: Vec::new(),
         inbox: None,
+        idle: None,
         audit: None,
         groups: Vec::new(),
     };
@@ -426,6 +433,9 @@ impl Bench<'_> {
         }
         if self.config.audit > 0 {
             report.audit = Some(self.audit(self.config.audit).await?);
+        }
+        if !self.config.idle.is_zero() {
+            report.idle = Some(self.idle(self.config.idle).await?);
         }
         report.groups = self.groups().await?;
         Ok(())
@@ -506,16 +516,9 @@ impl Bench<'_> {
         self.start_relay_with(tag, collection, prefix, mode, &[])
     }
 
-    /// [`Bench::start_relay`] with more flags.
-    fn start_relay_with(
-        &self,
-        tag: &str,
-        collection: &str,
-        prefix: &str,
-        mode: Mode,
-        extra: &[&str],
-    ) -> Result<RelayProcess> {
-        let mut args: Vec<String> = [
+    /// The flags that point a relay at the run's servers, outbox and subjects.
+    fn relay_args(&self, collection: &str, prefix: &str) -> Vec<String> {
+        [
             "--mongodb-uri",
             &self.config.mongodb_uri,
             "--database",
@@ -526,6 +529,23 @@ impl Bench<'_> {
             &self.config.nats_url,
             "--subject-prefix",
             prefix,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    /// [`Bench::start_relay`] with more flags.
+    fn start_relay_with(
+        &self,
+        tag: &str,
+        collection: &str,
+        prefix: &str,
+        mode: Mode,
+        extra: &[&str],
+    ) -> Result<RelayProcess> {
+        let mut args = self.relay_args(collection, prefix);
+        let tuned: Vec<String> = [
             "--max-await-time",
             &format!("{}ms", MAX_AWAIT_TIME.as_millis()),
             // Finding the oplog's first and last entries is a seek on
@@ -546,6 +566,7 @@ impl Bench<'_> {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        args.extend(tuned);
         match mode {
             Mode::Poll(every) => {
                 args.extend(["--mode".into(), "poll".into(), "--poll-interval".into()]);

@@ -122,6 +122,12 @@ impl RelayProcess {
         })
     }
 
+    /// Whether it reports itself ready, if its metrics answer.
+    pub async fn ready(&self) -> Option<bool> {
+        let text = http_get(self.metrics_port, "/metrics").await?;
+        metric(&text, "outbox_ready").map(|ready| ready >= 1.0)
+    }
+
     /// How many messages it has marked processed, if its metrics answer.
     pub async fn processed(&self) -> Option<u64> {
         let text = http_get(self.metrics_port, "/metrics").await?;

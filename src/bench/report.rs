@@ -172,6 +172,15 @@ fn print_runs(report: &Report) {
             keyed.relay.peak_rss_mib,
         );
     }
+    if let Some(idle) = &report.idle {
+        for (role, cost) in [("leader", &idle.leader), ("standby", &idle.standby)] {
+            println!(
+                "quiet {role}, {:.0} s: {:.3}% of a core, {:.2} MongoDB operations/s \
+                 (getMore left out: {:.2}/s)",
+                idle.seconds, cost.cpu_percent, cost.operations, cost.get_mores,
+            );
+        }
+    }
     if let Some(audit) = &report.audit {
         println!(
             "audit of {} delivered messages: {:.1} s, {:.0}/s, peak memory {} MiB; the stream's \

@@ -34,9 +34,9 @@ pub struct BenchArgs {
     /// Messages per run; a run at a low rate writes a minute's worth at most.
     #[arg(long, default_value_t = 2000)]
     pub count: usize,
-    /// Poll intervals to compare against, comma-separated.
-    #[arg(long, default_value = "1s,100ms", value_delimiter = ',', value_parser = duration)]
-    pub poll_intervals: Vec<Duration>,
+    /// Poll intervals to compare against, comma-separated; "none" runs none.
+    #[arg(long, default_value = "1s,100ms", value_delimiter = ',', value_parser = poll_interval)]
+    pub poll_intervals: Vec<Option<Duration>>,
     /// Messages in the backlog drain, comma-separated for several sizes
     /// (each drained on a first start and resumed); 0 skips it.
     #[arg(long, default_value = "100000", value_delimiter = ',')]
@@ -53,6 +53,10 @@ pub struct BenchArgs {
     /// timed with its memory; 0 skips it.
     #[arg(long, default_value_t = 0)]
     pub audit: usize,
+    /// How long a quiet leader, then a standby beside it, are watched for
+    /// their CPU and MongoDB operations; 0 skips it.
+    #[arg(long, default_value = "2m", value_parser = duration)]
+    pub idle: Duration,
     /// How messages are keyed, comma-separated: "none", a number of
     /// distinct keys, or "one" (a single hot key); push over JetStream and
     /// the backlog drain run once for each.
@@ -78,6 +82,14 @@ pub struct BenchArgs {
 }
 
 /// A rate in messages a second, or "max" (`None`), for the flag `flag`.
+/// Reads one of `--poll-intervals`: a duration, or "none".
+fn poll_interval(text: &str) -> std::result::Result<Option<Duration>, String> {
+    match text.trim() {
+        "none" => Ok(None),
+        every => duration(every).map(Some),
+    }
+}
+
 fn parse_rate(flag: &str, rate: &str) -> Result<Option<u32>> {
     match rate.trim() {
         "max" => Ok(None),
@@ -159,11 +171,12 @@ impl BenchArgs {
             relay_binary,
             rates,
             count: self.count,
-            poll_intervals: self.poll_intervals,
+            poll_intervals: self.poll_intervals.into_iter().flatten().collect(),
             backlog,
             payload_bytes: self.payload_bytes,
             inbox: self.inbox,
             audit: self.audit,
+            idle: self.idle,
             keys,
             relays: self.relays,
             group_rate,
