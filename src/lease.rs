@@ -201,8 +201,8 @@ impl Lease {
         }
     }
 
-    /// The same lease, its renewals reading the server's clock from
-    /// `clock`, which the relay's group reads it from too.
+    /// The same lease, its renewals reading the server's clock into
+    /// `clock`, which the relay's group counts on between.
     pub(crate) fn with_clock(self, clock: Arc<ServerClock>) -> Lease {
         Lease { clock, ..self }
     }
@@ -646,10 +646,11 @@ impl Lease {
 
     /// Extends a held lease. `Ok(false)` if another relay has taken it.
     pub async fn renew(&self, held: &mut Held) -> Result<bool> {
-        // The expiry is written from the latest the server's clock can
-        // read at `sent`, and the deadline counted from `sent`: it comes
-        // first, however old the reading (see `server_clock`).
-        let reading = self.clock.reading().await?;
+        // A reading of its own (see `server_clock`): the expiry is written
+        // from the latest the server's clock can read at `sent`, and the
+        // deadline counted from `sent`, so it comes first. The group's
+        // announcements and rounds count on this reading after it.
+        let reading = self.clock.read().await?;
         let sent = Instant::now();
         let now = reading.latest(sent);
         let renewed = self

@@ -223,10 +223,10 @@ impl Relay {
     /// stops this relay's deliveries at once, and it stands by until
     /// those relays are gone.
     async fn lead_while_elected(self: &Arc<Self>, pipeline: &Pipeline, stop: &Stop) -> Result<()> {
-        // One reading of the server's clock serves the group's rounds and
-        // every partition's renewals for three quarters of a lease (see
-        // `server_clock`): the group's renewals, every half lease, read it
-        // every other time.
+        // The group's announcements and rounds count on a reading of the
+        // server's clock for three quarters of a lease (see
+        // `server_clock`): the partitions' renewals read it afresh, and a
+        // relay that holds none reads it every other announcement.
         let clock = Arc::new(ServerClock::new(
             self.coordination.client(),
             self.config.lease_duration.mul_f64(0.75),
@@ -338,6 +338,8 @@ impl Relay {
                     shares.next_round = None;
                 }
                 _ = member.changes.changed() => shares.next_round = None,
+                // A watch that closes hears no more: the rounds poll.
+                _ = member.changes.closed(), if member.changes.open() => shares.next_round = None,
                 _ = tokio::time::sleep_until(wake) => {}
             }
         }
@@ -378,7 +380,11 @@ impl Relay {
             .renewed_at
             .is_none_or(|at| at.elapsed() >= self.membership_renewal())
         {
-            self.renew(member, shares, outages).await?;
+            let renewal = match (shares.units.is_empty(), shares.held_by_others) {
+                (true, true) => Renewal::Announcement,
+                _ => Renewal::Whole,
+            };
+            self.renew(member, shares, outages, renewal).await?;
         }
         let now = tokio::time::Instant::now();
         if shares.next_round.is_some_and(|due| now < due) {
@@ -403,22 +409,22 @@ impl Relay {
         Ok(())
     }
 
-    /// Renews this relay's place in the group, timed from before the
-    /// server read its clock, as a lease is.
+    /// Renews this relay's place in the group as `renewal` says, timed
+    /// from before the server read its clock, as a lease is.
     async fn renew(
         &self,
         member: &Membership<'_>,
         shares: &mut Shares,
         outages: &mut Outages,
+        renewal: Renewal,
     ) -> Result<()> {
         let began = Instant::now();
-        let renewal = match (shares.units.is_empty(), shares.held_by_others) {
-            (true, true) => Renewal::Announcement,
-            _ => Renewal::Whole,
-        };
         match member.group.renew(renewal).await {
             Ok(()) => {
                 shares.renewed_at = Some(began);
+                if renewal == Renewal::Whole {
+                    shares.group_renewed_at = Some(began);
+                }
                 outages.renewing.recovered();
             }
             Err(error @ Error::Config(_)) => return Err(error),
@@ -465,11 +471,11 @@ impl Relay {
     /// One round: reads the group, and takes or hands over partitions as
     /// [`balance::moves`] says.
     ///
-    /// A relay takes a partition only while its renewal of the group is
-    /// younger than half a lease: one whose renewals stall could otherwise
-    /// take a lease beside relays of another count that took the group
-    /// meanwhile. Before a take it renews where the last renewal is older
-    /// than a renewal interval.
+    /// A relay takes a partition only while its renewal of the group's
+    /// document is younger than half a lease: one whose renewals stall
+    /// could otherwise take a lease beside relays of another count that
+    /// took the group meanwhile. Before a take it renews the document where
+    /// the last renewal of it is older than a renewal interval.
     async fn round(
         self: &Arc<Self>,
         member: &Membership<'_>,
@@ -485,10 +491,25 @@ impl Relay {
         } = *member;
         let view = group.view().await?;
         self.metrics.group_read();
-        shares.held_by_others = view
-            .holders
-            .values()
-            .any(|holder| matches!(holder, balance::Holder::Relay(name) if name != lease.owner()));
+        // Held by another member: a `sweep --once` run holds the outbox's
+        // lease without being one, and keeps no other count out.
+        shares.held_by_others = view.holders.values().any(|holder| {
+            matches!(holder, balance::Holder::Relay(name)
+                if name != lease.owner() && view.members.iter().any(|m| &m.name == name))
+        });
+        // A lease of this relay's with no unit delivering it (its keeper
+        // gave up on a renewal answered late) lapses with no write to
+        // hear: the rounds poll until it does, and take it back.
+        let lapsing = view.holders.iter().any(|(partition, holder)| {
+            matches!(holder, balance::Holder::Relay(name) if name == lease.owner())
+                && !shares.units.contains_key(partition)
+        });
+        let settled = match lapsing {
+            true => RoundEnd::Unsettled,
+            false => RoundEnd::Settled {
+                lapse: view.next_lapse,
+            },
+        };
         if view.lapsed {
             group.clear_lapsed().await;
         }
@@ -546,25 +567,22 @@ impl Relay {
             return Ok(RoundEnd::Unsettled);
         }
         if moves.take.is_empty() {
-            return Ok(RoundEnd::Settled {
-                lapse: view.next_lapse,
-            });
+            return Ok(settled);
         }
+        // The whole renewal finds a group that took another count.
         if shares
-            .renewed_at
+            .group_renewed_at
             .is_none_or(|at| at.elapsed() >= self.config.lease_renew_interval)
         {
-            self.renew(member, shares, outages).await?;
+            self.renew(member, shares, outages, Renewal::Whole).await?;
         }
         let renewed_lately = shares
-            .renewed_at
+            .group_renewed_at
             .is_some_and(|at| at.elapsed() < lease_duration / 2);
         if !renewed_lately {
             return Ok(RoundEnd::Unsettled);
         }
-        let mut end = RoundEnd::Settled {
-            lapse: view.next_lapse,
-        };
+        let mut end = settled;
         for partition in moves.take {
             let partition_lease = lease.of_partition(partition);
             let Ok(held) = partition_lease.try_acquire().await? else {
@@ -1157,6 +1175,9 @@ struct Shares {
     /// When this relay last renewed its place in the group (from before
     /// the renewal was sent).
     renewed_at: Option<Instant>,
+    /// When it last renewed the group's document with it: a take waits
+    /// for one younger than half a lease (see [`Relay::round`]).
+    group_renewed_at: Option<Instant>,
     /// When this relay last joined anew for holding nothing.
     rejoined_at: Option<Instant>,
     /// When the next round is due; `None`: at once.

@@ -8,18 +8,18 @@
 //! local instant is counted from it, each way round as its use needs:
 //!
 //! - [`Reading::latest`] (counted from `sent`) is never behind the server's
-//!   clock: a holder writes its expiry from it, and its own deadline is
-//!   counted from the same local instant, so the deadline still comes
-//!   before the server lets anyone else in, as with a `hello` of its own;
+//!   clock: an expiry written from it lasts at least as long as meant;
 //! - [`Reading::earliest`] (counted from `answered`) is never ahead of it:
-//!   whatever judges another's expiry uses it, so nothing is judged lapsed
-//!   early.
+//!   whatever times a round by another's expiry uses it, so nothing is
+//!   judged lapsed early.
 //!
-//! A monotonic local clock keeps pace with the server's to within their
-//! drift, parts in ten thousand at the most: a few milliseconds over a
-//! reading's life, inside a lease's margin (a tenth of it). A server clock
-//! set back or forward is seen at the next reading, as it would be at the
-//! next `hello`.
+//! Counting on a reading assumes the two clocks keep pace: a server clock
+//! slewed fast, or stepped, runs ahead of one. So a lease's renewal, whose
+//! expiry the holder's deadline counts on, reads the clock afresh each
+//! time ([`ServerClock::read`]), as it always did, and the group's
+//! announcements and rounds, which no deadline counts on, use the
+//! renewals' readings. Takes, and every judge of whether another's lease
+//! has lapsed before taking it, read it afresh too.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -47,7 +47,9 @@ impl Reading {
         later(self.server, at.saturating_duration_since(self.sent))
     }
 
-    /// The server's clock at `at`, at the earliest.
+    /// The server's clock at `at`, at the earliest, for an `at` no
+    /// earlier than the answer (before it, the server's clock may not yet
+    /// have read `server`).
     pub(crate) fn earliest(&self, at: Instant) -> DateTime {
         later(self.server, at.saturating_duration_since(self.answered))
     }
@@ -80,20 +82,20 @@ impl ServerClock {
         if let Some(reading) = kept.filter(|r| r.sent.elapsed() < self.max_age) {
             return Ok(reading);
         }
-        let reading = self.read().await?;
-        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(reading);
-        Ok(reading)
+        self.read().await
     }
 
-    /// A reading from a `hello` sent now.
+    /// A reading from a `hello` sent now, kept for later readings.
     pub(crate) async fn read(&self) -> Result<Reading> {
         let sent = Instant::now();
         let server = server_time(&self.client).await?;
-        Ok(Reading {
+        let reading = Reading {
             sent,
             answered: Instant::now(),
             server,
-        })
+        };
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(reading);
+        Ok(reading)
     }
 }
 

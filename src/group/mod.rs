@@ -8,15 +8,17 @@
 //! collection beside the leases, so the group needs nothing but MongoDB:
 //!
 //! - `<db>.<collection>/group`: `{partitions, expiresAt}`, the count the
-//!   group uses, kept alive by every member; a relay with another count
-//!   is refused while it lives, so two counts never deliver at once;
+//!   group uses, kept alive by its members (by those holding a partition,
+//!   and by every one while none does; see [`Renewal`]); a relay with
+//!   another count is refused while it lives, or while a lease of this
+//!   count does, so two counts never deliver at once;
 //! - `<db>.<collection>/member/<relay>`: `{group, joinedAt, expiresAt}`,
-//!   one per relay, renewed as its leases are and removed when it stops;
+//!   one per relay, renewed every half lease and removed when it stops;
 //! - each partition's lease and checkpoint, as a single relay keeps its
 //!   own ([`Partition::document_id`]).
 //!
-//! Each round a relay renews its announcement, reads the group, and
-//! applies one rule ([`balance::moves`]): it takes free partitions up to
+//! Each round a relay reads the group (when it changes: see [`watch`]),
+//! and applies one rule ([`balance::moves`]): it takes free partitions up to
 //! its share, and hands over gracefully what is above it. Expiries are
 //! judged on the server's clock, as the lease's are, and an expiry further
 //! ahead than its writer could have set it (a clock set back) is mended,
@@ -704,8 +706,9 @@ impl Group {
 
     /// Reads the group: the live members, and who holds each partition.
     pub async fn view(&self) -> Result<View> {
+        let reading = self.clock.reading().await?;
         let read_at = tokio::time::Instant::now();
-        let now = self.clock.reading().await?.earliest(read_at);
+        let now = reading.earliest(read_at);
         let failed = |e| {
             Error::mongo("reading the group of relays failed", e)
                 .needing("find", self.documents.namespace())

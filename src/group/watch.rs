@@ -47,6 +47,15 @@ impl Changes {
     pub fn open(&self) -> bool {
         *self.open.borrow()
     }
+
+    /// Resolves once the stream is not open (at once if it is not): the
+    /// rounds poll from then on.
+    pub async fn closed(&self) {
+        let mut open = self.open.clone();
+        // The sender lives as long as the watch's task; a watch that ended
+        // is as closed as one that broke.
+        let _ = open.wait_for(|open| !open).await;
+    }
 }
 
 /// How long one read of the stream waits for a change before it is sent
@@ -81,8 +90,9 @@ pub fn start(
         async move {
             tokio::select! {
                 _ = shutdown.cancelled() => {}
-                _ = run(documents, pipeline, changed, opened) => {}
+                _ = run(documents, pipeline, changed, &opened) => {}
             }
+            opened.send_replace(false);
         }
     });
     Changes { changed, open }
@@ -94,7 +104,7 @@ async fn run(
     documents: Collection<Document>,
     pipeline: Vec<Document>,
     changed: Arc<Notify>,
-    opened: watch::Sender<bool>,
+    opened: &watch::Sender<bool>,
 ) {
     let mut failures = 0_usize;
     loop {
