@@ -2,11 +2,24 @@
 //! `Duration`: one saturating conversion for every deadline the relay and
 //! the inbox write or compare (lease expiries, lock ages, record expiries);
 //! the ObjectId that a moment bounds; and the seconds between two moments,
-//! and a moment as RFC 3339 text, as `status` shows them.
+//! and a moment as RFC 3339 text, as `status` shows them; and how long a
+//! read that finds nothing changing waits.
 
 use std::time::Duration;
 
 use bson::{oid::ObjectId, DateTime};
+
+/// How long a read that found nothing changing waits before it is made
+/// again, for one made every `interval` while things change: six
+/// intervals, at most a minute, and never less than the interval. A quiet
+/// relay's reads of what only the database knows (the outbox's depths,
+/// the held keys) follow it.
+pub(crate) fn quiet_interval(interval: Duration) -> Duration {
+    interval.saturating_mul(6).min(QUIET_AT_MOST).max(interval)
+}
+
+/// The longest [`quiet_interval`] (for an interval under 10 s, less).
+const QUIET_AT_MOST: Duration = Duration::from_secs(60);
 
 /// `time` plus `by`, at the latest representable moment if it overflows.
 pub(crate) fn later(time: DateTime, by: Duration) -> DateTime {
@@ -69,6 +82,18 @@ pub(crate) fn as_rfc3339<S: serde::Serializer>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quiet_read_waits_six_intervals_at_most_a_minute_never_less_than_one() {
+        let secs = Duration::from_secs;
+        assert_eq!(quiet_interval(secs(10)), secs(60));
+        assert_eq!(
+            quiet_interval(Duration::from_millis(100)),
+            Duration::from_millis(600)
+        );
+        assert_eq!(quiet_interval(secs(30)), secs(60));
+        assert_eq!(quiet_interval(secs(300)), secs(300));
+    }
 
     #[test]
     fn a_moment_beyond_what_an_object_id_holds_bounds_at_its_end() {

@@ -27,7 +27,7 @@
 //!
 //! A quiet outbox is read less often: where the last read found nothing
 //! pending and this relay has marked nothing since, the next round waits
-//! [`QUIET_INTERVAL`] (or the interval, if longer). A message that starts
+//! six intervals, a minute with the default (`time::quiet_interval`). A message that starts
 //! waiting then shows in `outbox_oldest_pending_age_seconds` within that
 //! minute, before it has waited the minute its alert looks for; the
 //! oplog's headroom, watched in hours, and the checkpoint's age, alerted
@@ -71,10 +71,6 @@ pub struct Collector {
     /// never written counts from here.
     pub(crate) started: DateTime,
 }
-
-/// How long a round waits after one that found the outbox quiet (see the
-/// module's doc).
-pub(crate) const QUIET_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How many times as long as a slow read took the collector waits before
 /// making it again.
@@ -128,7 +124,7 @@ pub(crate) async fn collect(collector: Collector, shutdown: CancellationToken) {
             () = collector.round(&mut state) => {}
         }
         let pause = match state.quiet {
-            Quiet::Yes => collector.interval.max(QUIET_INTERVAL),
+            Quiet::Yes => crate::time::quiet_interval(collector.interval),
             Quiet::No => collector.interval,
         };
         tokio::select! {

@@ -20,10 +20,6 @@ use crate::error::{Error, Result};
 use crate::order::{held_keys, stored::parked_messages, KeyOrder, Parks, PARKED};
 use crate::work::{id_key, Tally};
 
-/// How often the held keys are read back once a former leader's writes
-/// can no longer land (see [`Sweeper::holds_interval`]).
-const LATE_HOLDS_INTERVAL: Duration = Duration::from_secs(60);
-
 /// The most keys one release reads, and the most holders one read checks.
 const RELEASE_KEYS: usize = 1000;
 
@@ -77,14 +73,14 @@ impl Sweeper {
     }
 
     /// How often the held keys are read back: every holds interval while
-    /// a former leader's write may still land, then every
-    /// [`LATE_HOLDS_INTERVAL`] (or the holds interval, if longer), for a
-    /// hold written by hand or by a relay that ran beside the lease.
+    /// a former leader's write may still land, then as a quiet read is
+    /// (`time::quiet_interval`: a minute with the default), for a write
+    /// held up in the network or a hold written by hand.
     pub(super) fn holds_interval(&self) -> Duration {
         if Instant::now() < self.late_writes_until {
             self.holds_interval
         } else {
-            self.holds_interval.max(LATE_HOLDS_INTERVAL)
+            crate::time::quiet_interval(self.holds_interval)
         }
     }
 
