@@ -61,8 +61,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{is_duplicate_key, Error, Result};
 use crate::partition::Partition;
 use crate::retry::Outage;
-pub(crate) use crate::server_clock::server_time;
-use crate::server_clock::ServerClock;
+use crate::server_clock::{server_time, ServerClock};
 use crate::time::later;
 
 /// The field of a lease's document holding when its stored position was

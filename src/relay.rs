@@ -362,10 +362,11 @@ impl Relay {
     }
 
     /// How often this relay renews its place in the group: every half of
-    /// the lease its announcement lasts. (A partition's lease is renewed
-    /// every `--lease-renew-interval` by its own keeper.)
+    /// the lease its announcement lasts (never more often than a
+    /// partition's lease, whose `--lease-renew-interval` is at most half of
+    /// it, is renewed by its own keeper).
     fn membership_renewal(&self) -> Duration {
-        (self.config.lease_duration / 2).max(self.config.lease_renew_interval)
+        self.config.lease_duration / 2
     }
 
     /// Renews this relay's place in the group when due and runs a round
@@ -504,11 +505,12 @@ impl Relay {
             matches!(holder, balance::Holder::Relay(name) if name == lease.owner())
                 && !shares.units.contains_key(partition)
         });
-        let settled = match lapsing {
-            true => RoundEnd::Unsettled,
-            false => RoundEnd::Settled {
+        let settled = if lapsing {
+            RoundEnd::Unsettled
+        } else {
+            RoundEnd::Settled {
                 lapse: view.next_lapse,
-            },
+            }
         };
         if view.lapsed {
             group.clear_lapsed().await;

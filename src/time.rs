@@ -55,6 +55,14 @@ pub(crate) fn made_at(id: &ObjectId) -> DateTime {
     DateTime::from_millis(id.timestamp().timestamp_millis())
 }
 
+/// How long from `now` until `then`: zero if it has passed.
+pub(crate) fn until(now: DateTime, then: DateTime) -> Duration {
+    let millis = then
+        .timestamp_millis()
+        .saturating_sub(now.timestamp_millis());
+    Duration::from_millis(u64::try_from(millis).unwrap_or(0))
+}
+
 /// The seconds from `from` to `to`; negative if `to` is earlier.
 pub(crate) fn seconds_between(from: DateTime, to: DateTime) -> f64 {
     (to.timestamp_millis() - from.timestamp_millis()) as f64 / 1000.0

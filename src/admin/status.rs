@@ -278,7 +278,7 @@ impl Status {
     pub async fn read(database: &Database, config: &RelayConfig) -> Result<Self> {
         let outbox = database.collection::<Document>(&config.collection);
         // Lease expiry is judged on the server's clock, as the relays judge it.
-        let now = crate::lease::server_time(database.client()).await?;
+        let now = crate::server_clock::server_time(database.client()).await?;
         let depths = Depths::read(&outbox).await?;
         let processed = outbox
             .count_documents(doc! { field::STATUS: status::PROCESSED })

@@ -192,7 +192,7 @@ impl Bench<'_> {
             .min(usize::try_from(partitions).unwrap_or(usize::MAX));
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let now = crate::lease::server_time(&self.client).await?;
+            let now = crate::server_clock::server_time(&self.client).await?;
             let mut owners = std::collections::HashSet::new();
             let mut held = 0;
             for partition in Partition::all(partitions) {

@@ -48,11 +48,9 @@ use mongodb::{Collection, Database};
 
 use crate::checkpoint::POSITION_AT;
 use crate::error::{is_duplicate_key, Error, Result};
-use crate::lease::{
-    held_for, is_far_ahead, is_live, server_time, Lease, LeaseTiming, StoredHolder, FAR_AHEAD,
-};
+use crate::lease::{held_for, is_far_ahead, is_live, Lease, LeaseTiming, StoredHolder, FAR_AHEAD};
 use crate::partition::{Partition, MOST_PARTITIONS};
-use crate::server_clock::ServerClock;
+use crate::server_clock::{server_time, ServerClock};
 use crate::time::later;
 use balance::{Holder, Member};
 
@@ -954,7 +952,9 @@ fn live_member(document: &RawDocumentBuf, now: DateTime, lease: Duration) -> Opt
         _ => return None,
     };
     let ends = match document.get("expiresAt") {
-        Ok(Some(RawBsonRef::DateTime(expires))) if expires > now => until(now, expires),
+        Ok(Some(RawBsonRef::DateTime(expires))) if expires > now => {
+            crate::time::until(now, expires)
+        }
         _ => return None,
     };
     let new_until = match document.get("joinedAt") {
@@ -965,7 +965,7 @@ fn live_member(document: &RawDocumentBuf, now: DateTime, lease: Duration) -> Opt
     Some(Announced {
         name: name.to_owned(),
         ends,
-        stops_counting: new_until.map(|at| until(now, at)),
+        stops_counting: new_until.map(|at| crate::time::until(now, at)),
     })
 }
 
@@ -976,14 +976,6 @@ fn long_lapsed(document: &RawDocumentBuf, now: DateTime, lease: Duration) -> boo
         document.get("expiresAt"),
         Ok(Some(RawBsonRef::DateTime(expires))) if expires < crate::time::earlier(now, lease)
     ) && matches!(document.get("group"), Ok(Some(RawBsonRef::String(_))))
-}
-
-/// How long from `now` until `then` (zero if it has passed).
-fn until(now: DateTime, then: DateTime) -> Duration {
-    let millis = then
-        .timestamp_millis()
-        .saturating_sub(now.timestamp_millis());
-    Duration::from_millis(u64::try_from(millis).unwrap_or(0))
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! holds it, so two never send at once; a crashed run's hold lapses on its
 //! own, and a run that finds its hold taken stops. Holds are written and
 //! judged on the database server's clock, as leases are
-//! (`lease::server_time`): runs on hosts whose clocks disagree still agree
+//! (`server_clock::server_time`): runs on hosts whose clocks disagree still agree
 //! on when a hold lapses.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::selection::Selection;
 use crate::error::{Error, Result};
-use crate::lease::server_time;
+use crate::server_clock::server_time;
 use crate::time::later;
 
 /// The collection replay records are kept in, beside the outbox.
