@@ -1,0 +1,2 @@
+pub(crate) mod perf;
+pub(crate) mod shutdown;

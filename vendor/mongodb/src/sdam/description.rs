@@ -1,0 +1,2 @@
+pub(crate) mod server;
+pub(crate) mod topology;
