@@ -167,8 +167,9 @@ settings! {
         checkpoint_interval: Duration = 500 * MS, within(MS..=HOUR);
         /// How often an idle stream's newest position is written.
         idle_checkpoint_interval: Duration = MINUTE, within(MS..=DAY);
-        /// How long the server holds an empty change-stream read open.
-        max_await_time: Duration = 500 * MS, within(MS..=10 * MINUTE);
+        /// How long the server holds an empty change-stream read open (it
+        /// answers at once when a change commits).
+        max_await_time: Duration = 5 * SECOND, within(MS..=10 * MINUTE);
         /// How long the change stream may lag a commit: passes over the
         /// collection leave younger messages to it.
         grace_period: Duration = 5 * SECOND, within(Duration::ZERO..=DAY);
