@@ -106,6 +106,7 @@ impl CompletionStage {
     ) -> Result<(), Vec<Finished>> {
         let mut unsaved: Option<Position> = None;
         let mut saved_at = Instant::now();
+        let mut pace = Pace::default();
         loop {
             let next_save = saved_at + self.checkpoint_interval;
             let first = tokio::select! {
@@ -117,7 +118,7 @@ impl CompletionStage {
                 }
             };
             let Some(first) = first else { break };
-            let batch = self.gather(first, input).await;
+            let batch = self.gather(first, input, &mut pace).await;
             match self.record(&batch).await {
                 Some(recorded) => *tally += recorded,
                 None => return Err(batch),
@@ -148,8 +149,9 @@ impl CompletionStage {
     }
 
     /// A batch of verdicts: `first`, those that come within the mark delay
-    /// after it, and the first to come after that (or, if none comes within
-    /// a second delay, none), up to the batch size; at once if the input
+    /// after it (stretched where deliveries come far apart: see [`Pace`]),
+    /// and the first to come after that (or, if none comes within a second
+    /// mark delay, none), up to the batch size; at once if the input
     /// closes, the relay stops at once, a verdict other than a mark comes,
     /// the budget is short or a source waits for room in it (the work
     /// waiting here holds room, and no verdict comes while a source waits),
@@ -169,8 +171,15 @@ impl CompletionStage {
     /// message is furthest off. A batch written when a timer fires can be
     /// written as a message arrives, and steady traffic meets that timer at
     /// the same point each time.
-    async fn gather(&self, first: Finished, input: &mut mpsc::Receiver<Finished>) -> Vec<Finished> {
-        let delayed = Instant::now() + self.mark_delay;
+    async fn gather(
+        &self,
+        first: Finished,
+        input: &mut mpsc::Receiver<Finished>,
+        pace: &mut Pace,
+    ) -> Vec<Finished> {
+        let now = Instant::now();
+        pace.came(&first, now);
+        let delayed = now + pace.wait(self.mark_delay);
         let last_call = delayed + self.mark_delay;
         let mut waiting = may_wait(&first) && !self.mark_delay.is_zero();
         let mut batch = vec![first];
@@ -182,7 +191,9 @@ impl CompletionStage {
                 Err(TryRecvError::Empty) => self.next_before(last_call, input).await,
             };
             let Some(finished) = next else { break };
-            waiting &= may_wait(&finished) && Instant::now() < delayed;
+            let now = Instant::now();
+            pace.came(&finished, now);
+            waiting &= may_wait(&finished) && now < delayed;
             batch.push(finished);
         }
         batch
@@ -449,6 +460,52 @@ impl Target {
 /// Whether a verdict's write may wait for others: a mark, or no write.
 fn may_wait(finished: &Finished) -> bool {
     matches!(finished.verdict, Verdict::Delivered | Verdict::Passed)
+}
+
+/// How far apart deliveries come, by which a mark's wait for company is
+/// stretched.
+///
+/// Why: at tens of messages a second, deliveries come further apart than
+/// the mark delay, so each mark would pay for an update of its own, the
+/// dearest part of a message at those rates. Stretched to about two
+/// deliveries' gap, a mark shares its update with one or two others. The
+/// stretch is bounded in time ([`MOST_STRETCH`] times the mark delay, which
+/// it never undercuts) and so in what a crash leaves unmarked: about as
+/// many messages as a mark delay holds at higher rates, where the gap is
+/// shorter than the delay and nothing changes.
+#[derive(Debug, Default)]
+struct Pace {
+    /// When the last delivery came.
+    last: Option<Instant>,
+    /// The gap between deliveries, smoothed over the last few.
+    gap: Option<Duration>,
+}
+
+/// The most a mark's wait is stretched, as a multiple of the mark delay.
+const MOST_STRETCH: u32 = 5;
+
+impl Pace {
+    /// Notes a verdict that came at `at`; only deliveries set the pace.
+    fn came(&mut self, finished: &Finished, at: Instant) {
+        if !matches!(finished.verdict, Verdict::Delivered) {
+            return;
+        }
+        if let Some(last) = self.last {
+            let gap = at.saturating_duration_since(last);
+            self.gap = Some(match self.gap {
+                Some(smoothed) => smoothed.saturating_mul(3).saturating_add(gap) / 4,
+                None => gap,
+            });
+        }
+        self.last = Some(at);
+    }
+
+    /// How long a batch's first mark waits for others: `mark_delay`, or
+    /// two gaps where that is longer, at most [`MOST_STRETCH`] delays.
+    fn wait(&self, mark_delay: Duration) -> Duration {
+        let two_gaps = self.gap.map_or(Duration::ZERO, |gap| gap.saturating_mul(2));
+        two_gaps.clamp(mark_delay, mark_delay.saturating_mul(MOST_STRETCH))
+    }
 }
 
 /// Matches messages still pending and, if a sweep claimed them, still held

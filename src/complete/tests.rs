@@ -492,3 +492,54 @@ async fn a_rejection_failed_with_the_least_change_does_not_hold_its_key() {
     assert_eq!(tally.failed, 1, "{tally:?}");
     assert_eq!(held, [HoldKind::Releasing], "the document holds no key");
 }
+
+/// The mark delay's stretch, delivery by delivery: `gap` apart, `n` times.
+fn paced(gap: Duration, n: usize) -> super::Pace {
+    let mut pace = super::Pace::default();
+    let start = tokio::time::Instant::now();
+    for i in 0..n {
+        let at = start + gap * u32::try_from(i).expect("few");
+        pace.came(&verdict_on(ObjectId::new(), Verdict::Delivered), at);
+    }
+    pace
+}
+
+#[test]
+fn a_marks_wait_stretches_to_two_gaps_between_deliveries_and_no_further() {
+    let delay = Duration::from_millis(20);
+    // 20 a second: two gaps, so a mark shares its update with one or two.
+    assert_eq!(
+        paced(Duration::from_millis(50), 10).wait(delay),
+        Duration::from_millis(100)
+    );
+    // 200 a second: the delay holds several already; nothing changes.
+    assert_eq!(paced(Duration::from_millis(5), 10).wait(delay), delay);
+    // One a second: at most five delays, whatever the gap.
+    assert_eq!(
+        paced(Duration::from_secs(1), 10).wait(delay),
+        Duration::from_millis(100)
+    );
+    // Before a second delivery there is no gap; and no delay, no wait.
+    assert_eq!(paced(Duration::from_secs(1), 1).wait(delay), delay);
+    assert_eq!(
+        paced(Duration::from_millis(50), 10).wait(Duration::ZERO),
+        Duration::ZERO
+    );
+}
+
+#[test]
+fn only_deliveries_set_the_pace() {
+    let mut pace = paced(Duration::from_millis(50), 4);
+    let at = tokio::time::Instant::now() + Duration::from_secs(60);
+    let refusal = Verdict::Refused {
+        reason: "no".into(),
+        own: true,
+        maybe_stored: false,
+    };
+    pace.came(&verdict_on(ObjectId::new(), refusal), at);
+    assert_eq!(
+        pace.wait(Duration::from_millis(20)),
+        Duration::from_millis(100),
+        "a refusal a minute later leaves the gap as it was"
+    );
+}
