@@ -361,10 +361,15 @@ impl ConnectionPoolWorker {
                 }
             }
 
-            if self.can_service_connection_request() {
-                if let Some(request) = self.wait_queue.pop_front() {
-                    self.check_out(request);
-                }
+            // outbox-relay: every waiter that can be served, not one: a
+            // connection a waiter that gave up left behind goes to the next
+            // at once, rather than at the next event, which on a quiet pool
+            // was the maintenance tick (see vendor/README.md).
+            while self.can_service_connection_request() {
+                let Some(request) = self.wait_queue.pop_front() else {
+                    break;
+                };
+                self.check_out(request);
             }
         }
 
