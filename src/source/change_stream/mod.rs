@@ -259,20 +259,46 @@ impl ChangeStreamSource {
         // is behind what was passed on until it reads past it again.
         let mut behind = false;
         loop {
-            let next = tokio::select! {
-                _ = shutdown.cancelled() => {
-                    // The newest position the stream reported: every event
-                    // before it has been passed on, so it may be recorded,
-                    // unless some are still held back or it is behind.
-                    if let Some(token) = events
-                        .resume_token()
-                        .filter(|t| held.is_empty() && !behind && Some(t) != last.as_ref())
-                    {
-                        let _ = output.send(Work::marker(token, Some(DateTime::now()))).await;
+            let read = {
+                // What a replay's window holds goes on once it has waited
+                // `HELD_AT_MOST` for a read: the read that finds nothing
+                // more committed (and so ends the window) waits up to
+                // `--max-await-time`. The read is kept meanwhile, never
+                // dropped: one dropped while the driver resumes the stream
+                // loses the stream's position.
+                let flush_at = Instant::now() + replayed::HELD_AT_MOST;
+                let read = events.next_if_any();
+                tokio::pin!(read);
+                loop {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break None,
+                        next = &mut read => break Some(next),
+                        _ = tokio::time::sleep_until(flush_at), if !held.is_empty() => {
+                            let passed = (&mut caught_up, &mut last);
+                            if !self
+                                .pass_on_held(&mut held, Check::Delivered, passed, output, shutdown)
+                                .await
+                            {
+                                return Tail::Stopped;
+                            }
+                            last_sent = Instant::now();
+                        }
                     }
-                    return Tail::Stopped;
                 }
-                next = events.next_if_any() => next,
+            };
+            let Some(next) = read else {
+                // The newest position the stream reported: every event
+                // before it has been passed on, so it may be recorded,
+                // unless some are still held back or it is behind.
+                if let Some(token) = events
+                    .resume_token()
+                    .filter(|t| held.is_empty() && !behind && Some(t) != last.as_ref())
+                {
+                    let _ = output
+                        .send(Work::marker(token, Some(DateTime::now())))
+                        .await;
+                }
+                return Tail::Stopped;
             };
             let insert = match next {
                 Ok(Some(event)) if event.operation_type == OperationType::Invalidate => {

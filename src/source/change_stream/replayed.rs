@@ -47,6 +47,11 @@ pub(super) const CHUNK: usize = 256;
 /// How many bytes of documents a replay's window holds back, at most.
 pub(super) const CHUNK_BYTES: usize = 4 << 20;
 
+/// How long a replay's window holds messages back while a read has not
+/// come back: a replay that reached the present on a quiet outbox would
+/// otherwise hold its last messages for a whole `--max-await-time`.
+pub(super) const HELD_AT_MOST: Duration = Duration::from_millis(500);
+
 /// The longest a read the stream waits on may take (the server's
 /// `maxTimeMS`; the wait itself is cut at twice that): a server that holds
 /// it up costs a repeat or a late delivery, never a stalled stream.
