@@ -106,7 +106,7 @@ impl CompletionStage {
     ) -> Result<(), Vec<Finished>> {
         let mut unsaved: Option<Position> = None;
         let mut saved_at = Instant::now();
-        let mut pace = Pace::default();
+        let mut pace = Pace::new(self.mark_delay);
         loop {
             let next_save = saved_at + self.checkpoint_interval;
             let first = tokio::select! {
@@ -179,7 +179,7 @@ impl CompletionStage {
     ) -> Vec<Finished> {
         let now = Instant::now();
         pace.came(&first, now);
-        let delayed = now + pace.wait(self.mark_delay);
+        let delayed = now + pace.wait();
         let last_call = delayed + self.mark_delay;
         let mut waiting = may_wait(&first) && !self.mark_delay.is_zero();
         let mut batch = vec![first];
@@ -472,9 +472,12 @@ fn may_wait(finished: &Finished) -> bool {
 /// stretch is bounded in time ([`MOST_STRETCH`] times the mark delay, which
 /// it never undercuts) and so in what a crash leaves unmarked: about as
 /// many messages as a mark delay holds at higher rates, where the gap is
-/// shorter than the delay and nothing changes.
-#[derive(Debug, Default)]
+/// shorter than the delay and nothing changes. A pause (a quiet hour, an
+/// outage) counts as no longer a gap than the stretch allows, so the
+/// burst after it is back at its own pace within a few deliveries.
+#[derive(Debug)]
 struct Pace {
+    mark_delay: Duration,
     /// When the last delivery came.
     last: Option<Instant>,
     /// The gap between deliveries, smoothed over the last few.
@@ -485,13 +488,26 @@ struct Pace {
 const MOST_STRETCH: u32 = 5;
 
 impl Pace {
+    fn new(mark_delay: Duration) -> Self {
+        Pace {
+            mark_delay,
+            last: None,
+            gap: None,
+        }
+    }
+
+    /// The longest wait: [`MOST_STRETCH`] mark delays.
+    fn most(&self) -> Duration {
+        self.mark_delay.saturating_mul(MOST_STRETCH)
+    }
+
     /// Notes a verdict that came at `at`; only deliveries set the pace.
     fn came(&mut self, finished: &Finished, at: Instant) {
         if !matches!(finished.verdict, Verdict::Delivered) {
             return;
         }
         if let Some(last) = self.last {
-            let gap = at.saturating_duration_since(last);
+            let gap = at.saturating_duration_since(last).min(self.most() / 2);
             self.gap = Some(match self.gap {
                 Some(smoothed) => smoothed.saturating_mul(3).saturating_add(gap) / 4,
                 None => gap,
@@ -500,11 +516,11 @@ impl Pace {
         self.last = Some(at);
     }
 
-    /// How long a batch's first mark waits for others: `mark_delay`, or
+    /// How long a batch's first mark waits for others: the mark delay, or
     /// two gaps where that is longer, at most [`MOST_STRETCH`] delays.
-    fn wait(&self, mark_delay: Duration) -> Duration {
+    fn wait(&self) -> Duration {
         let two_gaps = self.gap.map_or(Duration::ZERO, |gap| gap.saturating_mul(2));
-        two_gaps.clamp(mark_delay, mark_delay.saturating_mul(MOST_STRETCH))
+        two_gaps.clamp(self.mark_delay, self.most())
     }
 }
 

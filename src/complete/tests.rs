@@ -494,8 +494,8 @@ async fn a_rejection_failed_with_the_least_change_does_not_hold_its_key() {
 }
 
 /// The mark delay's stretch, delivery by delivery: `gap` apart, `n` times.
-fn paced(gap: Duration, n: usize) -> super::Pace {
-    let mut pace = super::Pace::default();
+fn paced(delay: Duration, gap: Duration, n: usize) -> super::Pace {
+    let mut pace = super::Pace::new(delay);
     let start = tokio::time::Instant::now();
     for i in 0..n {
         let at = start + gap * u32::try_from(i).expect("few");
@@ -509,27 +509,48 @@ fn a_marks_wait_stretches_to_two_gaps_between_deliveries_and_no_further() {
     let delay = Duration::from_millis(20);
     // 20 a second: two gaps, so a mark shares its update with one or two.
     assert_eq!(
-        paced(Duration::from_millis(50), 10).wait(delay),
+        paced(delay, Duration::from_millis(50), 10).wait(),
         Duration::from_millis(100)
     );
     // 200 a second: the delay holds several already; nothing changes.
-    assert_eq!(paced(Duration::from_millis(5), 10).wait(delay), delay);
+    assert_eq!(paced(delay, Duration::from_millis(5), 10).wait(), delay);
     // One a second: at most five delays, whatever the gap.
     assert_eq!(
-        paced(Duration::from_secs(1), 10).wait(delay),
+        paced(delay, Duration::from_secs(1), 10).wait(),
         Duration::from_millis(100)
     );
     // Before a second delivery there is no gap; and no delay, no wait.
-    assert_eq!(paced(Duration::from_secs(1), 1).wait(delay), delay);
+    assert_eq!(paced(delay, Duration::from_secs(1), 1).wait(), delay);
     assert_eq!(
-        paced(Duration::from_millis(50), 10).wait(Duration::ZERO),
+        paced(Duration::ZERO, Duration::from_millis(50), 10).wait(),
         Duration::ZERO
     );
 }
 
 #[test]
+fn a_burst_after_a_pause_is_back_at_its_own_pace_within_a_few_deliveries() {
+    let delay = Duration::from_millis(20);
+    let mut pace = paced(delay, Duration::from_millis(5), 10);
+    let quiet_hour = tokio::time::Instant::now() + Duration::from_secs(3600);
+    let delivered = || verdict_on(ObjectId::new(), Verdict::Delivered);
+    pace.came(&delivered(), quiet_hour);
+    // A pause counts as no longer than half the longest wait: without the
+    // cap, an hour in the smoothed gap would stretch every mark of the
+    // burst to the longest wait for dozens of deliveries.
+    let stretched = pace.wait();
+    assert!(
+        delay < stretched && stretched < Duration::from_millis(50),
+        "the pause stretches the next wait a little: {stretched:?}"
+    );
+    for i in 1..=6u32 {
+        pace.came(&delivered(), quiet_hour + Duration::from_millis(5) * i);
+    }
+    assert_eq!(pace.wait(), delay, "six deliveries at 200 a second later");
+}
+
+#[test]
 fn only_deliveries_set_the_pace() {
-    let mut pace = paced(Duration::from_millis(50), 4);
+    let mut pace = paced(Duration::from_millis(20), Duration::from_millis(50), 4);
     let at = tokio::time::Instant::now() + Duration::from_secs(60);
     let refusal = Verdict::Refused {
         reason: "no".into(),
@@ -538,7 +559,7 @@ fn only_deliveries_set_the_pace() {
     };
     pace.came(&verdict_on(ObjectId::new(), refusal), at);
     assert_eq!(
-        pace.wait(Duration::from_millis(20)),
+        pace.wait(),
         Duration::from_millis(100),
         "a refusal a minute later leaves the gap as it was"
     );
