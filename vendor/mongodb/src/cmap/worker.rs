@@ -364,8 +364,13 @@ impl ConnectionPoolWorker {
             // outbox-relay: every waiter that can be served, not one: a
             // connection a waiter that gave up left behind goes to the next
             // at once, rather than at the next event, which on a quiet pool
-            // was the maintenance tick (see vendor/README.md).
-            while self.can_service_connection_request() {
+            // was the maintenance tick (see vendor/README.md). Each waiter
+            // is tried once: one put back (a pool at its maximum) is not
+            // taken again in the same turn.
+            for _ in 0..self.wait_queue.len() {
+                if !self.can_service_connection_request() {
+                    break;
+                }
                 let Some(request) = self.wait_queue.pop_front() else {
                     break;
                 };
