@@ -34,7 +34,7 @@ use super::stream::CapturingStream;
 use crate::contract::{field, DecodeRules, OutboxMessage};
 use crate::error::{Error, Result};
 use crate::publish::{PublishError, Publisher};
-use crate::time::{later, shown};
+use crate::time::{later, shown, until};
 
 /// Documents read from the outbox at a time.
 const READ_BATCH: usize = 256;
@@ -343,11 +343,8 @@ impl Repair<'_> {
             .filter_map(|due| due.waiting.until())
             .max()
             .unwrap_or(first);
-        let until = Duration::from_millis(
-            u64::try_from(first.timestamp_millis() - DateTime::now().timestamp_millis())
-                .unwrap_or(0),
-        );
-        if until.saturating_add(*waited) > self.wait {
+        let first_due_in = until(DateTime::now(), first);
+        if first_due_in.saturating_add(*waited) > self.wait {
             tracing::warn!(
                 messages = queue.len(),
                 until = %shown(last),
@@ -358,7 +355,7 @@ impl Repair<'_> {
         }
         let started = tokio::time::Instant::now();
         loop {
-            let left = until.saturating_sub(started.elapsed());
+            let left = first_due_in.saturating_sub(started.elapsed());
             if left.is_zero() {
                 *waited += started.elapsed();
                 return Waited::Due;

@@ -51,7 +51,7 @@ use crate::error::{is_duplicate_key, Error, Result};
 use crate::lease::{held_for, is_far_ahead, is_live, Lease, LeaseTiming, StoredHolder, FAR_AHEAD};
 use crate::partition::{Partition, MOST_PARTITIONS};
 use crate::server_clock::{server_time, ServerClock};
-use crate::time::later;
+use crate::time::{later, until};
 use balance::{Holder, Member};
 
 /// One relay's membership in the group of its outbox.
@@ -952,9 +952,7 @@ fn live_member(document: &RawDocumentBuf, now: DateTime, lease: Duration) -> Opt
         _ => return None,
     };
     let ends = match document.get("expiresAt") {
-        Ok(Some(RawBsonRef::DateTime(expires))) if expires > now => {
-            crate::time::until(now, expires)
-        }
+        Ok(Some(RawBsonRef::DateTime(expires))) if expires > now => until(now, expires),
         _ => return None,
     };
     let new_until = match document.get("joinedAt") {
@@ -965,7 +963,7 @@ fn live_member(document: &RawDocumentBuf, now: DateTime, lease: Duration) -> Opt
     Some(Announced {
         name: name.to_owned(),
         ends,
-        stops_counting: new_until.map(|at| crate::time::until(now, at)),
+        stops_counting: new_until.map(|at| until(now, at)),
     })
 }
 

@@ -29,9 +29,10 @@
 //! pending and this relay has marked nothing since, the next round waits
 //! six intervals, a minute with the default (`time::quiet_interval`). A
 //! message that starts waiting then shows in
-//! `outbox_oldest_pending_age_seconds` within that minute, before it has waited the minute its alert looks for; the
-//! oplog's headroom, watched in hours, and the checkpoint's age, alerted
-//! on at five minutes, are a minute old at most.
+//! `outbox_oldest_pending_age_seconds` within that minute, before it has
+//! waited the minute its alert looks for; the oplog's headroom, watched in
+//! hours, and the checkpoint's age, alerted on at five minutes, are a
+//! minute old at most.
 //!
 //! Through mongos there is no oplog to read: each shard keeps its own, and
 //! mongos refuses the `local` database. The collector asks once, before
