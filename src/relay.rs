@@ -1061,6 +1061,7 @@ impl Relay {
 
     fn rules(&self) -> DecodeRules {
         DecodeRules::new(self.subject_rules.clone(), self.publisher.max_payload())
+            .with_cloudevents(self.config.cloudevents())
     }
 
     fn pipeline(&self, stop: &Stop) -> Pipeline {

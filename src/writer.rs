@@ -15,7 +15,8 @@ use bson::{doc, oid::ObjectId, spec::BinarySubtype, Binary, Bson, DateTime, Docu
 use mongodb::{error::ErrorKind, ClientSession, Collection, Database};
 use serde::Serialize;
 
-use crate::contract::{field, status, stored_key_hash, DecodeRules};
+use crate::contract::cloudevents::{is_attribute_name, MAX_ATTRIBUTE_NAME};
+use crate::contract::{field, status, stored_key_hash, ContractViolation, DecodeRules, Rule};
 use crate::error::{Error, Result};
 
 /// The default name of the outbox collection.
@@ -63,7 +64,10 @@ pub struct NewMessage {
     correlation_id: Option<String>,
     key: Option<String>,
     headers: BTreeMap<String, String>,
+    /// The names given as extensions, which must be attribute names.
+    extensions: Vec<String>,
     subject: Option<String>,
+    source: Option<String>,
 }
 
 impl NewMessage {
@@ -90,7 +94,9 @@ impl NewMessage {
             correlation_id: None,
             key: None,
             headers: BTreeMap::new(),
+            extensions: Vec::new(),
             subject: None,
+            source: None,
         }
     }
 
@@ -113,6 +119,40 @@ impl NewMessage {
         self
     }
 
+    /// Adds a CloudEvents extension attribute: a header whose name is an
+    /// attribute name (lower-case letters and digits, at most 20), which a
+    /// relay sending CloudEvents sends as an attribute of the event. A
+    /// name that is not one is refused when the message is added.
+    pub fn extension(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        let name = name.into();
+        self.headers.insert(name.clone(), value.into());
+        self.extensions.push(name);
+        self
+    }
+
+    /// Sets the CloudEvents `source` of the message (a URI-reference), for
+    /// a relay sending CloudEvents; without one, the relay's
+    /// `--cloudevents-source` is the source.
+    pub fn source(mut self, source: impl Into<String>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// Refuses an extension whose name is no attribute name, which the
+    /// document could not tell from an ordinary header.
+    fn check_extensions(&self) -> std::result::Result<(), ContractViolation> {
+        match self.extensions.iter().find(|name| !is_attribute_name(name)) {
+            None => Ok(()),
+            Some(name) => Err(ContractViolation::new(
+                Rule::Attribute,
+                format!(
+                    "extension {name:?} is no CloudEvents attribute name: use lower-case \
+                     letters and digits, at most {MAX_ATTRIBUTE_NAME}"
+                ),
+            )),
+        }
+    }
+
     /// Sends the message to this subject instead of `<prefix>.<type>`.
     pub fn subject(mut self, subject: impl Into<String>) -> Self {
         self.subject = Some(subject.into());
@@ -133,6 +173,7 @@ impl NewMessage {
             (field::CORRELATION_ID, self.correlation_id),
             (field::KEY, self.key),
             (field::SUBJECT, self.subject),
+            (field::SOURCE, self.source),
         ];
         for (name, value) in optional {
             if let Some(value) = value {
@@ -196,13 +237,14 @@ impl Outbox {
         messages: impl IntoIterator<Item = NewMessage>,
     ) -> Result<Vec<ObjectId>> {
         let now = DateTime::now();
-        let (ids, documents): (Vec<ObjectId>, Vec<Document>) = messages
-            .into_iter()
-            .map(|message| {
-                let id = ObjectId::new();
-                (id, message.into_document(id, now))
-            })
-            .unzip();
+        let mut ids = Vec::new();
+        let mut documents = Vec::new();
+        for message in messages {
+            message.check_extensions()?;
+            let id = ObjectId::new();
+            ids.push(id);
+            documents.push(message.into_document(id, now));
+        }
         for document in &documents {
             self.rules.decode(document).message?;
         }

@@ -307,7 +307,7 @@ impl Auditor {
         }
         Ok(Auditor {
             outbox,
-            rules: DecodeRules::new(rules, publisher.max_payload()),
+            rules: config.decode_rules(publisher.max_payload())?,
             publisher,
             js,
             streams,

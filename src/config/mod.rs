@@ -18,7 +18,7 @@ pub use file::SettingsFile;
 use setting::{required, settings, within, Named};
 pub use setting::{Bytes, Given, Origin, Problem, Setting, Shape, Value};
 
-use crate::contract::{SubjectRules, SubjectTemplate};
+use crate::contract::{CloudEvents, ContentMode, DecodeRules, SubjectRules, SubjectTemplate};
 use crate::error::{Error, Result};
 
 /// How messages are published.
@@ -35,6 +35,27 @@ pub enum NatsMode {
 impl Named for NatsMode {
     const NAMES: &'static [(&'static str, Self)] =
         &[("jetstream", NatsMode::Jetstream), ("core", NatsMode::Core)];
+}
+
+/// Whether messages go out as CloudEvents, and in which of the NATS
+/// binding's content modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CloudEventsMode {
+    /// The relay's own headers and the payload as the body.
+    #[default]
+    Off,
+    /// Each attribute in a `ce-` header, the payload as the body.
+    Binary,
+    /// The JSON event format in the body.
+    Structured,
+}
+
+impl Named for CloudEventsMode {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("off", CloudEventsMode::Off),
+        ("binary", CloudEventsMode::Binary),
+        ("structured", CloudEventsMode::Structured),
+    ];
 }
 
 /// Where messages come from.
@@ -144,6 +165,13 @@ settings! {
         /// '{prefix}.{type}.{key}'; a key or header value is escaped into one
         /// token (see docs/outbox-document.md).
         subject_template: String = crate::contract::DEFAULT_SUBJECT_TEMPLATE.to_owned();
+        /// off: the relay's headers and the payload; binary or structured:
+        /// each message as a CloudEvent in that mode of the NATS binding
+        /// (see docs/outbox-document.md).
+        cloudevents: CloudEventsMode = CloudEventsMode::Off;
+        /// The CloudEvents source of messages that name none, a
+        /// URI-reference; unset: /<database>/<collection>.
+        cloudevents_source: Option<String> = None;
         /// jetstream (acknowledged, deduplicated) or core (at most once per attempt).
         nats_mode: NatsMode = NatsMode::Jetstream;
         /// Create a JetStream stream of this name for <prefix>.> if no
@@ -372,6 +400,10 @@ impl RelayConfig {
             ));
         }
         self.subject_rules()?;
+        if let Some(source) = &self.cloudevents_source {
+            crate::contract::cloudevents::check_source(source)
+                .map_err(|why| Error::Config(format!("cloudevents-source: {why}")))?;
+        }
         if self.lease_renew_interval * 2 > self.lease_duration {
             return Err(Error::Config(
                 "lease-renew-interval must be at most half of lease-duration, so a renewal \
@@ -436,6 +468,28 @@ impl RelayConfig {
             RelayMode::Poll => self.poll_interval,
         };
         self.lease_duration.max(self.lock_timeout + sweep_interval) + self.ack_timeout
+    }
+
+    /// How documents become messages, for a broker that takes messages of
+    /// up to `max_payload` bytes: the subjects, and the CloudEvents mode.
+    /// What `run`, `sweep --once`, `replay` and `audit` all decode with, so
+    /// a message replayed or repaired is the event first sent.
+    pub fn decode_rules(&self, max_payload: usize) -> Result<DecodeRules> {
+        Ok(DecodeRules::new(self.subject_rules()?, max_payload)
+            .with_cloudevents(self.cloudevents()))
+    }
+
+    /// Each message as a CloudEvent, or none.
+    pub fn cloudevents(&self) -> Option<CloudEvents> {
+        let mode = match self.cloudevents {
+            CloudEventsMode::Off => return None,
+            CloudEventsMode::Binary => ContentMode::Binary,
+            CloudEventsMode::Structured => ContentMode::Structured,
+        };
+        let source = self.cloudevents_source.clone().unwrap_or_else(|| {
+            crate::contract::cloudevents::default_source(&self.database, &self.collection)
+        });
+        Some(CloudEvents::new(mode, source))
     }
 
     /// Where the relay may publish: under the prefix, and the allow-list.

@@ -9,6 +9,7 @@
 //! and `--install-validator`'s schema ([`contract_schema`]) says the same in
 //! the database.
 
+pub mod cloudevents;
 mod key_hash;
 mod schema;
 mod subject;
@@ -26,6 +27,8 @@ pub(crate) use subject::{pattern_regex, validate_pattern};
 pub use template::{subject_token, SubjectTemplate, DEFAULT_SUBJECT_TEMPLATE};
 
 use crate::unreadable::RawField;
+pub use cloudevents::{CloudEvents, ContentMode};
+use cloudevents::{EventParts, PayloadKind};
 
 /// Document field names. The relay owns `status` and everything after it.
 pub mod field {
@@ -40,6 +43,9 @@ pub mod field {
     pub const KEY_HASH: &str = "keyHash";
     pub const HEADERS: &str = "headers";
     pub const SUBJECT: &str = "subject";
+    /// The CloudEvents `source` of the message, where it is not the
+    /// relay's (`--cloudevents-source`).
+    pub const SOURCE: &str = "source";
     pub const STATUS: &str = "status";
     pub const ATTEMPTS: &str = "attempts";
     pub const NEXT_ATTEMPT_AT: &str = "nextAttemptAt";
@@ -136,8 +142,14 @@ pub enum Rule {
     SubjectTemplate,
     /// A header NATS cannot carry.
     Header,
-    /// A header the relay keeps for itself (`Nats-*`, `Outbox-*`).
+    /// A header the relay keeps for itself (`Nats-*`, `Outbox-*`, and
+    /// what a CloudEvents receiver reads as an attribute: `ce-*` and the
+    /// core attributes' names).
     ReservedHeader,
+    /// A value that cannot be a CloudEvents attribute: a `source` that is
+    /// not a URI-reference, a control character in a key or in a header
+    /// that is an extension attribute.
+    Attribute,
     /// Larger than the NATS server's `max_payload`.
     TooLarge,
     /// Refused by the broker as invalid, for a reason only it knows.
@@ -158,6 +170,7 @@ impl Rule {
             Rule::SubjectTemplate => "subject_template",
             Rule::Header => "header",
             Rule::ReservedHeader => "reserved_header",
+            Rule::Attribute => "attribute",
             Rule::TooLarge => "too_large",
             Rule::Refused => "refused",
         }
@@ -258,15 +271,28 @@ pub struct DecodeRules {
     pub subjects: SubjectRules,
     /// The broker's largest accepted message, headers included.
     pub max_payload: usize,
+    /// Each message as a CloudEvent, in this mode; none: the relay's own
+    /// headers and the payload as the body.
+    pub cloudevents: Option<CloudEvents>,
 }
 
 impl DecodeRules {
     /// Rules for a relay publishing under `subjects` to a broker that takes
-    /// messages of up to `max_payload` bytes.
+    /// messages of up to `max_payload` bytes, each message as it is (no
+    /// CloudEvent).
     pub fn new(subjects: SubjectRules, max_payload: usize) -> Self {
         DecodeRules {
             subjects,
             max_payload,
+            cloudevents: None,
+        }
+    }
+
+    /// The same rules, with each message sent as a CloudEvent (or not).
+    pub fn with_cloudevents(self, cloudevents: Option<CloudEvents>) -> Self {
+        DecodeRules {
+            cloudevents,
+            ..self
         }
     }
 
@@ -274,10 +300,7 @@ impl DecodeRules {
     /// outside NATS's reserved space, any size. What a writer checks when
     /// it is not told the relay's own rules.
     pub fn any_relay() -> Self {
-        DecodeRules {
-            subjects: SubjectRules::anything_unreserved(),
-            max_payload: usize::MAX,
-        }
+        DecodeRules::new(SubjectRules::anything_unreserved(), usize::MAX)
     }
 
     /// Decodes a document as the server sent it. One that cannot be read
@@ -380,38 +403,71 @@ impl DecodeRules {
         if let Some(subject) = &named {
             self.subjects.check(subject)?;
         }
-        let (body, content_type) = encode_payload(payload)?;
+        let (body, kind) = encode_payload(payload)?;
+        let correlation_id = optional_string(doc, field::CORRELATION_ID)?;
+        let key = optional_string(doc, field::KEY)?;
+        let source = optional_string(doc, field::SOURCE)?;
+        if let Some(source) = &source {
+            cloudevents::check_source(source)
+                .map_err(|why| ContractViolation::new(Rule::Attribute, format!("source: {why}")))?;
+        }
+        let own = document_headers(doc)?;
 
         let mut headers = vec![
             (header::MSG_ID.to_owned(), id.to_hex()),
             (header::TYPE.to_owned(), message_type.clone()),
         ];
-        if let Some(correlation_id) = optional_string(doc, field::CORRELATION_ID)? {
+        if let Some(correlation_id) = correlation_id {
             headers.push((header::CORRELATION_ID.to_owned(), correlation_id));
         }
-        let key = optional_string(doc, field::KEY)?;
         if let Some(key) = &key {
             headers.push((header::KEY.to_owned(), key.clone()));
         }
-        let own = document_headers(doc)?;
-        if !own
-            .iter()
-            .any(|(name, _)| name.eq_ignore_ascii_case(header::CONTENT_TYPE))
-        {
-            headers.push((header::CONTENT_TYPE.to_owned(), content_type.to_owned()));
-        }
-        let own_from = headers.len();
-        headers.extend(own);
-        for (name, value) in &headers {
+        for (name, value) in headers.iter().chain(&own) {
             validate_header(name, value)?;
+        }
+        if let Some(key) = key.as_deref().filter(|key| cloudevents::has_control(key)) {
+            return Err(ContractViolation::new(
+                Rule::Attribute,
+                format!("key {key:?} holds a control character, which no CloudEvents subject may"),
+            ));
         }
         // Rendered last, from fields already found sound: a message that
         // breaks another rule is refused for it, template or not.
         let subject = match named {
             Some(subject) => subject,
+            None => self
+                .subjects
+                .subject_of(&message_type, key.as_deref(), &own)?,
+        };
+        let own_content_type = own
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(header::CONTENT_TYPE))
+            .map(|(_, value)| value.as_str());
+        let content_type = own_content_type.unwrap_or(content_type_of(kind));
+        let (headers, body) = match &self.cloudevents {
             None => {
-                self.subjects
-                    .subject_of(&message_type, key.as_deref(), &headers[own_from..])?
+                if own_content_type.is_none() {
+                    // The payload's own goes before the document's headers.
+                    headers.push((header::CONTENT_TYPE.to_owned(), content_type.to_owned()));
+                }
+                headers.extend(own.iter().cloned());
+                (headers, body)
+            }
+            Some(events) => {
+                let event = EventParts {
+                    id,
+                    source: source.as_deref().unwrap_or(events.source()),
+                    event_type: &message_type,
+                    time: match doc.get(field::CREATED_AT) {
+                        Some(Bson::DateTime(date)) => cloudevents::rfc3339(*date),
+                        _ => None,
+                    },
+                    subject: key.as_deref().filter(|key| !key.is_empty()),
+                    datacontenttype: content_type,
+                    extensions: Vec::new(),
+                };
+                events.encode(headers, &own, body, kind, event)
             }
         };
 
@@ -482,6 +538,21 @@ pub(crate) fn validate_own_header(name: &str, value: &str) -> Result<(), Contrac
         ),
         ));
     }
+    if let Some(why) = cloudevents::reserved_header(name) {
+        return Err(ContractViolation::new(
+            Rule::ReservedHeader,
+            format!("header {name:?} may not be given in headers: {why}"),
+        ));
+    }
+    if cloudevents::is_attribute_name(name) && cloudevents::has_control(value) {
+        return Err(ContractViolation::new(
+            Rule::Attribute,
+            format!(
+                "header {name:?} is a CloudEvents extension attribute, and its value holds a \
+                 control character, which no attribute may"
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -531,7 +602,16 @@ fn fitted(body: Vec<u8>) -> Bytes {
     }
 }
 
-fn encode_payload(payload: Option<Bson>) -> Result<(Bytes, &'static str), ContractViolation> {
+/// The `Content-Type` of a payload of this form.
+fn content_type_of(kind: PayloadKind) -> &'static str {
+    match kind {
+        PayloadKind::Json => JSON,
+        PayloadKind::Text => TEXT,
+        PayloadKind::Bytes => BINARY,
+    }
+}
+
+fn encode_payload(payload: Option<Bson>) -> Result<(Bytes, PayloadKind), ContractViolation> {
     match payload {
         Some(Bson::Document(document)) => {
             let json = Bson::Document(document).into_relaxed_extjson();
@@ -541,10 +621,10 @@ fn encode_payload(payload: Option<Bson>) -> Result<(Bytes, &'static str), Contra
                     format!("payload cannot be written as JSON: {e}"),
                 )
             })?;
-            Ok((fitted(body), JSON))
+            Ok((fitted(body), PayloadKind::Json))
         }
         Some(Bson::Binary(binary)) if binary.subtype == BinarySubtype::Generic => {
-            Ok((Bytes::from(binary.bytes), BINARY))
+            Ok((Bytes::from(binary.bytes), PayloadKind::Bytes))
         }
         Some(Bson::Binary(binary)) => Err(ContractViolation::new(
             Rule::Payload,
@@ -553,7 +633,7 @@ fn encode_payload(payload: Option<Bson>) -> Result<(Bytes, &'static str), Contra
                 binary.subtype
             ),
         )),
-        Some(Bson::String(text)) => Ok((Bytes::from(text.into_bytes()), TEXT)),
+        Some(Bson::String(text)) => Ok((Bytes::from(text.into_bytes()), PayloadKind::Text)),
         None => Err(ContractViolation::new(
             Rule::Payload,
             "the document has no payload",

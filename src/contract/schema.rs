@@ -14,6 +14,7 @@
 
 use bson::{doc, Bson, Document};
 
+use super::cloudevents::URI_REFERENCE;
 use super::subject::{SubjectRules, MAX_SUBJECT_CHARS};
 use super::{field, status};
 
@@ -31,6 +32,12 @@ const CONTROL: &str = r"[\x00-\x1f\x7f-\x9f]";
 const RESERVED_HEADERS: &str = "^([Nn][Aa][Tt][Ss]|[Oo][Uu][Tt][Bb][Oo][Xx])-";
 /// A header name holding anything but visible ASCII other than ':'.
 const BAD_HEADER_NAME: &str = "(^$|[^!-9;-~])";
+/// What a CloudEvents receiver reads as an attribute: `ce-*` in any letter
+/// case, and the core attributes' names.
+const CLOUDEVENTS_HEADERS: &str =
+    "^([Cc][Ee]-|(specversion|id|source|type|subject|time|datacontenttype|dataschema|data)$)";
+/// A header that is an extension attribute: an attribute's name.
+const EXTENSION: &str = "^[a-z0-9]{1,20}$";
 
 /// The document contract as a `$jsonSchema`, for the relay's subject rules.
 pub fn contract_schema(subjects: &SubjectRules) -> Document {
@@ -41,6 +48,8 @@ pub fn contract_schema(subjects: &SubjectRules) -> Document {
         doc! { "not": { "pattern": CONTROL } },
     ];
     let date = doc! { "bsonType": "date" };
+    // A CloudEvents string: no control character at all.
+    let attribute = doc! { "bsonType": "string", "not": { "pattern": CONTROL } };
     let never = doc! { "not": {} };
     let permitted: Vec<Bson> = subjects
         .permitted_regexes()
@@ -65,7 +74,12 @@ pub fn contract_schema(subjects: &SubjectRules) -> Document {
             field::STATUS: { "enum": [status::PENDING, status::PROCESSED, status::FAILED] },
             field::CREATED_AT: date.clone(),
             field::CORRELATION_ID: one_line.clone(),
-            field::KEY: one_line.clone(),
+            field::KEY: attribute.clone(),
+            field::SOURCE: {
+                "bsonType": "string",
+                "minLength": 1,
+                "allOf": [{ "pattern": URI_REFERENCE }, { "not": { "pattern": CONTROL } }],
+            },
             // What the writers store, a long; an int is the same number
             // as mongosh stores a small one by hand. A double is not: no
             // writer stores one, and it could hold a fraction.
@@ -78,7 +92,9 @@ pub fn contract_schema(subjects: &SubjectRules) -> Document {
                 "bsonType": "object",
                 "patternProperties": {
                     RESERVED_HEADERS: never.clone(),
-                    BAD_HEADER_NAME: never,
+                    BAD_HEADER_NAME: never.clone(),
+                    CLOUDEVENTS_HEADERS: never,
+                    EXTENSION: attribute,
                 },
                 "additionalProperties": one_line,
             },

@@ -82,6 +82,7 @@ pub use record::{
     UNIQUE_INDEX,
 };
 
+pub use crate::contract::cloudevents::{ContentMode, Event};
 use crate::error::{Error, Result};
 
 /// A consumer's inbox: where it records the messages it handled.
@@ -248,8 +249,14 @@ fn transaction_check_failed(error: mongodb::error::Error) -> Error {
 pub struct Delivery {
     /// The subject it was published to.
     pub subject: String,
-    /// Its body.
+    /// Its body; for a CloudEvent in structured mode, the event's data,
+    /// so that a handler reads the same bytes whichever mode brought them.
     pub payload: Bytes,
+    /// Its CloudEvents attributes, for a message sent as a CloudEvent in
+    /// either mode (`--cloudevents`); none for any other. A message that
+    /// says it is a CloudEvent but cannot be read as one has none either,
+    /// and is handed over as it came.
+    pub event: Option<Event>,
     /// Its headers, each name with its first value.
     pub headers: Vec<(String, String)>,
     /// The outbox message's id, what repeats are known by: `Nats-Msg-Id`,

@@ -166,7 +166,7 @@ pub async fn run(
                 )
             }
         };
-        let decode = DecodeRules::new(rules, usize::MAX);
+        let decode = DecodeRules::new(rules, usize::MAX).with_cloudevents(config.cloudevents());
         let counted = count(&outbox, &decode, &selection, prefix.as_deref(), &progress).await?;
         return Ok(Summary::of(replay_id, true, State::Done, &counted, started));
     }
@@ -190,7 +190,7 @@ pub async fn run(
     let mut progress = record.progress.clone();
     let sent = async {
         let publisher = connect_nats(config, &record).await?;
-        let decode = DecodeRules::new(rules, publisher.max_payload());
+        let decode = config.decode_rules(publisher.max_payload())?;
         let total = total(&outbox, &record, &progress).await;
         let sender = Sender {
             outbox: &outbox,

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::held::{Held, Share};
 use super::shared::{pause_unless, Shared};
+use crate::contract::cloudevents::Event;
 use crate::contract::header;
 use crate::error::{Error, Result};
 use crate::inbox::Delivery;
@@ -213,9 +214,18 @@ fn read_delivery(message: &jetstream::Message) -> Delivery {
         ),
         Err(_) => (0, 1),
     };
+    let (event, payload) = match Event::read(&headers, &message.payload) {
+        None => (None, message.payload.clone()),
+        Some(Ok(read)) => (Some(read.event), read.data),
+        Some(Err(error)) => {
+            tracing::warn!(subject = %message.subject, %error, "a message handed over without its CloudEvents attributes");
+            (None, message.payload.clone())
+        }
+    };
     Delivery {
         subject: message.subject.to_string(),
-        payload: message.payload.clone(),
+        payload,
+        event,
         // A replayed message is known by its first delivery's id: an
         // inbox applies an outbox message once, whichever delivery brings it.
         message_id: find(header::REPLAY_OF).or_else(|| find(header::MSG_ID)),

@@ -1,0 +1,1032 @@
+//! CloudEvents on NATS: a message as the CloudEvents NATS protocol binding
+//! maps an event, in either of its two content modes, and back.
+//!
+//! The outbox document already holds what an event is (an id, a type, a
+//! time, a subject), so the relay can send it as an event that any
+//! CloudEvents SDK reads. *Binary* mode puts each attribute in a `ce-`
+//! header, its value percent-encoded as the binding requires, and the
+//! payload in the body; *structured* mode puts the whole event, data and
+//! all, in the body in the JSON event format, marked by a `Content-Type`
+//! of `application/cloudevents+json`. Either way the relay's own headers
+//! (`Nats-Msg-Id` first) stay, so deduplication, the inbox, `replay` and
+//! `audit` work alike in every mode.
+//!
+//! This module owns the attribute rules the contract holds every document
+//! to (whatever mode a relay runs in, so a document valid today stays
+//! valid when a relay is switched to events), the encoding onto the wire,
+//! and the reading back that an inbox does.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::LazyLock;
+
+use base64::Engine as _;
+use bson::oid::ObjectId;
+use bytes::Bytes;
+use serde_json::value::RawValue;
+
+/// The CloudEvents version the relay speaks.
+pub const SPECVERSION: &str = "1.0";
+/// The prefix of an attribute's header in binary mode.
+pub const HEADER_PREFIX: &str = "ce-";
+/// The `Content-Type` of a structured event: the JSON event format's media
+/// type, which a receiver tells structured mode by (`application/cloudevents`,
+/// matched case-insensitively, begins it).
+pub const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json";
+/// What a receiver tells a structured event by, per the binding.
+const STRUCTURED_MARK: &str = "application/cloudevents";
+
+/// The attributes the CloudEvents specification defines itself, and `data`.
+/// No document header may take one of these names: as an extension it
+/// would overwrite the attribute the relay derives from the document.
+pub const CORE_ATTRIBUTES: [&str; 9] = [
+    "specversion",
+    "id",
+    "source",
+    "type",
+    "subject",
+    "time",
+    "datacontenttype",
+    "dataschema",
+    "data",
+];
+
+/// Longest attribute name: the specification's limit.
+pub const MAX_ATTRIBUTE_NAME: usize = 20;
+
+/// The Distributed Tracing extension's attributes. They are sent both as
+/// attributes and as the plain headers tracing tools read: the extension
+/// carries the trace context beside the protocol's own, it does not
+/// replace it.
+const TRACE_CONTEXT: [&str; 2] = ["traceparent", "tracestate"];
+
+/// A URI-reference (RFC 3986, section 4.1), ASCII only: an absolute URI
+/// with a scheme, or a relative reference whose first segment holds no
+/// ':'. The same pattern is in the validator's schema and in the writers of
+/// every language (`examples/writers/`), which match it whole.
+pub const URI_REFERENCE: &str = concat!(
+    r"^(?:[A-Za-z][A-Za-z0-9+.\-]*:",
+    r"(?://(?:(?:[A-Za-z0-9\-._~!$&'()*+,;=:]|%[0-9A-Fa-f]{2})*@)?",
+    r"(?:\[[A-Za-z0-9\-._~!$&'()*+,;=:]+\]|(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})*)",
+    r"(?::[0-9]*)?(?:/(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*)*",
+    r"|/(?:(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})+(?:/(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*)*)?",
+    r"|(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})+(?:/(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*)*",
+    r"|)",
+    r"|(?://(?:(?:[A-Za-z0-9\-._~!$&'()*+,;=:]|%[0-9A-Fa-f]{2})*@)?",
+    r"(?:\[[A-Za-z0-9\-._~!$&'()*+,;=:]+\]|(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})*)",
+    r"(?::[0-9]*)?(?:/(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*)*",
+    r"|/(?:(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})+(?:/(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*)*)?",
+    r"|(?:[A-Za-z0-9\-._~!$&'()*+,;=@]|%[0-9A-Fa-f]{2})+(?:/(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*)*",
+    r"|))",
+    r"(?:\?(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})*)?",
+    r"(?:#(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})*)?$",
+);
+
+static URI_REFERENCE_REGEX: LazyLock<regex::Regex> = LazyLock::new(|| {
+    #[allow(clippy::expect_used)] // a constant, compiled by the unit tests
+    regex::Regex::new(URI_REFERENCE).expect("URI_REFERENCE is a valid pattern")
+});
+
+/// Which of the binding's two content modes a relay sends events in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContentMode {
+    /// Attributes in `ce-` headers, the payload as the body.
+    Binary,
+    /// The JSON event format in the body.
+    Structured,
+}
+
+/// How a relay sends each message as a CloudEvent: the mode, and the
+/// `source` of events whose document names none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloudEvents {
+    mode: ContentMode,
+    source: String,
+}
+
+impl CloudEvents {
+    /// Events in `mode` from `source`, which [`check_source`] has found
+    /// sound (the configuration checks it before building this).
+    pub fn new(mode: ContentMode, source: impl Into<String>) -> Self {
+        CloudEvents {
+            mode,
+            source: source.into(),
+        }
+    }
+
+    /// The content mode.
+    pub fn mode(&self) -> ContentMode {
+        self.mode
+    }
+
+    /// The source of events whose document names none.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+}
+
+/// The default `source`: `/<database>/<collection>`, each name
+/// percent-encoded where a path segment needs it. Nothing of the connection
+/// string (hosts, user, password) goes in.
+pub fn default_source(database: &str, collection: &str) -> String {
+    const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    format!(
+        "/{}/{}",
+        percent_encoding::utf8_percent_encode(database, SEGMENT),
+        percent_encoding::utf8_percent_encode(collection, SEGMENT)
+    )
+}
+
+/// Checks a `source`: a non-empty URI-reference. The error says why not.
+pub fn check_source(source: &str) -> Result<(), String> {
+    if source.is_empty() {
+        return Err("a source must not be empty".to_owned());
+    }
+    if !URI_REFERENCE_REGEX.is_match(source) {
+        return Err(format!(
+            "{source:?} is not a URI-reference (RFC 3986): use ASCII, percent-encode \
+             anything else (%XX), and give a scheme ('urn:', 'https:') or a path ('/orders')"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `name` is a valid attribute name: lower-case ASCII letters and
+/// digits, at most [`MAX_ATTRIBUTE_NAME`]. A document header with such a
+/// name is an extension attribute of its event.
+pub fn is_attribute_name(name: &str) -> bool {
+    (1..=MAX_ATTRIBUTE_NAME).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+/// Whether `name` is a header no document may set, since a CloudEvents
+/// receiver would read it as an attribute of the event: `ce-*` in any
+/// letter case, or a core attribute's name. The reason, if so.
+pub fn reserved_header(name: &str) -> Option<&'static str> {
+    let prefixed = name
+        .get(..HEADER_PREFIX.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(HEADER_PREFIX));
+    if prefixed {
+        Some("every ce-* header carries a CloudEvents attribute, which the relay derives from the document")
+    } else if CORE_ATTRIBUTES.contains(&name) {
+        Some("it names a CloudEvents attribute, which the relay derives from the document")
+    } else {
+        None
+    }
+}
+
+/// Whether `value` holds a character no CloudEvents string may: a control
+/// character (U+0000 to U+001F, U+007F to U+009F).
+pub fn has_control(value: &str) -> bool {
+    value
+        .chars()
+        .any(|c| c <= '\u{1f}' || ('\u{7f}'..='\u{9f}').contains(&c))
+}
+
+/// Appends `value` percent-encoded as the binding requires of a header
+/// value: space, `"`, `%` and every character outside printable ASCII
+/// (U+0021 to U+007E), each UTF-8 byte as `%XY` in upper case.
+pub fn percent_encode(value: &str, out: &mut String) {
+    for byte in value.bytes() {
+        if (0x21..=0x7e).contains(&byte) && byte != b'"' && byte != b'%' {
+            out.push(char::from(byte));
+        } else {
+            let _ = write!(out, "%{byte:02X}");
+        }
+    }
+}
+
+/// `value` percent-encoded (see [`percent_encode`]).
+pub fn percent_encoded(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    percent_encode(value, &mut out);
+    out
+}
+
+/// Why a header value cannot be read back as an attribute.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct HeaderValueError(String);
+
+/// Reads a header value as the binding says a receiver must: a
+/// double-quoted string unescaped first (RFC 7230, 3.2.6), then one round
+/// of percent-decoding, in either letter case; bytes that are not UTF-8
+/// (an overlong `%C0%A0`, say) are refused.
+pub fn percent_decode(value: &str) -> Result<String, HeaderValueError> {
+    let unquoted = unquote(value.trim_matches([' ', '\t']))?;
+    let bytes = unquoted.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] == b'%' {
+            let hex = bytes
+                .get(at + 1..at + 3)
+                .and_then(|pair| std::str::from_utf8(pair).ok())
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                .ok_or_else(|| {
+                    HeaderValueError(format!(
+                        "{value:?} has a '%' without two hexadecimal digits after it"
+                    ))
+                })?;
+            out.push(hex);
+            at += 3;
+        } else {
+            out.push(bytes[at]);
+            at += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| {
+        HeaderValueError(format!(
+            "{value:?} percent-decodes to bytes that are not UTF-8"
+        ))
+    })
+}
+
+/// A quoted-string's content with its backslash escapes undone; any other
+/// value as it is.
+fn unquote(value: &str) -> Result<std::borrow::Cow<'_, str>, HeaderValueError> {
+    let Some(inner) = value
+        .strip_prefix('"')
+        .and_then(|rest| rest.strip_suffix('"'))
+        .filter(|_| value.len() >= 2)
+    else {
+        return Ok(value.into());
+    };
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(escaped) => out.push(escaped),
+                None => {
+                    return Err(HeaderValueError(format!(
+                        "{value:?} ends its quoted string with a lone backslash"
+                    )))
+                }
+            },
+            '"' => {
+                return Err(HeaderValueError(format!(
+                    "{value:?} has an unescaped '\"' inside its quoted string"
+                )))
+            }
+            other => out.push(other),
+        }
+    }
+    Ok(out.into())
+}
+
+/// `createdAt` as an RFC 3339 `time`, with its milliseconds, in UTC; none
+/// for a date outside the years 0 to 9999, which RFC 3339 cannot write.
+pub fn rfc3339(date: bson::DateTime) -> Option<String> {
+    let nanos = i128::from(date.timestamp_millis()) * 1_000_000;
+    let date = time::OffsetDateTime::from_unix_timestamp_nanos(nanos).ok()?;
+    (0..=9999).contains(&date.year()).then(|| {
+        format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+            date.year(),
+            u8::from(date.month()),
+            date.day(),
+            date.hour(),
+            date.minute(),
+            date.second(),
+            date.millisecond()
+        )
+    })
+}
+
+/// Whether a media type declares JSON: `application/json`, `text/json`, or
+/// a `+json` suffix, with any parameters.
+pub fn is_json_media_type(media_type: &str) -> bool {
+    let essence = media_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    let Some((kind, subtype)) = essence.split_once('/') else {
+        return false;
+    };
+    (kind == "application" || kind == "text") && (subtype == "json" || subtype.ends_with("+json"))
+}
+
+/// The payload's form, which decides how structured mode writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PayloadKind {
+    /// A document, sent as JSON.
+    Json,
+    /// A string, sent as UTF-8.
+    Text,
+    /// binData, sent as its bytes.
+    Bytes,
+}
+
+/// One event, as the relay derives it from a document.
+#[derive(Debug)]
+pub(crate) struct EventParts<'a> {
+    pub id: ObjectId,
+    /// The document's own source, or the relay's.
+    pub source: &'a str,
+    pub event_type: &'a str,
+    pub time: Option<String>,
+    /// The key, where it is not empty.
+    pub subject: Option<&'a str>,
+    pub datacontenttype: &'a str,
+    /// The document's headers with attribute names, in order.
+    pub extensions: Vec<(&'a str, &'a str)>,
+}
+
+impl CloudEvents {
+    /// Sends a message as an event: from the relay's own headers, the
+    /// document's (`own`), the body and its form, the headers and body to
+    /// publish.
+    pub(crate) fn encode<'a>(
+        &self,
+        relay_headers: Vec<(String, String)>,
+        own: &'a [(String, String)],
+        body: Bytes,
+        kind: PayloadKind,
+        mut event: EventParts<'a>,
+    ) -> (Vec<(String, String)>, Bytes) {
+        let mut plain = Vec::new();
+        for (name, value) in own {
+            if is_attribute_name(name) {
+                event.extensions.push((name, value));
+                if !TRACE_CONTEXT.contains(&name.as_str()) {
+                    continue;
+                }
+            }
+            if !name.eq_ignore_ascii_case(super::header::CONTENT_TYPE) {
+                plain.push((name.clone(), value.clone()));
+            }
+        }
+        let mut headers = relay_headers;
+        match self.mode {
+            ContentMode::Binary => {
+                let id = event.id.to_hex();
+                for (attribute, value) in event.attributes(&id) {
+                    headers.push((
+                        format!("{HEADER_PREFIX}{attribute}"),
+                        percent_encoded(value),
+                    ));
+                }
+                headers.extend(plain);
+                (headers, body)
+            }
+            ContentMode::Structured => {
+                headers.push((
+                    super::header::CONTENT_TYPE.to_owned(),
+                    STRUCTURED_CONTENT_TYPE.to_owned(),
+                ));
+                headers.extend(plain);
+                (headers, event.structured(&body, kind))
+            }
+        }
+    }
+}
+
+impl EventParts<'_> {
+    /// Every attribute, in the order they are sent, the id given as the
+    /// hexadecimal text made of it.
+    fn attributes<'s>(&'s self, id: &'s str) -> impl Iterator<Item = (&'s str, &'s str)> {
+        let core = [
+            ("specversion", Some(SPECVERSION)),
+            ("id", Some(id)),
+            ("source", Some(self.source)),
+            ("type", Some(self.event_type)),
+            ("time", self.time.as_deref()),
+            ("subject", self.subject),
+            ("datacontenttype", Some(self.datacontenttype)),
+        ];
+        core.into_iter()
+            .filter_map(|(name, value)| Some((name, value?)))
+            .chain(self.extensions.iter().copied())
+    }
+
+    /// The event in the JSON event format: the attributes, then `data`
+    /// (a JSON payload as it is, a string as a JSON string) or
+    /// `data_base64` (bytes).
+    fn structured(&self, body: &[u8], kind: PayloadKind) -> Bytes {
+        let mut out = Vec::with_capacity(body.len() + 256);
+        out.push(b'{');
+        let id = self.id.to_hex();
+        for (name, value) in self.attributes(&id) {
+            push_member(&mut out, name, value);
+            out.push(b',');
+        }
+        let json_text = kind == PayloadKind::Text
+            && is_json_media_type(self.datacontenttype)
+            && serde_json::from_slice::<&RawValue>(body).is_ok();
+        match kind {
+            PayloadKind::Json => {
+                push_json_string(&mut out, "data");
+                out.push(b':');
+                out.extend_from_slice(body);
+            }
+            PayloadKind::Text if json_text => {
+                // JSON text declared as JSON is its value, as the event
+                // format says of data whose content type is JSON.
+                push_json_string(&mut out, "data");
+                out.push(b':');
+                out.extend_from_slice(body);
+            }
+            PayloadKind::Text => {
+                let text = String::from_utf8_lossy(body);
+                push_member(&mut out, "data", &text);
+            }
+            PayloadKind::Bytes => {
+                let encoded = base64::engine::general_purpose::STANDARD.encode(body);
+                push_member(&mut out, "data_base64", &encoded);
+            }
+        }
+        out.push(b'}');
+        Bytes::from(out)
+    }
+}
+
+fn push_member(out: &mut Vec<u8>, name: &str, value: &str) {
+    push_json_string(out, name);
+    out.push(b':');
+    push_json_string(out, value);
+}
+
+fn push_json_string(out: &mut Vec<u8>, value: &str) {
+    // Writing a string into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, value);
+}
+
+/// An event's attributes, as a consumer reads them from a message in
+/// either mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// The content mode it came in.
+    pub mode: ContentMode,
+    /// `specversion`.
+    pub specversion: String,
+    /// `id`: for the relay's events, the outbox message's id.
+    pub id: String,
+    /// `source`.
+    pub source: String,
+    /// `type`.
+    pub event_type: String,
+    /// `time`, as written (RFC 3339).
+    pub time: Option<String>,
+    /// `subject`: for the relay's events, the key.
+    pub subject: Option<String>,
+    /// `datacontenttype`.
+    pub datacontenttype: Option<String>,
+    /// `dataschema`.
+    pub dataschema: Option<String>,
+    /// Every other attribute, by name.
+    pub extensions: BTreeMap<String, String>,
+}
+
+/// Why a message that says it is a CloudEvent cannot be read as one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a readable CloudEvent: {0}")]
+pub struct EventError(String);
+
+/// A message read as a CloudEvent: its attributes and its data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadEvent {
+    pub event: Event,
+    /// The event's data: the body in binary mode; in structured mode the
+    /// `data` member (a JSON value as JSON text, a string as its UTF-8)
+    /// or `data_base64` decoded.
+    pub data: Bytes,
+}
+
+impl Event {
+    /// Reads a message as the binding says a receiver tells its mode: a
+    /// `Content-Type` beginning `application/cloudevents` is structured,
+    /// a `ce-specversion` header binary, anything else no event at all.
+    pub fn read(
+        headers: &[(String, String)],
+        body: &Bytes,
+    ) -> Option<Result<ReadEvent, EventError>> {
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(header, _)| header.eq_ignore_ascii_case(name))
+                .map(|(_, value)| value.as_str())
+        };
+        let structured = header(super::header::CONTENT_TYPE).is_some_and(|content_type| {
+            content_type
+                .get(..STRUCTURED_MARK.len())
+                .is_some_and(|start| start.eq_ignore_ascii_case(STRUCTURED_MARK))
+        });
+        if structured {
+            return Some(Event::read_structured(body));
+        }
+        header("ce-specversion")?;
+        Some(Event::read_binary(headers).map(|event| ReadEvent {
+            event,
+            data: body.clone(),
+        }))
+    }
+
+    fn read_binary(headers: &[(String, String)]) -> Result<Event, EventError> {
+        let mut attributes = BTreeMap::new();
+        for (name, value) in headers {
+            let Some(attribute) = name
+                .get(..HEADER_PREFIX.len())
+                .filter(|start| start.eq_ignore_ascii_case(HEADER_PREFIX))
+                .map(|_| name[HEADER_PREFIX.len()..].to_ascii_lowercase())
+            else {
+                continue;
+            };
+            let value =
+                percent_decode(value).map_err(|e| EventError(format!("header {name}: {e}")))?;
+            attributes.entry(attribute).or_insert(value);
+        }
+        Event::from_attributes(ContentMode::Binary, attributes)
+    }
+
+    fn read_structured(body: &Bytes) -> Result<ReadEvent, EventError> {
+        let members: BTreeMap<String, &RawValue> = serde_json::from_slice(body)
+            .map_err(|e| EventError(format!("the body is not a JSON event: {e}")))?;
+        let mut attributes = BTreeMap::new();
+        let mut data = Bytes::new();
+        let mut data_json = None;
+        for (name, value) in &members {
+            match name.as_str() {
+                "data" => data_json = Some(*value),
+                "data_base64" => {
+                    let text: String = serde_json::from_str(value.get())
+                        .map_err(|_| EventError("data_base64 is not a string".to_owned()))?;
+                    data = base64::engine::general_purpose::STANDARD
+                        .decode(text)
+                        .map(Bytes::from)
+                        .map_err(|e| EventError(format!("data_base64 is not base64: {e}")))?;
+                }
+                _ => {
+                    // Attributes are strings, or a JSON scalar an SDK
+                    // wrote for a typed extension (a number, a boolean):
+                    // the text of either is its canonical string.
+                    let parsed: serde_json::Value = serde_json::from_str(value.get())
+                        .map_err(|e| EventError(format!("{name}: {e}")))?;
+                    let text = match parsed {
+                        serde_json::Value::String(text) => text,
+                        serde_json::Value::Null => continue,
+                        other @ (serde_json::Value::Bool(_) | serde_json::Value::Number(_)) => {
+                            other.to_string()
+                        }
+                        _ => return Err(EventError(format!("attribute {name} is not a string"))),
+                    };
+                    attributes.insert(name.clone(), text);
+                }
+            }
+        }
+        let event = Event::from_attributes(ContentMode::Structured, attributes)?;
+        if let Some(value) = data_json {
+            let json = event
+                .datacontenttype
+                .as_deref()
+                .is_none_or(is_json_media_type);
+            data = match serde_json::from_str::<String>(value.get()) {
+                Ok(text) if !json => Bytes::from(text),
+                _ => Bytes::copy_from_slice(value.get().as_bytes()),
+            };
+        }
+        Ok(ReadEvent { event, data })
+    }
+
+    fn from_attributes(
+        mode: ContentMode,
+        mut attributes: BTreeMap<String, String>,
+    ) -> Result<Event, EventError> {
+        let mut required = |name: &str| {
+            attributes
+                .remove(name)
+                .ok_or_else(|| EventError(format!("it has no {name}")))
+        };
+        let specversion = required("specversion")?;
+        let id = required("id")?;
+        let source = required("source")?;
+        let event_type = required("type")?;
+        Ok(Event {
+            mode,
+            specversion,
+            id,
+            source,
+            event_type,
+            time: attributes.remove("time"),
+            subject: attributes.remove("subject"),
+            datacontenttype: attributes.remove("datacontenttype"),
+            dataschema: attributes.remove("dataschema"),
+            extensions: attributes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::{DecodeRules, OutboxMessage, SubjectRules};
+    use bson::{doc, Binary, Document};
+
+    fn send(mode: ContentMode, document: Document) -> OutboxMessage {
+        let rules = DecodeRules::new(SubjectRules::anything_unreserved(), 1 << 20)
+            .with_cloudevents(Some(CloudEvents::new(mode, "/shop/outbox")));
+        rules.decode(&document).message.expect("a valid document")
+    }
+
+    fn header<'m>(message: &'m OutboxMessage, name: &str) -> Option<&'m str> {
+        message
+            .headers
+            .iter()
+            .find(|(header, _)| header == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    fn full_document(id: ObjectId) -> Document {
+        doc! {
+            "_id": id, "type": "order.placed", "payload": { "n": 1 },
+            "key": "order 7.*>%\"ü", "correlationId": "c-1",
+            "createdAt": bson::DateTime::from_millis(1_765_000_000_123),
+            "headers": {
+                "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                "tenant": "acme corp", "X-Plain": "kept",
+            },
+        }
+    }
+
+    #[test]
+    fn binary_mode_puts_each_attribute_in_a_ce_header_and_keeps_the_relays_own() {
+        let id = ObjectId::new();
+        let message = send(ContentMode::Binary, full_document(id));
+        let names: Vec<&str> = message.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "Nats-Msg-Id",
+                "Outbox-Type",
+                "Outbox-Correlation-Id",
+                "Outbox-Key",
+                "ce-specversion",
+                "ce-id",
+                "ce-source",
+                "ce-type",
+                "ce-time",
+                "ce-subject",
+                "ce-datacontenttype",
+                "ce-traceparent",
+                "ce-tenant",
+                "traceparent",
+                "X-Plain",
+            ]
+        );
+        assert_eq!(header(&message, "ce-id"), Some(id.to_hex().as_str()));
+        assert_eq!(header(&message, "ce-id"), header(&message, "Nats-Msg-Id"));
+        assert_eq!(header(&message, "ce-source"), Some("/shop/outbox"));
+        assert_eq!(
+            header(&message, "ce-time"),
+            Some("2025-12-06T05:46:40.123Z")
+        );
+        assert_eq!(
+            header(&message, "ce-subject"),
+            Some("order%207.*>%25%22%C3%BC")
+        );
+        assert_eq!(header(&message, "ce-tenant"), Some("acme%20corp"));
+        assert_eq!(
+            header(&message, "ce-datacontenttype"),
+            Some("application/json")
+        );
+        assert_eq!(
+            header(&message, "Content-Type"),
+            None,
+            "it would say structured"
+        );
+        assert_eq!(message.body.as_ref(), br#"{"n":1}"#);
+        let read = Event::read(&message.headers, &message.body)
+            .expect("an event")
+            .expect("readable");
+        assert_eq!(read.event.subject.as_deref(), Some("order 7.*>%\"ü"));
+        assert_eq!(
+            read.event.extensions.get("tenant").map(String::as_str),
+            Some("acme corp")
+        );
+        assert_eq!(read.data, message.body);
+    }
+
+    #[test]
+    fn structured_mode_writes_the_json_event_format_and_marks_it() {
+        let id = ObjectId::new();
+        let message = send(ContentMode::Structured, full_document(id));
+        assert_eq!(
+            header(&message, "Content-Type"),
+            Some(STRUCTURED_CONTENT_TYPE)
+        );
+        assert!(message
+            .headers
+            .iter()
+            .all(|(name, _)| !name.starts_with("ce-")));
+        assert_eq!(header(&message, "traceparent").map(str::len), Some(55));
+        let event: serde_json::Value = serde_json::from_slice(&message.body).expect("JSON");
+        assert_eq!(
+            event,
+            serde_json::json!({
+                "specversion": "1.0", "id": id.to_hex(), "source": "/shop/outbox",
+                "type": "order.placed", "time": "2025-12-06T05:46:40.123Z",
+                "subject": "order 7.*>%\"ü", "datacontenttype": "application/json",
+                "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                "tenant": "acme corp", "data": { "n": 1 },
+            })
+        );
+        let read = Event::read(&message.headers, &message.body)
+            .expect("an event")
+            .expect("readable");
+        assert_eq!(read.event.id, id.to_hex());
+        assert_eq!(read.data.as_ref(), br#"{"n":1}"#);
+    }
+
+    #[test]
+    fn each_payload_is_written_as_the_event_format_says() {
+        let bytes = Binary {
+            subtype: bson::spec::BinarySubtype::Generic,
+            bytes: vec![0, 1, 0xff],
+        };
+        let cases = [
+            (
+                bson::Bson::Binary(bytes),
+                "application/octet-stream",
+                "data_base64",
+                serde_json::json!("AAH/"),
+            ),
+            (
+                "héllo".into(),
+                "text/plain; charset=utf-8",
+                "data",
+                serde_json::json!("héllo"),
+            ),
+        ];
+        for (payload, content_type, member, value) in cases {
+            let document = doc! { "_id": ObjectId::new(), "type": "t", "payload": payload };
+            let message = send(ContentMode::Structured, document.clone());
+            let event: serde_json::Value = serde_json::from_slice(&message.body).expect("JSON");
+            assert_eq!(event["datacontenttype"], content_type);
+            assert_eq!(event[member], value);
+            assert!(event.get("time").is_none() && event.get("subject").is_none());
+            let read = Event::read(&message.headers, &message.body)
+                .expect("event")
+                .expect("ok");
+            let binary = send(ContentMode::Binary, document);
+            assert_eq!(read.data, binary.body, "the same data in both modes");
+        }
+        // JSON text declared as JSON is the data's JSON value.
+        let document = doc! {
+            "_id": ObjectId::new(), "type": "t", "payload": "[1, 2]",
+            "headers": { "Content-Type": "application/json" },
+        };
+        let message = send(ContentMode::Structured, document);
+        let event: serde_json::Value = serde_json::from_slice(&message.body).expect("JSON");
+        assert_eq!(event["data"], serde_json::json!([1, 2]));
+        assert_eq!(event["datacontenttype"], "application/json");
+    }
+
+    #[test]
+    fn a_documents_own_source_and_content_type_are_its_events() {
+        let document = doc! {
+            "_id": ObjectId::new(), "type": "t", "payload": "a,b", "key": "",
+            "source": "urn:shop:orders", "headers": { "content-type": "text/csv" },
+        };
+        let message = send(ContentMode::Binary, document);
+        assert_eq!(header(&message, "ce-source"), Some("urn:shop:orders"));
+        assert_eq!(header(&message, "ce-datacontenttype"), Some("text/csv"));
+        assert_eq!(
+            header(&message, "ce-subject"),
+            None,
+            "an empty key is no subject"
+        );
+        assert!(message
+            .headers
+            .iter()
+            .all(|(name, _)| !name.eq_ignore_ascii_case("content-type")));
+    }
+
+    #[test]
+    fn off_sends_no_attribute_and_a_source_changes_nothing() {
+        let rules = DecodeRules::new(SubjectRules::anything_unreserved(), 1 << 20);
+        let document = doc! { "_id": ObjectId::new(), "type": "t", "payload": "x" };
+        let mut with_source = document.clone();
+        with_source.insert("source", "urn:x");
+        assert_eq!(
+            rules.decode(&document).message.expect("valid"),
+            rules.decode(&with_source).message.expect("valid")
+        );
+    }
+
+    #[test]
+    fn documents_that_would_break_an_event_are_refused_in_every_mode() {
+        use crate::contract::Rule;
+        let modes = [
+            None,
+            Some(ContentMode::Binary),
+            Some(ContentMode::Structured),
+        ];
+        let cases = [
+            (doc! { "source": "has space" }, Rule::Attribute),
+            (doc! { "source": "" }, Rule::Attribute),
+            (doc! { "source": 5 }, Rule::FieldType),
+            (doc! { "key": "a\tb" }, Rule::Attribute),
+            (doc! { "headers": { "ce-id": "x" } }, Rule::ReservedHeader),
+            (
+                doc! { "headers": { "CE-Tenant": "x" } },
+                Rule::ReservedHeader,
+            ),
+            (doc! { "headers": { "source": "x" } }, Rule::ReservedHeader),
+            (doc! { "headers": { "tenant": "a\u{85}" } }, Rule::Attribute),
+        ];
+        for mode in modes {
+            let rules = DecodeRules::new(SubjectRules::anything_unreserved(), 1 << 20)
+                .with_cloudevents(mode.map(|mode| CloudEvents::new(mode, "/s")));
+            for (fields, rule) in &cases {
+                let mut document = doc! { "_id": ObjectId::new(), "type": "t", "payload": "x" };
+                document.extend(fields.clone());
+                let refused = rules.decode(&document).message.expect_err("refused");
+                assert_eq!(refused.rule(), *rule, "{mode:?} {fields}: {refused}");
+            }
+            let fine = doc! {
+                "_id": ObjectId::new(), "type": "t", "payload": "x", "key": "k",
+                "headers": { "X-Note": "a\tb", "Source": "s" },
+            };
+            assert!(rules.decode(&fine).message.is_ok(), "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn the_bindings_own_example_is_encoded_as_it_says() {
+        assert_eq!(
+            percent_encoded("Euro \u{20ac} \u{1f600}"),
+            "Euro%20%E2%82%AC%20%F0%9F%98%80"
+        );
+    }
+
+    #[test]
+    fn space_quote_percent_and_everything_outside_printable_ascii_are_encoded() {
+        for (value, encoded) in [
+            ("a b", "a%20b"),
+            ("say \"hi\"", "say%20%22hi%22"),
+            ("100%", "100%25"),
+            ("tab\there", "tab%09here"),
+            ("del\u{7f}", "del%7F"),
+            ("c1\u{85}", "c1%C2%85"),
+            ("Zürich", "Z%C3%BCrich"),
+            ("orders.*.>", "orders.*.>"),
+            ("~!#$&'()*+,/:;=?@[]^`{|}", "~!#$&'()*+,/:;=?@[]^`{|}"),
+        ] {
+            assert_eq!(percent_encoded(value), encoded, "{value:?}");
+            assert_eq!(percent_decode(encoded).as_deref(), Ok(value), "{encoded}");
+        }
+    }
+
+    #[test]
+    fn decoding_takes_lower_case_quoted_strings_and_needless_escapes_and_refuses_bad_utf8() {
+        assert_eq!(percent_decode("z%c3%bcrich").as_deref(), Ok("zürich"));
+        assert_eq!(percent_decode("%41%42").as_deref(), Ok("AB"));
+        assert_eq!(percent_decode(r#""a b \"c\"""#).as_deref(), Ok("a b \"c\""));
+        assert_eq!(percent_decode(r#""a%20b""#).as_deref(), Ok("a b"));
+        // The binding's own example of what must be refused: an overlong
+        // encoding of a space.
+        assert!(percent_decode("%C0%A0").is_err());
+        assert!(percent_decode("%E2%82").is_err(), "a cut sequence");
+        assert!(percent_decode("50%").is_err());
+        assert!(percent_decode("%G0").is_err());
+        assert!(
+            percent_decode(r#""a\"#).is_ok(),
+            "not a whole quoted string"
+        );
+    }
+
+    #[test]
+    fn attribute_names_are_lower_case_letters_and_digits_up_to_twenty() {
+        for good in ["traceparent", "tenant", "a", "x1", "abcdefghijklmnopqrst"] {
+            assert!(is_attribute_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            "Tenant",
+            "x-tenant",
+            "a_b",
+            "abcdefghijklmnopqrstu",
+            "é",
+        ] {
+            assert!(!is_attribute_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ce_headers_and_core_attribute_names_are_reserved() {
+        for reserved in [
+            "ce-id",
+            "CE-Source",
+            "Ce-tenant",
+            "id",
+            "source",
+            "data",
+            "time",
+        ] {
+            assert!(reserved_header(reserved).is_some(), "{reserved}");
+        }
+        for free in [
+            "tenant",
+            "Source",
+            "cel",
+            "traceparent",
+            "data_base64",
+            "X-Id",
+        ] {
+            assert!(reserved_header(free).is_none(), "{free}");
+        }
+    }
+
+    #[test]
+    fn sources_are_uri_references() {
+        for good in [
+            "/",
+            "/shop/outbox",
+            "orders",
+            "urn:shop:orders",
+            "https://shop.example/orders?region=eu#1",
+            "mongodb://db1:27017/shop",
+            "http://[::1]:8080/x",
+            "//host/path",
+            "a/b:c",
+            "%7Euser",
+            "#fragment",
+            "?q",
+        ] {
+            assert_eq!(check_source(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "",
+            "has space",
+            "a:b c",
+            "1abc:x",
+            ":x",
+            "a b",
+            "/ünicode",
+            "/x%zz",
+            "/x%4",
+            "a#b#c",
+            "/x\n",
+            "\"quoted\"",
+            "/a{b}",
+            "back\\slash",
+        ] {
+            assert!(check_source(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_default_source_names_the_database_and_collection_and_is_a_uri_reference() {
+        assert_eq!(default_source("shop", "outbox"), "/shop/outbox");
+        let odd = default_source("shop", "out box:ü$");
+        assert_eq!(odd, "/shop/out%20box%3A%C3%BC%24");
+        assert_eq!(check_source(&odd), Ok(()));
+    }
+
+    #[test]
+    fn time_has_milliseconds_and_dates_rfc_3339_cannot_write_have_none() {
+        let date = bson::DateTime::from_millis(1_765_000_000_123);
+        assert_eq!(rfc3339(date).as_deref(), Some("2025-12-06T05:46:40.123Z"));
+        assert_eq!(
+            rfc3339(bson::DateTime::from_millis(0)).as_deref(),
+            Some("1970-01-01T00:00:00.000Z")
+        );
+        assert_eq!(rfc3339(bson::DateTime::MAX), None);
+        assert_eq!(rfc3339(bson::DateTime::MIN), None);
+    }
+
+    #[test]
+    fn control_characters_are_found() {
+        assert!(has_control("a\tb"));
+        assert!(has_control("a\u{85}"));
+        assert!(!has_control("Zürich 🚀"));
+    }
+
+    #[test]
+    fn json_media_types_are_told_by_their_essence() {
+        for json in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "application/vnd.x+json",
+            "text/json",
+        ] {
+            assert!(is_json_media_type(json), "{json}");
+        }
+        for other in [
+            "text/plain",
+            "application/octet-stream",
+            "application/jsonx",
+            "json",
+        ] {
+            assert!(!is_json_media_type(other), "{other}");
+        }
+    }
+}
