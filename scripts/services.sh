@@ -32,6 +32,16 @@ install_secantus() {
   pip_install_into "$VENV" "SecantusDB==$SECANTUS_VERSION"
 }
 
+# The CloudEvents Python SDK and a JSON Schema validator that checks
+# formats, which tests/cloudevents/read.py reads the relay's events with.
+EVENT_READERS=(cloudevents==2.2.0 jsonschema==4.26.0 rfc3339-validator==0.1.4 rfc3986-validator==0.1.1)
+install_event_readers() {
+  "$VENV/bin/python" -c "import cloudevents.core, jsonschema, rfc3339_validator, rfc3986_validator" \
+    2>/dev/null && return
+  log "installing the CloudEvents SDK into $VENV"
+  pip_install_into "$VENV" "${EVENT_READERS[@]}"
+}
+
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 mongo_answers() {
@@ -61,6 +71,7 @@ wait_for() {
 start() {
   install_nats
   install_secantus
+  install_event_readers
   install_secantus_rs
   install_prometheus
   mkdir -p "$STATE/mongo-data" "$STATE/nats-data"

@@ -1094,6 +1094,18 @@ pub fn logs_dir() -> PathBuf {
 
 /// The `outbox-relay` binary, pointed at the test's servers, database and
 /// subjects, with no terminal.
+/// The services' virtualenv's Python (`scripts/services.sh`), which has
+/// pymongo and the CloudEvents SDK; `OUTBOX_PYTHON` names another.
+pub fn python() -> std::path::PathBuf {
+    if let Ok(python) = std::env::var("OUTBOX_PYTHON") {
+        return python.into();
+    }
+    let services = std::env::var("OUTBOX_SERVICES_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| manifest_dir().join(".services"));
+    services.join("venv/bin/python")
+}
+
 pub fn relay_command(env: &TestEnv) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
     command

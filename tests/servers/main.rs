@@ -7,6 +7,7 @@
 mod common;
 
 mod audit;
+mod cloudevents;
 mod contract;
 mod coordination;
 mod inbox;
