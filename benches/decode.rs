@@ -7,7 +7,9 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use bson::{doc, oid::ObjectId, Binary, RawDocumentBuf};
-use outbox_relay::contract::{DecodeRules, SubjectRules, SubjectTemplate};
+use outbox_relay::contract::{
+    CloudEvents, ContentMode, DecodeRules, SubjectRules, SubjectTemplate,
+};
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
@@ -19,7 +21,8 @@ fn main() {
             "json payload, 5 fields",
             doc! {
                 "_id": ObjectId::new(), "type": "order.placed", "status": "pending",
-                "correlationId": "c-1", "key": "order-1",
+                "correlationId": "c-1", "key": "order-1", "createdAt": bson::DateTime::now(),
+                "headers": { "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" },
                 "payload": { "order": 1_i64, "customer": "c-17", "total": 42.5, "items": [1, 2, 3], "note": "x".repeat(100) },
             },
         ),
@@ -72,5 +75,28 @@ fn main() {
         println!(
             "decode {name}, from BSON bytes: {per_message:?} per message ({iterations} iterations)"
         );
+    }
+    // Each message as a CloudEvent: what each content mode adds.
+    for (mode, name) in [
+        (ContentMode::Binary, "binary"),
+        (ContentMode::Structured, "structured"),
+    ] {
+        let events = DecodeRules::new(
+            SubjectRules::under("outbox").expect("a valid prefix"),
+            1 << 20,
+        )
+        .with_cloudevents(Some(CloudEvents::new(mode, "/shop/outbox")));
+        for (case, document) in &cases {
+            let raw = RawDocumentBuf::try_from(document).expect("a document encodes");
+            let started = Instant::now();
+            for _ in 0..iterations {
+                black_box(events.decode_raw(black_box(&raw)));
+            }
+            let per_message = started.elapsed() / iterations;
+            println!(
+                "decode {case}, from BSON bytes, as a {name} CloudEvent: {per_message:?} per \
+                 message ({iterations} iterations)"
+            );
+        }
     }
 }

@@ -14,7 +14,7 @@ use mongodb::options::IndexOptions;
 use mongodb::{Collection, Database, IndexModel};
 
 use crate::config::{RelayConfig, Retention};
-use crate::contract::{contract_schema, field, SubjectRules};
+use crate::contract::{contract_schema, field, DecodeRules};
 use crate::error::{command_code, CheckKind, Error, Result};
 
 /// The index the sweep's claims scan: equality on status, then the retry
@@ -234,7 +234,7 @@ pub fn plan(found: &Found, config: &RelayConfig) -> Result<Vec<Change>> {
         }
     }
     if config.install_validator {
-        let wanted = doc! { "$jsonSchema": contract_schema(&config.subject_rules()?) };
+        let wanted = doc! { "$jsonSchema": contract_schema(&config.decode_rules(usize::MAX)?) };
         if found.validator.as_ref() != Some(&wanted) {
             changes.push(Change::InstallValidator);
         }
@@ -323,7 +323,12 @@ async fn apply(
             drop_index(&outbox, index).await
         }
         Change::InstallValidator => {
-            install_validator(database, &config.collection, &config.subject_rules()?).await?;
+            install_validator(
+                database,
+                &config.collection,
+                &config.decode_rules(usize::MAX)?,
+            )
+            .await?;
             let replaced = if found.validator.is_some() {
                 " (replacing one that differed)"
             } else {
@@ -421,9 +426,9 @@ async fn drop_index(outbox: &Collection<Document>, name: &str) -> Result<()> {
 pub async fn install_validator(
     database: &Database,
     collection: &str,
-    subjects: &SubjectRules,
+    rules: &DecodeRules,
 ) -> Result<()> {
-    let validator = doc! { "$jsonSchema": contract_schema(subjects) };
+    let validator = doc! { "$jsonSchema": contract_schema(rules) };
     let modify = doc! {
         "collMod": collection,
         "validator": validator.clone(),

@@ -404,6 +404,20 @@ impl RelayConfig {
             crate::contract::cloudevents::check_source(source)
                 .map_err(|why| Error::Config(format!("cloudevents-source: {why}")))?;
         }
+        if self.cloudevents != CloudEventsMode::Off {
+            let template = SubjectTemplate::parse(&self.subject_template)
+                .map_err(|e| Error::Config(format!("subject-template: {e}")))?;
+            let reserved = template
+                .headers()
+                .find(|name| crate::contract::cloudevents::reserved_header(name).is_some());
+            if let Some(name) = reserved {
+                return Err(Error::Config(format!(
+                    "subject-template reads header {name:?}, which no document may set while \
+                     messages go out as CloudEvents (a receiver would read it as an attribute): \
+                     name another header"
+                )));
+            }
+        }
         if self.lease_renew_interval * 2 > self.lease_duration {
             return Err(Error::Config(
                 "lease-renew-interval must be at most half of lease-duration, so a renewal \
@@ -554,6 +568,28 @@ mod tests {
         assert!(error.contains("OUTBOX_MONGODB_URI"), "{error}");
 
         assert!(RelayConfig::new("mongodb://h", "db").validate().is_ok());
+    }
+
+    #[test]
+    fn cloudevents_settings_are_checked() {
+        let mut config = RelayConfig::new("mongodb://h", "db");
+        config.cloudevents = CloudEventsMode::Binary;
+        assert_eq!(
+            config
+                .cloudevents()
+                .map(|events| events.source().to_owned()),
+            Some("/db/outbox".to_owned())
+        );
+        config.cloudevents_source = Some("not a uri".into());
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("cloudevents-source"), "{error}");
+        config.cloudevents_source = Some("urn:shop".into());
+        config.subject_template = "{prefix}.{type}.{header.source}".into();
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("\"source\""), "{error}");
+        config.cloudevents = CloudEventsMode::Off;
+        assert!(config.validate().is_ok(), "off reads any header");
+        assert_eq!(config.cloudevents(), None);
     }
 
     #[test]

@@ -274,6 +274,25 @@ pub struct DecodeRules {
     /// Each message as a CloudEvent, in this mode; none: the relay's own
     /// headers and the payload as the body.
     pub cloudevents: Option<CloudEvents>,
+    /// Whether documents are held to the CloudEvents attribute rules
+    /// where messages do not go out as events.
+    pub attribute_rules: AttributeRules,
+}
+
+/// When a document is held to the rules that keep it a sound CloudEvent:
+/// a `source` that is a URI-reference, no `ce-*` header nor one named as a
+/// core attribute, no control character in a key or in an extension's
+/// value. A relay sending events holds every document to them; one that
+/// does not holds none to them, so that a document valid before events
+/// existed stays deliverable as it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttributeRules {
+    /// Where messages go out as CloudEvents.
+    WhenSent,
+    /// Always: what a writer checks, not knowing how a relay will send
+    /// its messages, so that turning `--cloudevents` on fails no document
+    /// a writer or the validator let through.
+    Always,
 }
 
 impl DecodeRules {
@@ -285,7 +304,13 @@ impl DecodeRules {
             subjects,
             max_payload,
             cloudevents: None,
+            attribute_rules: AttributeRules::WhenSent,
         }
+    }
+
+    /// Whether a document is held to the CloudEvents attribute rules.
+    pub fn holds_attribute_rules(&self) -> bool {
+        self.cloudevents.is_some() || self.attribute_rules == AttributeRules::Always
     }
 
     /// The same rules, with each message sent as a CloudEvent (or not).
@@ -296,11 +321,15 @@ impl DecodeRules {
         }
     }
 
-    /// The rules every relay holds, whatever its configuration: any subject
-    /// outside NATS's reserved space, any size. What a writer checks when
-    /// it is not told the relay's own rules.
+    /// The rules every relay holds, whatever its configuration and mode:
+    /// any subject outside NATS's reserved space, any size, and the
+    /// CloudEvents attribute rules. What a writer checks when it is not
+    /// told the relay's own rules.
     pub fn any_relay() -> Self {
-        DecodeRules::new(SubjectRules::anything_unreserved(), usize::MAX)
+        DecodeRules {
+            attribute_rules: AttributeRules::Always,
+            ..DecodeRules::new(SubjectRules::anything_unreserved(), usize::MAX)
+        }
     }
 
     /// Decodes a document as the server sent it. One that cannot be read
@@ -406,12 +435,17 @@ impl DecodeRules {
         let (body, kind) = encode_payload(payload)?;
         let correlation_id = optional_string(doc, field::CORRELATION_ID)?;
         let key = optional_string(doc, field::KEY)?;
-        let source = optional_string(doc, field::SOURCE)?;
+        let attributes = self.holds_attribute_rules();
+        let source = if attributes {
+            optional_string(doc, field::SOURCE)?
+        } else {
+            None
+        };
         if let Some(source) = &source {
             cloudevents::check_source(source)
                 .map_err(|why| ContractViolation::new(Rule::Attribute, format!("source: {why}")))?;
         }
-        let own = document_headers(doc)?;
+        let own = document_headers(doc, attributes)?;
 
         let mut headers = vec![
             (header::MSG_ID.to_owned(), id.to_hex()),
@@ -426,7 +460,8 @@ impl DecodeRules {
         for (name, value) in headers.iter().chain(&own) {
             validate_header(name, value)?;
         }
-        if let Some(key) = key.as_deref().filter(|key| cloudevents::has_control(key)) {
+        let controlled = key.as_deref().filter(|key| cloudevents::has_control(key));
+        if let Some(key) = controlled.filter(|_| attributes) {
             return Err(ContractViolation::new(
                 Rule::Attribute,
                 format!("key {key:?} holds a control character, which no CloudEvents subject may"),
@@ -538,6 +573,14 @@ pub(crate) fn validate_own_header(name: &str, value: &str) -> Result<(), Contrac
         ),
         ));
     }
+    Ok(())
+}
+
+/// Checks a document's header against the CloudEvents attribute rules: a
+/// receiver of events reads `ce-*` and the core attributes' names as
+/// attributes, and a header with an attribute's name is an extension,
+/// whose value no control character may be in.
+pub(crate) fn validate_attribute_header(name: &str, value: &str) -> Result<(), ContractViolation> {
     if let Some(why) = cloudevents::reserved_header(name) {
         return Err(ContractViolation::new(
             Rule::ReservedHeader,
@@ -556,7 +599,12 @@ pub(crate) fn validate_own_header(name: &str, value: &str) -> Result<(), Contrac
     Ok(())
 }
 
-fn document_headers(doc: &Document) -> Result<Vec<(String, String)>, ContractViolation> {
+/// The document's own headers, checked; against the attribute rules too
+/// where `attributes` holds.
+fn document_headers(
+    doc: &Document,
+    attributes: bool,
+) -> Result<Vec<(String, String)>, ContractViolation> {
     let headers = match doc.get(field::HEADERS) {
         None | Some(Bson::Null) => return Ok(Vec::new()),
         Some(Bson::Document(headers)) => headers,
@@ -575,6 +623,9 @@ fn document_headers(doc: &Document) -> Result<Vec<(String, String)>, ContractVio
         .map(|(name, value)| match value {
             Bson::String(value) => {
                 validate_own_header(name, value)?;
+                if attributes {
+                    validate_attribute_header(name, value)?;
+                }
                 Ok((name.clone(), value.clone()))
             }
             other => Err(ContractViolation::new(

@@ -16,7 +16,7 @@ use bson::{doc, Bson, Document};
 
 use super::cloudevents::URI_REFERENCE;
 use super::subject::{SubjectRules, MAX_SUBJECT_CHARS};
-use super::{field, status};
+use super::{field, status, DecodeRules};
 
 /// Subject tokens: none empty, no space, control character or wildcard
 /// (the same characters [`validate_subject`](super::validate_subject) refuses).
@@ -39,8 +39,10 @@ const CLOUDEVENTS_HEADERS: &str =
 /// A header that is an extension attribute: an attribute's name.
 const EXTENSION: &str = "^[a-z0-9]{1,20}$";
 
-/// The document contract as a `$jsonSchema`, for the relay's subject rules.
-pub fn contract_schema(subjects: &SubjectRules) -> Document {
+/// The document contract as a `$jsonSchema`, for the relay's rules: its
+/// subjects, and the CloudEvents attribute rules where they hold.
+pub fn contract_schema(rules: &DecodeRules) -> Document {
+    let subjects = &rules.subjects;
     let string = doc! { "bsonType": "string" };
     let one_line = doc! { "bsonType": "string", "not": { "pattern": LINE_BREAK } };
     let tokens = [
@@ -74,12 +76,7 @@ pub fn contract_schema(subjects: &SubjectRules) -> Document {
             field::STATUS: { "enum": [status::PENDING, status::PROCESSED, status::FAILED] },
             field::CREATED_AT: date.clone(),
             field::CORRELATION_ID: one_line.clone(),
-            field::KEY: attribute.clone(),
-            field::SOURCE: {
-                "bsonType": "string",
-                "minLength": 1,
-                "allOf": [{ "pattern": URI_REFERENCE }, { "not": { "pattern": CONTROL } }],
-            },
+            field::KEY: one_line.clone(),
             // What the writers store, a long; an int is the same number
             // as mongosh stores a small one by hand. A double is not: no
             // writer stores one, and it could hold a fraction.
@@ -93,8 +90,6 @@ pub fn contract_schema(subjects: &SubjectRules) -> Document {
                 "patternProperties": {
                     RESERVED_HEADERS: never.clone(),
                     BAD_HEADER_NAME: never.clone(),
-                    CLOUDEVENTS_HEADERS: never,
-                    EXTENSION: attribute,
                 },
                 "additionalProperties": one_line,
             },
@@ -118,10 +113,38 @@ pub fn contract_schema(subjects: &SubjectRules) -> Document {
             field::HOLDS_KEY: { "bsonType": "bool" },
         },
     };
+    if rules.holds_attribute_rules() {
+        hold_attribute_rules(&mut schema, attribute, never);
+    }
     if let Some(needs) = template_needs(subjects) {
         schema.insert("anyOf", vec![doc! { "required": [field::SUBJECT] }, needs]);
     }
     schema
+}
+
+/// The CloudEvents attribute rules: a key and an extension's value with no
+/// control character, a `source` that is a URI-reference, and no header a
+/// receiver of events reads as an attribute.
+fn hold_attribute_rules(schema: &mut Document, attribute: Document, never: Document) {
+    let Ok(properties) = schema.get_document_mut("properties") else {
+        return;
+    };
+    properties.insert(field::KEY, attribute.clone());
+    properties.insert(
+        field::SOURCE,
+        doc! {
+            "bsonType": "string",
+            "minLength": 1,
+            "allOf": [{ "pattern": URI_REFERENCE }, { "not": { "pattern": CONTROL } }],
+        },
+    );
+    let headers = properties
+        .get_document_mut(field::HEADERS)
+        .and_then(|headers| headers.get_document_mut("patternProperties"));
+    if let Ok(patterns) = headers {
+        patterns.insert(CLOUDEVENTS_HEADERS, never);
+        patterns.insert(EXTENSION, attribute);
+    }
 }
 
 /// What a document that names no subject must hold for the template: a

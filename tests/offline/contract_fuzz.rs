@@ -22,7 +22,10 @@ use bson::{
     oid::ObjectId, spec::BinarySubtype, Binary, Bson, DateTime, Decimal128, Document,
     JavaScriptCodeWithScope, Regex, Timestamp,
 };
-use outbox_relay::contract::{field, header, DecodeRules, OutboxMessage, SubjectRules};
+use outbox_relay::contract::cloudevents;
+use outbox_relay::contract::{
+    field, header, CloudEvents, ContentMode, DecodeRules, OutboxMessage, SubjectRules,
+};
 use outbox_relay::{NewMessage, Payload};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -522,11 +525,14 @@ fn outbox_rules(max_payload: usize) -> DecodeRules {
 /// Rule sets that differ in every way decoding depends on: a relay's own
 /// prefix and allow-list, a writer's permissive default, and a broker with
 /// a small `max_payload` so that size refusals are exercised too.
-fn rule_sets() -> [DecodeRules; 3] {
+fn rule_sets() -> [DecodeRules; 5] {
+    let events = |mode| Some(CloudEvents::new(mode, "/shop/outbox"));
     [
         outbox_rules(1 << 20),
         DecodeRules::any_relay(),
         outbox_rules(4096),
+        outbox_rules(1 << 20).with_cloudevents(events(ContentMode::Binary)),
+        outbox_rules(4096).with_cloudevents(events(ContentMode::Structured)),
     ]
 }
 
@@ -545,10 +551,25 @@ fn bson_bytes(value: &Bson) -> Vec<u8> {
 /// A header no document may set: the relay's own, or one a CloudEvents
 /// receiver reads as an attribute.
 fn is_reserved(name: &str) -> bool {
+    is_relays(name) || outbox_relay::contract::cloudevents::reserved_header(name).is_some()
+}
+
+/// A header no document may set under `rules`: the relay's own, and where
+/// the attribute rules hold, one a CloudEvents receiver reads.
+fn is_reserved_under(rules: &DecodeRules, name: &str) -> bool {
+    if rules.holds_attribute_rules() {
+        is_reserved(name)
+    } else {
+        is_relays(name)
+    }
+}
+
+/// A header the relay sets itself: `Nats-*`, `Outbox-*`.
+fn is_relays(name: &str) -> bool {
     header::RESERVED_PREFIXES.iter().any(|prefix| {
         name.get(..prefix.len())
             .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
-    }) || outbox_relay::contract::cloudevents::reserved_header(name).is_some()
+    })
 }
 
 /// The invariants every accepted message must keep, whatever document it
@@ -606,17 +627,39 @@ fn check_accepted(
     );
     let (first, rest) = message.headers.split_at(own.len());
     prop_assert_eq!(first, own.as_slice(), "the relay's own headers come first");
-    for (name, _) in rest {
+    for (name, value) in rest {
+        if rules.cloudevents.is_some() && name.starts_with("ce-") {
+            // An attribute, percent-encoded as the binding requires.
+            prop_assert!(
+                value
+                    .bytes()
+                    .all(|b| (0x21..=0x7e).contains(&b) && b != b'"'),
+                "attribute {:?} is not encoded: {:?}",
+                name,
+                value
+            );
+            continue;
+        }
         prop_assert!(
-            !is_reserved(name),
+            !is_reserved_under(rules, name),
             "reserved header {:?} after the relay's own",
             name
         );
     }
+    if let Some(events) = &rules.cloudevents {
+        let read = cloudevents::Event::read(&message.headers, &message.body);
+        let event = match read {
+            Some(Ok(read)) => read.event,
+            other => return Err(TestCaseError::fail(format!("no readable event: {other:?}"))),
+        };
+        prop_assert_eq!(event.mode, events.mode());
+        prop_assert_eq!(event.id, message.id.to_hex());
+        prop_assert_eq!(&event.event_type, &message.message_type);
+    }
     if let Some(Bson::Document(given)) = document.get(field::HEADERS) {
         for name in given.keys() {
             prop_assert!(
-                !is_reserved(name),
+                !is_reserved_under(rules, name),
                 "accepted a document that sets reserved header {:?}",
                 name
             );
@@ -967,13 +1010,16 @@ proptest! {
     /// Property 4: for any input, the writer's check and the relay's decode
     /// agree. Decoding is deterministic (the writer decodes once, the relay
     /// again later, possibly more than once); a refusal has a reason; what
-    /// a relay accepts, the writer's default rules accept too.
+    /// a relay sending events accepts, the writer's default rules accept
+    /// too (a relay sending none holds fewer rules than a writer does).
     #[test]
     fn writer_and_relay_agree(input in any_input()) {
         let document = input.document(ObjectId::new());
-        let relay = outbox_rules(1 << 20);
+        let plain = outbox_rules(1 << 20);
+        let relay = outbox_rules(1 << 20)
+            .with_cloudevents(Some(CloudEvents::new(ContentMode::Binary, "/s")));
         let writer = DecodeRules::any_relay();
-        for rules in [&relay, &writer] {
+        for rules in [&plain, &relay, &writer] {
             let first = rules.decode(&document).message;
             let second = rules.decode(&document).message;
             prop_assert_eq!(&first, &second, "decoding the same document twice differs");

@@ -5,7 +5,9 @@
 use crate::common::TestEnv;
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use mongodb::Collection;
-use outbox_relay::contract::{field, key_hash, DecodeRules, SubjectRules, SubjectTemplate};
+use outbox_relay::contract::{
+    field, key_hash, CloudEvents, ContentMode, DecodeRules, SubjectRules, SubjectTemplate,
+};
 use outbox_relay::{Error, NewMessage, Outbox, Payload};
 
 fn message(message_type: &str) -> NewMessage {
@@ -164,6 +166,103 @@ fn table(prefix: &str) -> Vec<(String, NewMessage, bool)> {
 
 /// Whether the validator of `validated` takes `document`; any other
 /// failure of the insert fails the test.
+/// Messages the CloudEvents attribute rules decide: each with whether it
+/// is valid where the rules do not hold (a relay not sending events) and
+/// where they do.
+fn attribute_table() -> Vec<(String, NewMessage, bool, bool)> {
+    let rows = [
+        (
+            "a source",
+            message("t").source("urn:shop:orders"),
+            true,
+            true,
+        ),
+        (
+            "a source path",
+            message("t").source("/shop/outbox?x=1#f"),
+            true,
+            true,
+        ),
+        (
+            "a source with a space",
+            message("t").source("a b"),
+            true,
+            false,
+        ),
+        (
+            "a source beyond ASCII",
+            message("t").source("/ü"),
+            true,
+            false,
+        ),
+        ("an empty source", message("t").source(""), true, false),
+        (
+            "a scheme of a digit",
+            message("t").source("1a:x"),
+            true,
+            false,
+        ),
+        (
+            "an extension",
+            message("t").extension("tenant", "acme corp"),
+            true,
+            true,
+        ),
+        (
+            "a ce- header",
+            message("t").header("ce-id", "x"),
+            true,
+            false,
+        ),
+        (
+            "a CE- header",
+            message("t").header("CE-Tenant", "x"),
+            true,
+            false,
+        ),
+        (
+            "a header named source",
+            message("t").header("source", "x"),
+            true,
+            false,
+        ),
+        (
+            "a header named Source",
+            message("t").header("Source", "x"),
+            true,
+            true,
+        ),
+        (
+            "an extension with a tab",
+            message("t").header("tenant", "a\tb"),
+            true,
+            false,
+        ),
+        (
+            "a plain header with a tab",
+            message("t").header("X-Tenant", "a\tb"),
+            true,
+            true,
+        ),
+        ("a key with a tab", message("t").key("a\tb"), true, false),
+        (
+            "a key with U+0085",
+            message("t").key("a\u{85}"),
+            true,
+            false,
+        ),
+        (
+            "a key of spaces and wildcards",
+            message("t").key(" a.*>%\"ü "),
+            true,
+            true,
+        ),
+    ];
+    rows.into_iter()
+        .map(|(what, message, off, events)| (what.to_owned(), message, off, events))
+        .collect()
+}
+
 async fn validator_takes(
     validated: &Collection<Document>,
     document: &Document,
@@ -186,32 +285,72 @@ async fn the_writer_the_decoder_and_the_validator_agree() {
         .and_then(|rules| rules.allow("billing.>"))
         .and_then(|rules| rules.allow("audit.*.events"))
         .expect("valid rules");
-    let rules = DecodeRules::new(subjects.clone(), usize::MAX);
-    outbox_relay::setup::install_validator(&env.db, "validated", &subjects)
-        .await
-        .expect("install the validator");
-    let validated = env.db.collection::<bson::Document>("validated");
-    let writer = Outbox::with_collection(&env.db, "written").with_rules(rules.clone());
+    let off = DecodeRules::new(subjects.clone(), usize::MAX);
+    let events = off.clone().with_cloudevents(Some(CloudEvents::new(
+        ContentMode::Structured,
+        "/shop/outbox",
+    )));
+    for (name, rules) in [("off", off), ("events", events)] {
+        let collection = format!("validated_{name}");
+        outbox_relay::setup::install_validator(&env.db, &collection, &rules)
+            .await
+            .expect("install the validator");
+        let validated = env.db.collection::<bson::Document>(&collection);
+        let writer = Outbox::with_collection(&env.db, "written").with_rules(rules.clone());
+        let sending_events = rules.cloudevents.is_some();
+        let rows = table(&env.prefix)
+            .into_iter()
+            .chain(
+                attribute_table()
+                    .into_iter()
+                    .map(|(what, message, off, events)| {
+                        (what, message, if sending_events { events } else { off })
+                    }),
+            );
+        for (what, message, good) in rows {
+            let what = format!("{name}: {what}");
+            let document = message
+                .clone()
+                .into_document(ObjectId::new(), DateTime::now());
+            let decoder = rules.decode(&document).message.is_ok();
+            let schema = validator_takes(&validated, &document, &what).await;
+            let mut session = env.client.start_session().await.expect("session");
+            session.start_transaction().await.expect("transaction");
+            let written = match writer.add(&mut session, message).await {
+                Ok(_) => true,
+                Err(Error::InvalidMessage(_)) => false,
+                Err(other) => panic!("{what}: {other}"),
+            };
+            session.abort_transaction().await.expect("abort");
+            assert_eq!(
+                (decoder, schema, written),
+                (good, good, good),
+                "{what}: decoder, validator and writer (expected {good}) on {document}"
+            );
+        }
+    }
+    env.drop().await;
+}
 
-    for (what, message, good) in table(&env.prefix) {
+/// A writer told no relay's rules holds every document to the attribute
+/// rules, as the validator of a relay sending events does: what it lets
+/// through, a relay switched to events delivers.
+#[tokio::test]
+async fn a_writer_without_a_relays_rules_holds_the_attribute_rules() {
+    let env = TestEnv::new().await;
+    let writer = Outbox::new(&env.db);
+    let events = DecodeRules::any_relay()
+        .with_cloudevents(Some(CloudEvents::new(ContentMode::Binary, "/s")));
+    for (what, message, _, valid) in attribute_table() {
         let document = message
             .clone()
             .into_document(ObjectId::new(), DateTime::now());
-        let decoder = rules.decode(&document).message.is_ok();
-        let schema = validator_takes(&validated, &document, &what).await;
         let mut session = env.client.start_session().await.expect("session");
         session.start_transaction().await.expect("transaction");
-        let written = match writer.add(&mut session, message).await {
-            Ok(_) => true,
-            Err(Error::InvalidMessage(_)) => false,
-            Err(other) => panic!("{what}: {other}"),
-        };
+        let written = writer.add(&mut session, message).await.is_ok();
         session.abort_transaction().await.expect("abort");
-        assert_eq!(
-            (decoder, schema, written),
-            (good, good, good),
-            "{what}: decoder, validator and writer (expected {good}) on {document}"
-        );
+        assert_eq!(written, valid, "{what}");
+        assert_eq!(events.decode(&document).message.is_ok(), valid, "{what}");
     }
     env.drop().await;
 }
@@ -224,7 +363,7 @@ async fn the_validator_takes_a_key_hash_as_stored_and_the_relay_delivers_any() {
     let env = TestEnv::new().await;
     let subjects = SubjectRules::under(&env.prefix).expect("valid rules");
     let rules = DecodeRules::new(subjects.clone(), usize::MAX);
-    outbox_relay::setup::install_validator(&env.db, "validated", &subjects)
+    outbox_relay::setup::install_validator(&env.db, "validated", &rules)
         .await
         .expect("install the validator");
     let validated = env.db.collection::<Document>("validated");
@@ -300,7 +439,7 @@ async fn with_a_template_the_validator_requires_the_key_and_headers_it_reads() {
         .and_then(|rules| rules.with_template(template))
         .expect("valid rules");
     let rules = DecodeRules::new(subjects.clone(), usize::MAX);
-    outbox_relay::setup::install_validator(&env.db, "validated", &subjects)
+    outbox_relay::setup::install_validator(&env.db, "validated", &rules)
         .await
         .expect("install the validator");
     let validated = env.db.collection::<Document>("validated");

@@ -1,9 +1,9 @@
 //! The writers in other languages (`examples/writers/`): one table of
 //! cases (`tests/writers/cases.json`) written by the Rust, Python and
 //! Node.js writers. Each valid case arrives from all three with the same
-//! subject, headers and body, and is stored with the same `keyHash`; each
-//! invalid one is refused by all three for the same rule; none of them
-//! writes outside a transaction.
+//! subject, headers and body, and is stored with the same `keyHash` and
+//! `source`; each invalid one is refused by all three for the same rule;
+//! none of them writes outside a transaction.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -11,6 +11,7 @@ use std::process::Command;
 
 use base64::Engine;
 use bson::{doc, oid::ObjectId, Bson, Document};
+use outbox_relay::contract::cloudevents::is_attribute_name;
 use outbox_relay::contract::{
     field, key_hash, subject_token, DecodeRules, SubjectRules, SubjectTemplate,
 };
@@ -46,6 +47,11 @@ struct Case {
     correlation_id: Option<Bson>,
     headers: Option<Bson>,
     subject: Option<Bson>,
+    /// The CloudEvents source.
+    source: Option<Bson>,
+    /// CloudEvents extension attributes: headers, each overriding a header
+    /// of its name.
+    extensions: Option<Bson>,
     refused: Option<String>,
 }
 
@@ -116,6 +122,9 @@ fn new_message(case: &Case) -> Option<NewMessage> {
     if let Some(subject) = string(&case.subject)? {
         message = message.subject(subject);
     }
+    if let Some(source) = string(&case.source)? {
+        message = message.source(source);
+    }
     match &case.headers {
         None => {}
         Some(Bson::Document(headers)) => {
@@ -125,7 +134,36 @@ fn new_message(case: &Case) -> Option<NewMessage> {
         }
         Some(_) => return None,
     }
+    // After the headers, so that an extension overrides a header of its
+    // name, as in the other writers.
+    match &case.extensions {
+        None => {}
+        Some(Bson::Document(extensions)) => {
+            for (name, value) in extensions {
+                message = message.extension(name, value.as_str()?);
+            }
+        }
+        Some(_) => return None,
+    }
     Some(message)
+}
+
+/// The headers a writer without types stores: the case's, with its
+/// extensions added. Headers that are no document stay as they are, to be
+/// refused as such.
+fn untyped_headers(case: &Case) -> Option<Bson> {
+    match (&case.headers, &case.extensions) {
+        (headers, None) => headers.clone(),
+        (None, Some(extensions)) => Some(extensions.clone()),
+        (Some(Bson::Document(headers)), Some(Bson::Document(extensions))) => {
+            let mut merged = headers.clone();
+            for (name, value) in extensions {
+                merged.insert(name, value.clone());
+            }
+            Some(Bson::Document(merged))
+        }
+        (Some(headers), Some(_)) => Some(headers.clone()),
+    }
 }
 
 /// The document a writer in a language without types could hand over.
@@ -140,8 +178,9 @@ fn untyped_document(case: &Case) -> Document {
         ("payload", payload),
         ("key", case.key.clone()),
         ("correlationId", case.correlation_id.clone()),
-        ("headers", case.headers.clone()),
+        ("headers", untyped_headers(case)),
         ("subject", case.subject.clone()),
+        ("source", case.source.clone()),
     ];
     for (name, value) in fields {
         if let Some(value) = value {
@@ -173,6 +212,16 @@ async fn write_in_rust(env: &TestEnv, cases: &[Case]) -> Vec<Outcome> {
                 }
             }
             None => {
+                // The document holds extensions as mere headers: only the
+                // typed API can refuse one for its name.
+                if let Some(Bson::Document(extensions)) = &case.extensions {
+                    assert!(
+                        extensions.keys().all(|name| is_attribute_name(name)),
+                        "{}: a case with an extension that is no attribute name must be one \
+                         the typed API can express",
+                        case.name
+                    );
+                }
                 let decoded = DecodeRules::any_relay().decode(&untyped_document(case));
                 let violation = decoded.message.expect_err("an untyped case is refused");
                 (None, Some(violation.rule().to_string()))
@@ -194,17 +243,6 @@ async fn write_in_rust(env: &TestEnv, cases: &[Case]) -> Vec<Outcome> {
         "the Rust writer refuses to write outside a transaction: {outside:?}"
     );
     outcomes
-}
-
-/// The virtualenv's Python, which has pymongo (`scripts/services.sh`).
-fn python() -> PathBuf {
-    if let Ok(python) = std::env::var("OUTBOX_PYTHON") {
-        return python.into();
-    }
-    let services = std::env::var("OUTBOX_SERVICES_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| manifest_dir().join(".services"));
-    services.join("venv/bin/python")
 }
 
 /// Runs a writer's conformance script on the table; its outcomes, the
@@ -277,6 +315,18 @@ async fn delivered_by_id(env: &TestEnv) -> HashMap<String, Delivered> {
         );
     }
     by_id
+}
+
+/// A field of the document a writer wrote for a case.
+async fn stored_field(env: &TestEnv, outcome: &Outcome, name: &str) -> Option<Bson> {
+    let id = ObjectId::parse_str(outcome.id.as_ref().expect("written")).expect("an ObjectId");
+    let document = env
+        .outbox()
+        .find_one(doc! { "_id": id })
+        .await
+        .expect("find")
+        .expect("the written document");
+    document.get(name).cloned()
 }
 
 /// Checks the `keyHash` of every document a writer wrote: an int64, the
@@ -384,6 +434,20 @@ async fn python_and_node_writers_deliver_and_refuse_as_the_rust_writer_does() {
         let expected = arrived(&rust[n]);
         assert_eq!(arrived(&python[n]), expected, "Python, {}", case.name);
         assert_eq!(arrived(&node[n]), expected, "Node.js, {}", case.name);
+        // A relay that sends no CloudEvents leaves the source off the
+        // wire: it is compared as stored.
+        for (writer, outcome) in [
+            ("Rust", &rust[n]),
+            ("Python", &python[n]),
+            ("Node.js", &node[n]),
+        ] {
+            assert_eq!(
+                stored_field(&env, outcome, field::SOURCE).await,
+                case.source,
+                "{writer}, {}: the source stored",
+                case.name
+            );
+        }
     }
     assert_eq!(
         env.count(doc! {}).await,

@@ -36,6 +36,8 @@ function nativeCases() {
     ['native: a Date as payload', 'payload', 't', new Date()],
     ['native: an array as payload', 'payload', 't', [1]],
     ['native: a number as key', 'field_type', 't', {}, { key: 5 }],
+    ['native: a URL object as source', 'field_type', 't', {}, { source: new URL('urn:x') }],
+    ['native: a number as an extension', 'field_type', 't', {}, { extensions: { tenant: 5 } }],
     ['native: bad prefix', 'subject', 't', {}, { subjectPrefix: '' }],
   ];
 }
@@ -64,6 +66,8 @@ function write(collection, session, c) {
     correlationId: c.correlationId,
     headers: c.headers,
     subject: c.subject,
+    source: c.source,
+    extensions: c.extensions,
   });
 }
 

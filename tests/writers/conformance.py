@@ -38,6 +38,10 @@ def native_cases():
         ("native: Code as type", "type", {**fine, "message_type": Code("t")}),
         ("native: Code as payload", "payload", {**fine, "payload": Code("x")}),
         ("native: Code as key", "field_type", {**fine, "key": Code("k")}),
+        ("native: Code as source", "field_type",
+         {**fine, "source": Code("urn:x")}),
+        ("native: Code as an extension's value", "field_type",
+         {**fine, "extensions": {"tenant": Code("v")}}),
         ("native: Code as a header value", "field_type",
          {**fine, "headers": {"X-A": Code("v")}}),
         ("native: binData of subtype 4", "payload",
@@ -71,7 +75,8 @@ def write(collection, session, case):
     return outbox.add_message(
         collection, session, case.get("type"), payload_of(case),
         key=case.get("key"), correlation_id=case.get("correlationId"),
-        headers=case.get("headers"), subject=case.get("subject"))
+        headers=case.get("headers"), subject=case.get("subject"),
+        source=case.get("source"), extensions=case.get("extensions"))
 
 
 def templates(table):

@@ -7,6 +7,10 @@
 // (the rules of docs/contract.md, as every relay holds them), so a bad one
 // fails here, in the application, and not later as a dead letter; the
 // reason's rule name is the one the Rust writer and the relay report.
+//
+// For a relay that sends each message as a CloudEvent, a message may name
+// its own `source` (a URI-reference) and carry `extensions`: headers whose
+// names are CloudEvents attribute names, sent as attributes of the event.
 
 import { randomInt } from 'node:crypto';
 import { Long, ObjectId } from 'mongodb';
@@ -16,6 +20,29 @@ export const DEFAULT_SUBJECT_PREFIX = 'outbox';
 export const DEFAULT_SUBJECT_TEMPLATE = '{prefix}.{type}';
 export const MAX_SUBJECT_CHARS = 512;
 const RESERVED_HEADER_PREFIXES = ['nats-', 'outbox-'];
+// The prefix of every header a CloudEvents receiver reads as an attribute.
+const CLOUDEVENTS_HEADER_PREFIX = 'ce-';
+// The attributes CloudEvents defines itself, and `data`: no header may take
+// one of these names, or a receiver would read it as the attribute the
+// relay derives from the document.
+export const CORE_ATTRIBUTES = Object.freeze([
+  'specversion',
+  'id',
+  'source',
+  'type',
+  'subject',
+  'time',
+  'datacontenttype',
+  'dataschema',
+  'data',
+]);
+export const MAX_ATTRIBUTE_NAME = 20;
+// A URI-reference (RFC 3986), ASCII only, matched whole: the relay's own
+// pattern (src/contract/cloudevents.rs), character for character, so that a
+// source is refused here exactly when the relay would refuse it. Raw, so
+// that its backslashes stay as they are.
+export const URI_REFERENCE = String.raw`^(?:[A-Za-z][A-Za-z0-9+.\-]*:(?://(?:(?:[!$&-.0-;=A-Z_a-z~]|%[0-9A-Fa-f]{2})*@)?(?:\[[!$&-.0-;=A-Z_a-z~]+\]|(?:[!$&-.0-9;=A-Z_a-z~]|%[0-9A-Fa-f]{2})*)(?::[0-9]*)?(?:/(?:[!$&-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})*)?|/(?:(?:[!$&-.0-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})(?:[!$&-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})*)?|(?:[!$&-.0-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})(?:[!$&-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})*)?|(?://(?:(?:[!$&-.0-;=A-Z_a-z~]|%[0-9A-Fa-f]{2})*@)?(?:\[[!$&-.0-;=A-Z_a-z~]+\]|(?:[!$&-.0-9;=A-Z_a-z~]|%[0-9A-Fa-f]{2})*)(?::[0-9]*)?(?:/(?:[!$&-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})*)?|/(?:(?:[!$&-.0-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})(?:[!$&-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})*)?|(?:[!$&-.0-9;=@-Z_a-z~]|%[0-9A-Fa-f]{2})+(?:/(?:[!$&-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})*)?)?)(?:\?(?:[!$&-;=?-Z_a-z~]|%[0-9A-Fa-f]{2})*)?(?:#(?:[!$&-;=?-Z_a-z~]|%[0-9A-Fa-f]{2})*)?$`;
+const URI_REFERENCE_REGEX = new RegExp(URI_REFERENCE);
 const FNV_OFFSET_BASIS = 0x811c9dc5;
 const FNV_PRIME = 0x01000193;
 
@@ -46,9 +73,13 @@ export class NoTransaction extends Error {
  * Uint8Array (sent as is) or a string (sent as UTF-8). `subject` overrides
  * the default `<prefix>.<type>`. Give the relay's `--subject-template` as
  * `subjectTemplate` to have a message it would refuse (one without the key
- * the template needs, say) refused here. JavaScript has one kind of number: a whole
- * one is stored as an integer (so `1.0` is sent as `1`), any other as a
- * double.
+ * the template needs, say) refused here. `source` is the message's
+ * CloudEvents source, a URI-reference (without one, the relay's
+ * `--cloudevents-source`); `extensions` is an object of CloudEvents attribute
+ * names (lower-case letters and digits, at most 20) and string values, added
+ * to the headers (each overriding a header of its name). JavaScript has one
+ * kind of number: a whole one is stored as an integer (so `1.0` is sent as
+ * `1`), any other as a double.
  */
 export async function addMessage(collection, session, type, payload, options = {}) {
   const document = newDocument(type, payload, options);
@@ -64,11 +95,15 @@ export async function addMessage(collection, session, type, payload, options = {
  * an Error for a `subjectTemplate` that is no template).
  */
 export function newDocument(type, payload, options = {}) {
-  const { key, correlationId, headers, subject, subjectTemplate } = options;
+  const { key, correlationId, subject, subjectTemplate, source, extensions } = options;
   const prefix = options.subjectPrefix ?? DEFAULT_SUBJECT_PREFIX;
   // In the relay's order, so a message that breaks two rules is refused
   // for the same one.
   checkSubject(prefix);
+  // First, as the Rust writer checks them: once among the headers, an
+  // extension cannot be told from an ordinary header.
+  checkExtensionNames(extensions);
+  const headers = withExtensions(options.headers, extensions);
   checkType(type, prefix);
   if (subject !== undefined && subject !== null) {
     checkString('subject', subject);
@@ -78,10 +113,18 @@ export function newDocument(type, payload, options = {}) {
   checkPayload(payload);
   checkString('correlationId', correlationId);
   checkString('key', key);
+  checkSource(source);
   const checkedHeaders = checkHeaders(headers);
   // The relay sends these two as headers, which cannot break a line.
   for (const [name, value] of [['Outbox-Correlation-Id', correlationId], ['Outbox-Key', key]]) {
     if (typeof value === 'string' && /[\r\n]/.test(value)) throw lineBreak(name);
+  }
+  // A CloudEvent's subject is the key.
+  if (typeof key === 'string' && hasControl(key)) {
+    throw new OutboxViolation(
+      'attribute',
+      `key ${JSON.stringify(key)} holds a control character, which no CloudEvents subject may`,
+    );
   }
   if ((subject === undefined || subject === null) && subjectTemplate != null) {
     const rendered = renderSubject(subjectTemplate, type, {
@@ -102,7 +145,13 @@ export function newDocument(type, payload, options = {}) {
     // would store a number past 2^31 - 1 as a double.
     keyHash: Long.fromNumber(typeof key === 'string' ? keyHash(key) : randomInt(0, 2 ** 32)),
   };
-  for (const [name, value] of [['correlationId', correlationId], ['key', key], ['subject', subject]]) {
+  const optional = [
+    ['correlationId', correlationId],
+    ['key', key],
+    ['subject', subject],
+    ['source', source],
+  ];
+  for (const [name, value] of optional) {
     if (value !== undefined && value !== null) document[name] = value;
   }
   if (checkedHeaders && checkedHeaders.size > 0) document.headers = checkedHeaders;
@@ -290,6 +339,60 @@ function checkPayload(payload) {
   }
 }
 
+function checkSource(source) {
+  checkString('source', source);
+  if (source === undefined || source === null) return;
+  if (source === '') throw new OutboxViolation('attribute', 'source: a source must not be empty');
+  // The pattern takes printable ASCII only, so a control character fails
+  // it too.
+  if (!URI_REFERENCE_REGEX.test(source)) {
+    throw new OutboxViolation(
+      'attribute',
+      `source: ${JSON.stringify(source)} is not a URI-reference (RFC 3986): use ASCII, ` +
+        "percent-encode anything else (%XX), and give a scheme ('urn:', 'https:') or a path ('/orders')",
+    );
+  }
+}
+
+function checkExtensionNames(extensions) {
+  if (extensions === undefined || extensions === null) return;
+  if (!isPlainObject(extensions)) {
+    throw new OutboxViolation(
+      'field_type',
+      `extensions must be an object of attribute names and strings, found ${kind(extensions)}`,
+    );
+  }
+  for (const name of Object.keys(extensions)) {
+    if (!isAttributeName(name)) {
+      throw new OutboxViolation(
+        'attribute',
+        `extension ${JSON.stringify(name)} is no CloudEvents attribute name: use lower-case ` +
+          `letters and digits, at most ${MAX_ATTRIBUTE_NAME}`,
+      );
+    }
+  }
+}
+
+/**
+ * The headers with the extensions added, each overriding a header of its
+ * name; headers that are no object as they are, to be refused.
+ */
+function withExtensions(headers, extensions) {
+  const none = extensions === undefined || extensions === null || Object.keys(extensions).length === 0;
+  if (none || !(headers === undefined || headers === null || isPlainObject(headers))) return headers;
+  return { ...headers, ...extensions };
+}
+
+/** Whether a header of this name is a CloudEvents extension attribute. */
+function isAttributeName(name) {
+  return name.length <= MAX_ATTRIBUTE_NAME && /^[a-z0-9]+$/.test(name);
+}
+
+/** Whether `value` holds a character no CloudEvents string may. */
+function hasControl(value) {
+  return /[\u0000-\u001f\u007f-\u009f]/.test(value);
+}
+
 function checkSubject(subject) {
   const bad = (why) => new OutboxViolation('subject', `invalid subject ${JSON.stringify(subject)}: ${why}`);
   if (subject === '') throw bad('it is empty');
@@ -342,6 +445,27 @@ function checkHeaders(headers) {
       throw new OutboxViolation(
         'reserved_header',
         `header ${JSON.stringify(name)} is reserved to the relay (every Nats-* and Outbox-* header)`,
+      );
+    }
+    if (name.toLowerCase().startsWith(CLOUDEVENTS_HEADER_PREFIX)) {
+      throw new OutboxViolation(
+        'reserved_header',
+        `header ${JSON.stringify(name)} may not be given in headers: every ce-* header carries ` +
+          'a CloudEvents attribute, which the relay derives from the document',
+      );
+    }
+    if (CORE_ATTRIBUTES.includes(name)) {
+      throw new OutboxViolation(
+        'reserved_header',
+        `header ${JSON.stringify(name)} may not be given in headers: it names a CloudEvents ` +
+          'attribute, which the relay derives from the document',
+      );
+    }
+    if (isAttributeName(name) && hasControl(value)) {
+      throw new OutboxViolation(
+        'attribute',
+        `header ${JSON.stringify(name)} is a CloudEvents extension attribute, and its value ` +
+          'holds a control character, which no attribute may',
       );
     }
   }

@@ -6,9 +6,14 @@ transaction in progress. Each message is checked as the relay checks it
 (the rules of docs/contract.md, as every relay holds them), so a bad one
 fails here, in the application, and not later as a dead letter; the
 reason's rule name is the one the Rust writer and the relay report.
+
+For a relay that sends each message as a CloudEvent, a message may name
+its own `source` (a URI-reference) and carry `extensions`: headers whose
+names are CloudEvents attribute names, sent as attributes of the event.
 """
 
 import random
+import re
 import unicodedata
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -21,6 +26,20 @@ DEFAULT_SUBJECT_PREFIX = "outbox"
 DEFAULT_SUBJECT_TEMPLATE = "{prefix}.{type}"
 MAX_SUBJECT_CHARS = 512
 RESERVED_HEADER_PREFIXES = ("nats-", "outbox-")
+# The prefix of every header a CloudEvents receiver reads as an attribute.
+CLOUDEVENTS_HEADER_PREFIX = "ce-"
+# The attributes CloudEvents defines itself, and `data`: no header may take
+# one of these names, or a receiver would read it as the attribute the
+# relay derives from the document.
+CORE_ATTRIBUTES = ("specversion", "id", "source", "type", "subject", "time",
+                   "datacontenttype", "dataschema", "data")
+MAX_ATTRIBUTE_NAME = 20
+# A URI-reference (RFC 3986), ASCII only, matched whole: the relay's own
+# pattern (src/contract/cloudevents.rs), character for character, so that a
+# source is refused here exactly when the relay would refuse it.
+URI_REFERENCE = r"^(?:[A-Za-z][A-Za-z0-9+.\-]*:(?://(?:(?:[!$&-.0-;=A-Z_a-z~]|%[0-9A-Fa-f]{2})*@)?(?:\[[!$&-.0-;=A-Z_a-z~]+\]|(?:[!$&-.0-9;=A-Z_a-z~]|%[0-9A-Fa-f]{2})*)(?::[0-9]*)?(?:/(?:[!$&-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})*)?|/(?:(?:[!$&-.0-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})(?:[!$&-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})*)?|(?:[!$&-.0-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})(?:[!$&-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})*)?|(?://(?:(?:[!$&-.0-;=A-Z_a-z~]|%[0-9A-Fa-f]{2})*@)?(?:\[[!$&-.0-;=A-Z_a-z~]+\]|(?:[!$&-.0-9;=A-Z_a-z~]|%[0-9A-Fa-f]{2})*)(?::[0-9]*)?(?:/(?:[!$&-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})*)?|/(?:(?:[!$&-.0-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})(?:[!$&-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})*)?|(?:[!$&-.0-9;=@-Z_a-z~]|%[0-9A-Fa-f]{2})+(?:/(?:[!$&-;=@-Z_a-z~]|%[0-9A-Fa-f]{2})*)?)?)(?:\?(?:[!$&-;=?-Z_a-z~]|%[0-9A-Fa-f]{2})*)?(?:#(?:[!$&-;=?-Z_a-z~]|%[0-9A-Fa-f]{2})*)?$"  # noqa: E501
+_URI_REFERENCE = re.compile(URI_REFERENCE)
+_ATTRIBUTE_NAME = re.compile("[a-z0-9]+")
 FNV_OFFSET_BASIS = 0x811C9DC5
 FNV_PRIME = 0x01000193
 
@@ -39,18 +58,24 @@ class NoTransaction(RuntimeError):
 
 def add_message(collection, session, message_type, payload, *, key=None,
                 correlation_id=None, headers=None, subject=None,
-                subject_prefix=DEFAULT_SUBJECT_PREFIX, subject_template=None):
+                subject_prefix=DEFAULT_SUBJECT_PREFIX, subject_template=None,
+                source=None, extensions=None):
     """Adds one message inside `session`'s transaction and returns its _id.
 
     `payload` is a dict (sent as JSON), bytes (sent as is) or a str (sent
     as UTF-8). `subject` overrides the default `<prefix>.<type>`. Give the
     relay's `--subject-template` as `subject_template` to have a message it
     would refuse (one without the key the template needs, say) refused here.
+    `source` is the message's CloudEvents source, a URI-reference (without
+    one, the relay's `--cloudevents-source`); `extensions` maps CloudEvents
+    attribute names (lower-case letters and digits, at most 20) to string
+    values, added to the headers (each overriding a header of its name).
     """
     document = new_document(message_type, payload, key=key,
                             correlation_id=correlation_id, headers=headers,
                             subject=subject, subject_prefix=subject_prefix,
-                            subject_template=subject_template)
+                            subject_template=subject_template, source=source,
+                            extensions=extensions)
     if session is None or not session.in_transaction:
         raise NoTransaction(
             "outbox messages must be added inside a transaction: start one "
@@ -62,12 +87,17 @@ def add_message(collection, session, message_type, payload, *, key=None,
 
 def new_document(message_type, payload, *, key=None, correlation_id=None,
                  headers=None, subject=None,
-                 subject_prefix=DEFAULT_SUBJECT_PREFIX, subject_template=None):
+                 subject_prefix=DEFAULT_SUBJECT_PREFIX, subject_template=None,
+                 source=None, extensions=None):
     """The outbox document for a message, checked; raises OutboxViolation
     (and ValueError for a `subject_template` that is no template)."""
     # In the relay's order, so a message that breaks two rules is refused
     # for the same one.
     _check_subject(subject_prefix)
+    # First, as the Rust writer checks them: once among the headers, an
+    # extension cannot be told from an ordinary header.
+    _check_extension_names(extensions)
+    headers = _with_extensions(headers, extensions)
     _check_type(message_type, subject_prefix)
     if subject is not None:
         _check_string("subject", subject)
@@ -76,12 +106,19 @@ def new_document(message_type, payload, *, key=None, correlation_id=None,
     _check_payload(payload)
     _check_string("correlationId", correlation_id)
     _check_string("key", key)
+    _check_source(source)
     headers = _checked_headers(headers)
     # The relay sends these two as headers, which cannot break a line.
     for name, value in (("Outbox-Correlation-Id", correlation_id),
                         ("Outbox-Key", key)):
         if value is not None and ("\r" in value or "\n" in value):
             raise _line_break(name)
+    # A CloudEvent's subject is the key.
+    if key is not None and _has_control(key):
+        raise OutboxViolation(
+            "attribute",
+            f"key {key!r} holds a control character, which no CloudEvents "
+            "subject may")
     if subject is None and subject_template is not None:
         rendered = render_subject(subject_template, message_type, key=key,
                                   headers=headers,
@@ -100,7 +137,7 @@ def new_document(message_type, payload, *, key=None, correlation_id=None,
                          else random.getrandbits(32)),
     }
     for name, value in (("correlationId", correlation_id), ("key", key),
-                        ("subject", subject)):
+                        ("subject", subject), ("source", source)):
         if value is not None:
             document[name] = value
     if headers:
@@ -256,6 +293,57 @@ def _check_payload(payload):
             f"payload must be a document, binData or string, found {_kind(payload)}")
 
 
+def _check_source(source):
+    _check_string("source", source)
+    if source is None:
+        return
+    if not source:
+        raise OutboxViolation("attribute", "source: a source must not be empty")
+    # The pattern takes printable ASCII only, so a control character fails
+    # it too.
+    if _URI_REFERENCE.fullmatch(source) is None:
+        raise OutboxViolation(
+            "attribute",
+            f"source: {source!r} is not a URI-reference (RFC 3986): use ASCII, "
+            "percent-encode anything else (%XX), and give a scheme ('urn:', "
+            "'https:') or a path ('/orders')")
+
+
+def _check_extension_names(extensions):
+    if extensions is None:
+        return
+    if not isinstance(extensions, Mapping):
+        raise OutboxViolation(
+            "field_type",
+            "extensions must be a mapping of attribute names to strings, "
+            f"found {_kind(extensions)}")
+    for name in extensions:
+        if not _is_attribute_name(name):
+            raise OutboxViolation(
+                "attribute",
+                f"extension {name!r} is no CloudEvents attribute name: use "
+                f"lower-case letters and digits, at most {MAX_ATTRIBUTE_NAME}")
+
+
+def _with_extensions(headers, extensions):
+    """The headers with the extensions added, each overriding a header of
+    its name; headers that are no mapping as they are, to be refused."""
+    if not extensions or not (headers is None or isinstance(headers, Mapping)):
+        return headers
+    return {**(headers or {}), **extensions}
+
+
+def _is_attribute_name(name):
+    """Whether a header of this name is a CloudEvents extension attribute."""
+    return (isinstance(name, str) and len(name) <= MAX_ATTRIBUTE_NAME
+            and _ATTRIBUTE_NAME.fullmatch(name) is not None)
+
+
+def _has_control(value):
+    """Whether `value` holds a character no CloudEvents string may."""
+    return any(c <= "\x1f" or "\x7f" <= c <= "\x9f" for c in value)
+
+
 def _check_subject(subject):
     def bad(why):
         return OutboxViolation("subject", f"invalid subject {subject!r}: {why}")
@@ -309,6 +397,23 @@ def _checked_headers(headers):
                 "reserved_header",
                 f"header {name!r} is reserved to the relay (every Nats-* and "
                 "Outbox-* header)")
+        if name.lower().startswith(CLOUDEVENTS_HEADER_PREFIX):
+            raise OutboxViolation(
+                "reserved_header",
+                f"header {name!r} may not be given in headers: every ce-* "
+                "header carries a CloudEvents attribute, which the relay "
+                "derives from the document")
+        if name in CORE_ATTRIBUTES:
+            raise OutboxViolation(
+                "reserved_header",
+                f"header {name!r} may not be given in headers: it names a "
+                "CloudEvents attribute, which the relay derives from the "
+                "document")
+        if _is_attribute_name(name) and _has_control(value):
+            raise OutboxViolation(
+                "attribute",
+                f"header {name!r} is a CloudEvents extension attribute, and "
+                "its value holds a control character, which no attribute may")
     return headers
 
 
