@@ -85,7 +85,9 @@ fn main() {
             SubjectRules::under("outbox").expect("a valid prefix"),
             1 << 20,
         )
-        .with_cloudevents(Some(CloudEvents::new(mode, "/shop/outbox")));
+        .with_cloudevents(Some(
+            CloudEvents::new(mode, "/shop/outbox").expect("a valid source"),
+        ));
         for (case, document) in &cases {
             let raw = RawDocumentBuf::try_from(document).expect("a document encodes");
             let started = Instant::now();

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::{CheckpointStore, KeptPlace};
 use crate::config::{RelayConfig, RelayMode};
 use crate::connect::{connect_mongodb_for_coordination, connect_mongodb_observed, coordinated};
-use crate::contract::{DecodeRules, SubjectRules};
+use crate::contract::DecodeRules;
 use crate::error::{Error, Result};
 use crate::group::{balance, watch::Changes, Group, OutboxLease, Renewal};
 use crate::lease::{Held, Lease, Term};
@@ -51,7 +51,8 @@ use crate::work::{Acknowledged, Budget, LastDelivery, Tally, Tenure, Underway, U
 /// A connected relay, ready to run.
 pub struct Relay {
     config: RelayConfig,
-    subject_rules: SubjectRules,
+    /// How documents become messages, for any broker's largest message.
+    rules: DecodeRules,
     database: Database,
     /// Where the lease and the checkpoint are kept: a client of its own
     /// where the relay connects itself (see
@@ -128,7 +129,7 @@ impl Relay {
         // is too late anyway.
         let database = coordinated(&database, config.lease_duration);
         Ok(Relay {
-            subject_rules: config.subject_rules()?,
+            rules: config.decode_rules(usize::MAX)?,
             budget: Budget::new(u32::try_from(config.max_buffered_bytes.0).unwrap_or(u32::MAX)),
             coordination: database.clone(),
             config,
@@ -1060,8 +1061,10 @@ impl Relay {
     }
 
     fn rules(&self) -> DecodeRules {
-        DecodeRules::new(self.subject_rules.clone(), self.publisher.max_payload())
-            .with_cloudevents(self.config.cloudevents())
+        DecodeRules {
+            max_payload: self.publisher.max_payload(),
+            ..self.rules.clone()
+        }
     }
 
     fn pipeline(&self, stop: &Stop) -> Pipeline {

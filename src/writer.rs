@@ -16,7 +16,9 @@ use mongodb::{error::ErrorKind, ClientSession, Collection, Database};
 use serde::Serialize;
 
 use crate::contract::cloudevents::{is_attribute_name, MAX_ATTRIBUTE_NAME};
-use crate::contract::{field, status, stored_key_hash, ContractViolation, DecodeRules, Rule};
+use crate::contract::{
+    field, status, stored_key_hash, AttributeRules, ContractViolation, DecodeRules, Rule,
+};
 use crate::error::{Error, Result};
 
 /// The default name of the outbox collection.
@@ -218,7 +220,12 @@ impl Outbox {
     /// rather than only those every relay holds: with a template that names
     /// the key, a message without one is refused here.
     pub fn with_rules(mut self, rules: DecodeRules) -> Self {
-        self.rules = rules;
+        // A writer holds every message to the CloudEvents attribute rules,
+        // whatever the relay's mode, which may change.
+        self.rules = DecodeRules {
+            attribute_rules: AttributeRules::Always,
+            ..rules
+        };
         self
     }
 

@@ -401,6 +401,13 @@ impl RelayConfig {
         }
         self.subject_rules()?;
         if let Some(source) = &self.cloudevents_source {
+            if self.cloudevents == CloudEventsMode::Off {
+                return Err(Error::Config(
+                    "cloudevents-source names the source of CloudEvents, and cloudevents is off: \
+                     give --cloudevents binary or structured, or no source"
+                        .into(),
+                ));
+            }
             crate::contract::cloudevents::check_source(source)
                 .map_err(|why| Error::Config(format!("cloudevents-source: {why}")))?;
         }
@@ -490,20 +497,22 @@ impl RelayConfig {
     /// a message replayed or repaired is the event first sent.
     pub fn decode_rules(&self, max_payload: usize) -> Result<DecodeRules> {
         Ok(DecodeRules::new(self.subject_rules()?, max_payload)
-            .with_cloudevents(self.cloudevents()))
+            .with_cloudevents(self.cloudevents()?))
     }
 
     /// Each message as a CloudEvent, or none.
-    pub fn cloudevents(&self) -> Option<CloudEvents> {
+    pub fn cloudevents(&self) -> Result<Option<CloudEvents>> {
         let mode = match self.cloudevents {
-            CloudEventsMode::Off => return None,
+            CloudEventsMode::Off => return Ok(None),
             CloudEventsMode::Binary => ContentMode::Binary,
             CloudEventsMode::Structured => ContentMode::Structured,
         };
         let source = self.cloudevents_source.clone().unwrap_or_else(|| {
             crate::contract::cloudevents::default_source(&self.database, &self.collection)
         });
-        Some(CloudEvents::new(mode, source))
+        CloudEvents::new(mode, source)
+            .map(Some)
+            .map_err(|why| Error::Config(format!("cloudevents-source: {why}")))
     }
 
     /// Where the relay may publish: under the prefix, and the allow-list.
@@ -574,12 +583,8 @@ mod tests {
     fn cloudevents_settings_are_checked() {
         let mut config = RelayConfig::new("mongodb://h", "db");
         config.cloudevents = CloudEventsMode::Binary;
-        assert_eq!(
-            config
-                .cloudevents()
-                .map(|events| events.source().to_owned()),
-            Some("/db/outbox".to_owned())
-        );
+        let events = config.cloudevents().expect("valid").expect("on");
+        assert_eq!(events.source(), "/db/outbox");
         config.cloudevents_source = Some("not a uri".into());
         let error = config.validate().unwrap_err().to_string();
         assert!(error.contains("cloudevents-source"), "{error}");
@@ -588,8 +593,11 @@ mod tests {
         let error = config.validate().unwrap_err().to_string();
         assert!(error.contains("\"source\""), "{error}");
         config.cloudevents = CloudEventsMode::Off;
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("cloudevents is off"), "{error}");
+        config.cloudevents_source = None;
         assert!(config.validate().is_ok(), "off reads any header");
-        assert_eq!(config.cloudevents(), None);
+        assert_eq!(config.cloudevents().expect("valid"), None);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use bytes::Bytes;
 pub use key_hash::{key_hash, stored_key_hash};
 pub use schema::contract_schema;
 pub use subject::{pattern_matches, validate_subject, SubjectRules, MAX_SUBJECT_CHARS};
-pub(crate) use subject::{pattern_regex, validate_pattern};
+pub(crate) use subject::{pattern_regex, shown, validate_pattern};
 pub use template::{subject_token, SubjectTemplate, DEFAULT_SUBJECT_TEMPLATE};
 
 use crate::unreadable::RawField;
@@ -148,7 +148,8 @@ pub enum Rule {
     ReservedHeader,
     /// A value that cannot be a CloudEvents attribute: a `source` that is
     /// not a URI-reference, a control character in a key or in a header
-    /// that is an extension attribute.
+    /// that is an extension attribute, an empty `Content-Type` or one with
+    /// a control character.
     Attribute,
     /// Larger than the NATS server's `max_payload`.
     TooLarge,
@@ -291,7 +292,7 @@ pub enum AttributeRules {
     WhenSent,
     /// Always: what a writer checks, not knowing how a relay will send
     /// its messages, so that turning `--cloudevents` on fails no document
-    /// a writer or the validator let through.
+    /// a writer let through.
     Always,
 }
 
@@ -464,7 +465,10 @@ impl DecodeRules {
         if let Some(key) = controlled.filter(|_| attributes) {
             return Err(ContractViolation::new(
                 Rule::Attribute,
-                format!("key {key:?} holds a control character, which no CloudEvents subject may"),
+                format!(
+                    "key {} holds a control character, which no CloudEvents subject may",
+                    shown(key)
+                ),
             ));
         }
         // Rendered last, from fields already found sound: a message that
@@ -585,6 +589,17 @@ pub(crate) fn validate_attribute_header(name: &str, value: &str) -> Result<(), C
         return Err(ContractViolation::new(
             Rule::ReservedHeader,
             format!("header {name:?} may not be given in headers: {why}"),
+        ));
+    }
+    if name.eq_ignore_ascii_case(header::CONTENT_TYPE)
+        && (value.trim_matches(' ').is_empty() || cloudevents::has_control(value))
+    {
+        return Err(ContractViolation::new(
+            Rule::Attribute,
+            format!(
+                "header {name:?} is the event's datacontenttype, a media type: it must not be \
+                 empty or hold a control character"
+            ),
         ));
     }
     if cloudevents::is_attribute_name(name) && cloudevents::has_control(value) {

@@ -38,6 +38,8 @@ const CLOUDEVENTS_HEADERS: &str =
     "^([Cc][Ee]-|(specversion|id|source|type|subject|time|datacontenttype|dataschema|data)$)";
 /// A header that is an extension attribute: an attribute's name.
 const EXTENSION: &str = "^[a-z0-9]{1,20}$";
+/// `Content-Type`, in any letter case: the event's datacontenttype.
+const CONTENT_TYPE: &str = "^[Cc][Oo][Nn][Tt][Ee][Nn][Tt]-[Tt][Yy][Pp][Ee]$";
 
 /// The document contract as a `$jsonSchema`, for the relay's rules: its
 /// subjects, and the CloudEvents attribute rules where they hold.
@@ -143,7 +145,11 @@ fn hold_attribute_rules(schema: &mut Document, attribute: Document, never: Docum
         .and_then(|headers| headers.get_document_mut("patternProperties"));
     if let Ok(patterns) = headers {
         patterns.insert(CLOUDEVENTS_HEADERS, never);
-        patterns.insert(EXTENSION, attribute);
+        patterns.insert(EXTENSION, attribute.clone());
+        // Not empty, nor only spaces (the attribute rule refuses a tab).
+        let mut media_type = attribute;
+        media_type.insert("pattern", "[^ ]");
+        patterns.insert(CONTENT_TYPE, media_type);
     }
 }
 

@@ -349,7 +349,7 @@ fn regex_escape(literal: &str) -> String {
 }
 
 /// A subject for an error message, cut short if long.
-fn shown(subject: &str) -> String {
+pub(crate) fn shown(subject: &str) -> String {
     const SHOWN: usize = 80;
     if subject.chars().count() <= SHOWN {
         return format!("{subject:?}");

@@ -249,9 +249,13 @@ fn transaction_check_failed(error: mongodb::error::Error) -> Error {
 pub struct Delivery {
     /// The subject it was published to.
     pub subject: String,
-    /// Its body; for a CloudEvent in structured mode, the event's data,
-    /// so that a handler reads the same bytes whichever mode brought them.
+    /// Its body, as it came.
     pub payload: Bytes,
+    /// The event's data: for a CloudEvent in structured mode, what its
+    /// `data` or `data_base64` holds; for any other message, the body. A
+    /// handler reading this reads the same bytes whichever mode brought
+    /// them.
+    pub data: Bytes,
     /// Its CloudEvents attributes, for a message sent as a CloudEvent in
     /// either mode (`--cloudevents`); none for any other. A message that
     /// says it is a CloudEvent but cannot be read as one has none either,
@@ -288,6 +292,14 @@ impl Delivery {
     /// The payload read as JSON.
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> std::result::Result<T, HandlerError> {
         serde_json::from_slice(&self.payload).map_err(HandlerError::new)
+    }
+
+    /// The event's data read as JSON: the payload, or a structured
+    /// CloudEvent's data.
+    pub fn data_json<T: serde::de::DeserializeOwned>(
+        &self,
+    ) -> std::result::Result<T, HandlerError> {
+        serde_json::from_slice(&self.data).map_err(HandlerError::new)
     }
 }
 

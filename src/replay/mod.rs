@@ -166,7 +166,7 @@ pub async fn run(
                 )
             }
         };
-        let decode = DecodeRules::new(rules, usize::MAX).with_cloudevents(config.cloudevents());
+        let decode = DecodeRules::new(rules, usize::MAX).with_cloudevents(config.cloudevents()?);
         let counted = count(&outbox, &decode, &selection, prefix.as_deref(), &progress).await?;
         return Ok(Summary::of(replay_id, true, State::Done, &counted, started));
     }

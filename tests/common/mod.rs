@@ -1092,8 +1092,6 @@ pub fn logs_dir() -> PathBuf {
     dir
 }
 
-/// The `outbox-relay` binary, pointed at the test's servers, database and
-/// subjects, with no terminal.
 /// The services' virtualenv's Python (`scripts/services.sh`), which has
 /// pymongo and the CloudEvents SDK; `OUTBOX_PYTHON` names another.
 pub fn python() -> std::path::PathBuf {
@@ -1106,6 +1104,8 @@ pub fn python() -> std::path::PathBuf {
     services.join("venv/bin/python")
 }
 
+/// The `outbox-relay` binary, pointed at the test's servers, database and
+/// subjects, with no terminal.
 pub fn relay_command(env: &TestEnv) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
     command

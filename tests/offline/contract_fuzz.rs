@@ -526,7 +526,7 @@ fn outbox_rules(max_payload: usize) -> DecodeRules {
 /// prefix and allow-list, a writer's permissive default, and a broker with
 /// a small `max_payload` so that size refusals are exercised too.
 fn rule_sets() -> [DecodeRules; 5] {
-    let events = |mode| Some(CloudEvents::new(mode, "/shop/outbox"));
+    let events = |mode| Some(CloudEvents::new(mode, "/shop/outbox").expect("a valid source"));
     [
         outbox_rules(1 << 20),
         DecodeRules::any_relay(),
@@ -1017,7 +1017,7 @@ proptest! {
         let document = input.document(ObjectId::new());
         let plain = outbox_rules(1 << 20);
         let relay = outbox_rules(1 << 20)
-            .with_cloudevents(Some(CloudEvents::new(ContentMode::Binary, "/s")));
+            .with_cloudevents(Some(CloudEvents::new(ContentMode::Binary, "/s").expect("a valid source")));
         let writer = DecodeRules::any_relay();
         for rules in [&plain, &relay, &writer] {
             let first = rules.decode(&document).message;

@@ -278,6 +278,42 @@ async fn a_template_rendered_subject_is_listed_and_repaired_to_it() {
     delivered.env.drop().await;
 }
 
+/// A repair sends the event the relay sent: with `--cloudevents` as the
+/// relay had it, the same body and the same attributes.
+#[tokio::test]
+async fn a_repair_publishes_the_same_cloudevent_again() {
+    let delivered = Delivered::new(6, |config| {
+        config.cloudevents = outbox_relay::config::CloudEventsMode::Structured;
+    })
+    .await;
+    delivered.remember_for(Duration::from_millis(100)).await;
+    let mut stream = delivered.stream().await;
+    let original = stream_messages(&mut stream)
+        .await
+        .into_iter()
+        .nth(1)
+        .expect("a second message");
+    let lost: ObjectId = stored_header(&original, "Nats-Msg-Id")
+        .and_then(|id| id.parse().ok())
+        .expect("an id");
+    stream
+        .delete_message(original.sequence)
+        .await
+        .expect("delete");
+    let mut receiver = delivered.env.subscribe().await;
+    reported_then_repaired(&delivered, &[lost], &["--cloudevents", "structured"]).await;
+    let repaired = receiver.next().await;
+    assert_eq!(repaired.payload, original.payload, "the same event");
+    let headers = repaired.headers.expect("headers");
+    assert_eq!(
+        headers.get("Content-Type").map(|v| v.as_str()),
+        Some("application/cloudevents+json")
+    );
+    let event: Value = serde_json::from_slice(&repaired.payload).expect("a JSON event");
+    assert_eq!(event["id"], lost.to_hex());
+    delivered.env.drop().await;
+}
+
 #[tokio::test]
 async fn a_repeat_stored_past_its_window_is_reported_and_left() {
     let delivered = Delivered::new(4, |_| {}).await;

@@ -554,6 +554,10 @@ async fn an_inbox_handler_sees_the_attributes_whichever_mode_brought_them() {
     let plain = by_id(&ids[0]);
     assert_eq!(plain.event, None, "not a CloudEvent");
     let expected_data = plain.payload.clone();
+    assert_eq!(
+        plain.data, plain.payload,
+        "a plain message's data is its body"
+    );
     for (id, mode) in ids[1..]
         .iter()
         .zip([ContentMode::Binary, ContentMode::Structured])
@@ -571,7 +575,15 @@ async fn an_inbox_handler_sees_the_attributes_whichever_mode_brought_them() {
             Some("acme")
         );
         assert_eq!(delivery.key.as_deref(), Some("k 1"));
-        assert_eq!(delivery.payload, expected_data, "{mode:?}: the same data");
+        assert_eq!(delivery.data, expected_data, "{mode:?}: the same data");
+        if mode == ContentMode::Binary {
+            assert_eq!(delivery.payload, expected_data, "the body, as it came");
+        } else {
+            assert_ne!(
+                delivery.payload, expected_data,
+                "the body, as it came: the event"
+            );
+        }
     }
     env.drop().await;
 }

@@ -461,6 +461,13 @@ function checkHeaders(headers) {
           'attribute, which the relay derives from the document',
       );
     }
+    if (name.toLowerCase() === 'content-type' && (value.replace(/ /g, '') === '' || hasControl(value))) {
+      throw new OutboxViolation(
+        'attribute',
+        `header ${JSON.stringify(name)} is the event's datacontenttype, a media type: it must not ` +
+          'be empty or hold a control character',
+      );
+    }
     if (isAttributeName(name) && hasControl(value)) {
       throw new OutboxViolation(
         'attribute',

@@ -409,6 +409,12 @@ def _checked_headers(headers):
                 f"header {name!r} may not be given in headers: it names a "
                 "CloudEvents attribute, which the relay derives from the "
                 "document")
+        if name.lower() == "content-type" and (not value.strip(" ")
+                                               or _has_control(value)):
+            raise OutboxViolation(
+                "attribute",
+                f"header {name!r} is the event's datacontenttype, a media "
+                "type: it must not be empty or hold a control character")
         if _is_attribute_name(name) and _has_control(value):
             raise OutboxViolation(
                 "attribute",

@@ -214,17 +214,22 @@ fn read_delivery(message: &jetstream::Message) -> Delivery {
         ),
         Err(_) => (0, 1),
     };
-    let (event, payload) = match Event::read(&headers, &message.payload) {
+    let (event, data) = match Event::read(&headers, &message.payload) {
         None => (None, message.payload.clone()),
         Some(Ok(read)) => (Some(read.event), read.data),
         Some(Err(error)) => {
-            tracing::warn!(subject = %message.subject, %error, "a message handed over without its CloudEvents attributes");
+            tracing::warn!(
+                subject = %message.subject,
+                %error,
+                "a message handed over without its CloudEvents attributes"
+            );
             (None, message.payload.clone())
         }
     };
     Delivery {
         subject: message.subject.to_string(),
-        payload,
+        payload: message.payload.clone(),
+        data,
         event,
         // A replayed message is known by its first delivery's id: an
         // inbox applies an outbox message once, whichever delivery brings it.
