@@ -135,6 +135,22 @@ fn cases() -> Vec<Case> {
             expected: Expected::of(JSON, r#"{"a": [1, 2]}"#),
         },
         Case {
+            name: "JSON text declared as JSON that is no object",
+            document: doc! {
+                "type": "order.exported", "payload": "[1, 2]",
+                "headers": { "Content-Type": "application/json" },
+            },
+            expected: Expected::of(JSON, "[1, 2]"),
+        },
+        Case {
+            name: "text declared as JSON that is none",
+            document: doc! {
+                "type": "order.exported", "payload": "not json",
+                "headers": { "Content-Type": "application/json" },
+            },
+            expected: Expected::of(JSON, "not json"),
+        },
+        Case {
             name: "a content type of its own",
             document: doc! {
                 "type": "order.exported", "payload": "id,total\no-3,42\n",
