@@ -74,8 +74,17 @@ impl Pulling<'_> {
                 }
             };
             // The batch ends when full or when its pull expires; stopping, what
-            // still comes is kept to be handed back.
-            while let Some(next) = batch.next().await {
+            // still comes is kept to be handed back. The expiry is judged
+            // here too: a server that has sent part of a batch may send no
+            // timeout when the pull expires (nats-server 2.9 does not), and
+            // the client library then waits five seconds past the expiry
+            // before it ends the batch, while nothing is pulled.
+            let ends = tokio::time::Instant::now() + PULL_EXPIRES + PULL_EXPIRY_MARGIN;
+            loop {
+                let next = match tokio::time::timeout_at(ends, batch.next()).await {
+                    Ok(Some(next)) => next,
+                    Ok(None) | Err(_) => break,
+                };
                 match next {
                     Ok(message) => {
                         outage.recovered();
@@ -146,6 +155,12 @@ pub(super) fn pull_limit(held_limit: usize, config: &jetstream::consumer::Config
 /// How long one pull waits for messages before it is renewed; what the
 /// consumer's shutdown may wait for the last pull's messages to come in.
 pub(super) const PULL_EXPIRES: Duration = Duration::from_secs(1);
+
+/// How long past its expiry a pull's batch is still read: more than a
+/// round trip to the server, which counts the expiry from when the pull
+/// reached it. A message sent later than that (over a link slower than
+/// this) is not lost: unacknowledged, it comes again after the ack wait.
+const PULL_EXPIRY_MARGIN: Duration = Duration::from_millis(250);
 
 /// After a failed pull: an error if the consumer (or its stream) no longer
 /// exists, which no retry mends.
