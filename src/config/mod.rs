@@ -399,7 +399,7 @@ impl RelayConfig {
                 "checkpoint-collection must differ from collection".into(),
             ));
         }
-        self.subject_rules()?;
+        let subjects = self.subject_rules()?;
         if let Some(source) = &self.cloudevents_source {
             if self.cloudevents == CloudEventsMode::Off {
                 return Err(Error::Config(
@@ -412,9 +412,8 @@ impl RelayConfig {
                 .map_err(|why| Error::Config(format!("cloudevents-source: {why}")))?;
         }
         if self.cloudevents != CloudEventsMode::Off {
-            let template = SubjectTemplate::parse(&self.subject_template)
-                .map_err(|e| Error::Config(format!("subject-template: {e}")))?;
-            let reserved = template
+            let reserved = subjects
+                .template()
                 .headers()
                 .find(|name| crate::contract::cloudevents::reserved_header(name).is_some());
             if let Some(name) = reserved {

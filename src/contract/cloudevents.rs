@@ -17,11 +17,9 @@
 //! and the reading back that an inbox does.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::LazyLock;
 
 use base64::Engine as _;
-use bson::oid::ObjectId;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
@@ -159,10 +157,7 @@ pub fn is_attribute_name(name: &str) -> bool {
 /// receiver would read it as an attribute of the event: `ce-*` in any
 /// letter case, or a core attribute's name. The reason, if so.
 pub fn reserved_header(name: &str) -> Option<&'static str> {
-    let prefixed = name
-        .get(..HEADER_PREFIX.len())
-        .is_some_and(|start| start.eq_ignore_ascii_case(HEADER_PREFIX));
-    if prefixed {
+    if super::starts_with_ignoring_case(name, HEADER_PREFIX) {
         Some("every ce-* header carries a CloudEvents attribute, which the relay derives from the document")
     } else if CORE_ATTRIBUTES.contains(&name) {
         Some("it names a CloudEvents attribute, which the relay derives from the document")
@@ -179,24 +174,15 @@ pub fn has_control(value: &str) -> bool {
         .any(|c| c <= '\u{1f}' || ('\u{7f}'..='\u{9f}').contains(&c))
 }
 
-/// Appends `value` percent-encoded as the binding requires of a header
-/// value: space, `"`, `%` and every character outside printable ASCII
-/// (U+0021 to U+007E), each UTF-8 byte as `%XY` in upper case.
-pub fn percent_encode(value: &str, out: &mut String) {
-    for byte in value.bytes() {
-        if (0x21..=0x7e).contains(&byte) && byte != b'"' && byte != b'%' {
-            out.push(char::from(byte));
-        } else {
-            let _ = write!(out, "%{byte:02X}");
-        }
-    }
-}
+/// What the binding percent-encodes in a header value: space, `"`, `%`
+/// and every character outside printable ASCII (U+0021 to U+007E); the
+/// encoder writes each byte beyond ASCII too, as `%XY` in upper case.
+const HEADER_VALUE: &percent_encoding::AsciiSet =
+    &percent_encoding::CONTROLS.add(b' ').add(b'"').add(b'%');
 
-/// `value` percent-encoded (see [`percent_encode`]).
+/// `value` percent-encoded as the binding requires of a header value.
 pub fn percent_encoded(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    percent_encode(value, &mut out);
-    out
+    percent_encoding::utf8_percent_encode(value, HEADER_VALUE).to_string()
 }
 
 /// Why a header value cannot be read back as an attribute.
@@ -331,7 +317,8 @@ pub(crate) enum PayloadKind {
 /// One event, as the relay derives it from a document.
 #[derive(Debug)]
 pub(crate) struct EventParts<'a> {
-    pub id: ObjectId,
+    /// The message id in hexadecimal, as `Nats-Msg-Id` carries it.
+    pub id: &'a str,
     /// The document's own source, or the relay's.
     pub source: &'a str,
     pub event_type: &'a str,
@@ -370,8 +357,7 @@ impl CloudEvents {
         let mut headers = relay_headers;
         match self.mode {
             ContentMode::Binary => {
-                let id = event.id.to_hex();
-                for (attribute, value) in event.attributes(&id) {
+                for (attribute, value) in event.attributes() {
                     headers.push((
                         format!("{HEADER_PREFIX}{attribute}"),
                         percent_encoded(value),
@@ -393,12 +379,11 @@ impl CloudEvents {
 }
 
 impl EventParts<'_> {
-    /// Every attribute, in the order they are sent, the id given as the
-    /// hexadecimal text made of it.
-    fn attributes<'s>(&'s self, id: &'s str) -> impl Iterator<Item = (&'s str, &'s str)> {
+    /// Every attribute, in the order they are sent.
+    fn attributes(&self) -> impl Iterator<Item = (&str, &str)> {
         let core = [
             ("specversion", Some(SPECVERSION)),
-            ("id", Some(id)),
+            ("id", Some(self.id)),
             ("source", Some(self.source)),
             ("type", Some(self.event_type)),
             ("time", self.time.as_deref()),
@@ -415,8 +400,7 @@ impl EventParts<'_> {
     fn structured(&self, body: &[u8], kind: PayloadKind) -> Bytes {
         let mut out = Vec::with_capacity(body.len() + 256);
         out.push(b'{');
-        let id = self.id.to_hex();
-        for (name, value) in self.attributes(&id) {
+        for (name, value) in self.attributes() {
             push_member(&mut out, name, value);
             out.push(b',');
         }
@@ -598,13 +582,10 @@ impl Event {
     fn read_binary(headers: &[(String, String)]) -> Result<Event, EventError> {
         let mut attributes = BTreeMap::new();
         for (name, value) in headers {
-            let Some(attribute) = name
-                .get(..HEADER_PREFIX.len())
-                .filter(|start| start.eq_ignore_ascii_case(HEADER_PREFIX))
-                .map(|_| name[HEADER_PREFIX.len()..].to_ascii_lowercase())
-            else {
+            if !super::starts_with_ignoring_case(name, HEADER_PREFIX) {
                 continue;
-            };
+            }
+            let attribute = name[HEADER_PREFIX.len()..].to_ascii_lowercase();
             if attribute.is_empty() {
                 return Err(EventError("a ce- header names no attribute".to_owned()));
             }
@@ -721,7 +702,7 @@ impl Event {
 mod tests {
     use super::*;
     use crate::contract::{DecodeRules, OutboxMessage, SubjectRules};
-    use bson::{doc, Binary, Document};
+    use bson::{doc, oid::ObjectId, Binary, Document};
 
     fn send(mode: ContentMode, document: Document) -> OutboxMessage {
         let rules = DecodeRules::new(SubjectRules::anything_unreserved(), 1 << 20)

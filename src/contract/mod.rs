@@ -448,8 +448,9 @@ impl DecodeRules {
         }
         let own = document_headers(doc, attributes)?;
 
+        let hex = id.to_hex();
         let mut headers = vec![
-            (header::MSG_ID.to_owned(), id.to_hex()),
+            (header::MSG_ID.to_owned(), hex.clone()),
             (header::TYPE.to_owned(), message_type.clone()),
         ];
         if let Some(correlation_id) = correlation_id {
@@ -495,7 +496,7 @@ impl DecodeRules {
             }
             Some(events) => {
                 let event = EventParts {
-                    id,
+                    id: &hex,
                     source: source.as_deref().unwrap_or(events.source()),
                     event_type: &message_type,
                     time: match doc.get(field::CREATED_AT) {
@@ -561,14 +562,24 @@ pub fn validate_header(name: &str, value: &str) -> Result<(), ContractViolation>
     Ok(())
 }
 
+/// Whether header `name` begins with `prefix`, in any letter case, as
+/// header names compare.
+pub(crate) fn starts_with_ignoring_case(name: &str, prefix: &str) -> bool {
+    name.get(..prefix.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
+}
+
+/// Whether `name` is a header the relay sets itself (`Nats-*`, `Outbox-*`).
+pub(crate) fn is_relays_header(name: &str) -> bool {
+    header::RESERVED_PREFIXES
+        .iter()
+        .any(|prefix| starts_with_ignoring_case(name, prefix))
+}
+
 /// Checks a header that an application asks for, as opposed to one the relay adds.
 pub(crate) fn validate_own_header(name: &str, value: &str) -> Result<(), ContractViolation> {
     validate_header(name, value)?;
-    let reserved = header::RESERVED_PREFIXES.iter().any(|prefix| {
-        name.get(..prefix.len())
-            .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
-    });
-    if reserved {
+    if is_relays_header(name) {
         return Err(ContractViolation::new(
             Rule::ReservedHeader,
             format!(

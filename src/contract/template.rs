@@ -21,7 +21,7 @@
 //! other (its length, the prefix and the allow-list), so a key too long for
 //! a subject is refused by the subject's rule.
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 
 use super::{ContractViolation, Rule};
 
@@ -219,7 +219,7 @@ impl Part {
             "type" => Ok(Part::Type),
             "key" => Ok(Part::Key),
             _ => match name.strip_prefix("header.") {
-                Some(header) if reserved_header(header) => Err(format!(
+                Some(header) if super::is_relays_header(header) => Err(format!(
                     "header {header:?} is the relay's own (every Nats-* and Outbox-* header), and \
                      no document may set it"
                 )),
@@ -245,13 +245,6 @@ impl fmt::Display for Part {
             Part::Header(name) => write!(f, "{{header.{name}}}"),
         }
     }
-}
-
-fn reserved_header(name: &str) -> bool {
-    super::header::RESERVED_PREFIXES.iter().any(|prefix| {
-        name.get(..prefix.len())
-            .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
-    })
 }
 
 fn valid_header_name(name: &str) -> bool {
@@ -295,16 +288,9 @@ fn push_token(
 /// percent-decoder reads the value back; a value of those characters alone
 /// is its own token.
 pub fn subject_token(value: &str) -> String {
-    let mut token = String::with_capacity(value.len());
-    for byte in value.bytes() {
-        if byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_' {
-            token.push(char::from(byte));
-        } else {
-            // Writing to a String cannot fail.
-            let _ = write!(token, "%{byte:02X}");
-        }
-    }
-    token
+    const KEPT_AS_IS: &percent_encoding::AsciiSet =
+        &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_');
+    percent_encoding::utf8_percent_encode(value, KEPT_AS_IS).to_string()
 }
 
 #[cfg(test)]
